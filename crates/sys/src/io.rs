@@ -1,0 +1,116 @@
+//! Positional I/O from mapping addresses, hole punching, poll, eventfd,
+//! thread ids and CPU pinning.
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+use std::time::Duration;
+
+use crate::cvt;
+
+/// `pwrite(fd, addr, len, offset)` where `[addr, addr+len)` is memory of one
+/// of the caller's mappings (e.g. a write-protected, resident folio being
+/// written back). Returns bytes written (may be short).
+///
+/// The kernel only reads the source; an address that is not mapped gives
+/// `EFAULT`, never undefined behaviour. The caller must make sure the pages
+/// are present: a missing page of a userfaultfd-registered range would block
+/// the calling thread until some handler resolves it.
+pub fn pwrite_from(fd: impl AsFd, addr: u64, len: u64, offset: u64) -> io::Result<u64> {
+    // SAFETY: the kernel only reads [addr, addr+len) with copy_from_user
+    // semantics (EFAULT on a bad address); no Rust-visible memory is written.
+    let r = unsafe {
+        libc::pwrite(fd.as_fd().as_raw_fd(), addr as *const libc::c_void, len as usize, offset as libc::off_t)
+    };
+    Ok(cvt(r as libc::c_long)? as u64)
+}
+
+/// Frees the blocks of `[offset, offset+len)` of a file (the size is kept):
+/// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`.
+pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate takes integers only.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    cvt(r.into())?;
+    Ok(())
+}
+
+/// Waits until `a` or `b` is readable, or `timeout` passes. Returns
+/// `(a_ready, b_ready)`.
+pub fn poll2(a: impl AsFd, b: impl AsFd, timeout: Duration) -> io::Result<(bool, bool)> {
+    let mut fds = [
+        libc::pollfd { fd: a.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: b.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+    ];
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a live array of 2 pollfds the kernel reads and writes.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    match cvt(r.into()) {
+        Ok(_) => Ok((fds[0].revents != 0, fds[1].revents != 0)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok((false, false)),
+        Err(e) => Err(e),
+    }
+}
+
+/// An eventfd used to wake threads blocked in [`poll2`].
+#[derive(Debug)]
+pub struct EventFd {
+    file: File,
+}
+
+impl EventFd {
+    /// A non-blocking, close-on-exec eventfd.
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes integers and returns a fresh fd or -1.
+        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }.into())?;
+        // SAFETY: a fresh fd owned by nobody else.
+        Ok(EventFd { file: unsafe { File::from_raw_fd(fd as i32) } })
+    }
+
+    /// Makes the eventfd readable (wakes every poller; it stays readable).
+    pub fn signal(&self) -> io::Result<()> {
+        (&self.file).write_all(&1u64.to_ne_bytes())
+    }
+
+    /// Resets the counter (non-blocking).
+    pub fn clear(&self) {
+        let mut b = [0u8; 8];
+        let _ = (&self.file).read(&mut b);
+    }
+}
+
+impl AsFd for EventFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// The calling thread's id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+/// Pins the calling thread to one CPU (benchmarks and tests that need a
+/// thread on each CPU to see remote TLB shootdowns).
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes a bit inside `set` (it bounds-checks cpu).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    cvt(unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) }.into())?;
+    Ok(())
+}
+
+/// Number of online CPUs.
+pub fn online_cpus() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}

@@ -1,0 +1,51 @@
+//! Thin wrappers for every syscall and ioctl upager uses.
+//!
+//! This crate is the only place in upager with `unsafe` code. Each wrapper
+//! takes plain Rust values, returns `io::Result` (errno kept open-ended), and
+//! states in a `// SAFETY:` comment why the call cannot violate memory safety.
+//! The engine (`upager`) above it is safe Rust.
+//!
+//! Minimum kernel: Linux 6.16 for the behaviour the engine relies on (one TLB
+//! flush per `process_madvise` call, `UFFDIO_POISON`); the calls themselves
+//! exist from 6.6 on. The system's uapi headers may be older (Debian 12 ships
+//! 6.1), so the newer ioctl numbers are computed here and the structs come
+//! from `linux-raw-sys`.
+//!
+//! Modules:
+//! - [`uffd`]: userfaultfd — open, register, resolve (COPY, WRITEPROTECT,
+//!   POISON, WAKE), read fault messages.
+//! - [`mem`]: anonymous mappings, `madvise`, one-call batched
+//!   `process_madvise`, `mincore`, page-aligned buffers, zeroed atomic tables.
+//! - [`io`]: positional I/O from raw mapping addresses, hole punching, poll,
+//!   eventfd, thread ids and CPU pinning.
+//! - [`pagemap`]: `/proc/self/pagemap` and the `PAGEMAP_SCAN` ioctl.
+
+pub mod io;
+pub mod mem;
+pub mod pagemap;
+pub mod uffd;
+
+/// Size of a base page on the architectures upager supports (x86-64, arm64
+/// with 4 KiB pages).
+pub const PAGE_SIZE: usize = 4096;
+
+/// `_IOC(dir, type, nr, size)` of `include/uapi/asm-generic/ioctl.h`.
+const fn ioc(dir: u32, ty: u32, nr: u32, size: usize) -> u32 {
+    (dir << 30) | ((size as u32) << 16) | (ty << 8) | nr
+}
+const IOC_NONE: u32 = 0;
+const IOC_READ_WRITE: u32 = 3;
+
+/// The last OS error, as an `io::Error`.
+fn last_err() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// Converts a `-1 on error` return value to `io::Result`.
+fn cvt(ret: libc::c_long) -> std::io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(last_err())
+    } else {
+        Ok(ret)
+    }
+}

@@ -1,0 +1,298 @@
+//! Anonymous mappings, madvise, batched process_madvise, page-aligned buffers.
+//!
+//! A [`Mapping`] is memory the engine hands to applications as a raw pointer;
+//! Rust code never holds `&`/`&mut` references to plain bytes inside it
+//! (other threads and the kernel change it at any time), only atomic views
+//! ([`Mapping::atomic_bytes`]) and copies ([`Mapping::read_at`],
+//! [`Mapping::write_at`]).
+#![allow(unsafe_code)]
+
+use std::alloc::{self, Layout};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8};
+
+use crate::{cvt, last_err, PAGE_SIZE};
+
+/// Private anonymous memory, aligned, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mapping is plain memory owned by the process; the struct only
+// holds its address and length, and every access through it is atomic or a
+// copy, so sharing it between threads is sound.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes (a multiple of the page size) of private anonymous,
+    /// `MAP_NORESERVE` memory at an address aligned to `align` (a power of
+    /// two ≥ the page size), readable and, if `writable`, writable.
+    pub fn anonymous(len: usize, align: usize, writable: bool) -> io::Result<Mapping> {
+        assert!(len > 0 && len % PAGE_SIZE == 0 && align.is_power_of_two() && align >= PAGE_SIZE);
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let total = len.checked_add(align).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        // SAFETY: a fresh anonymous mapping at an address the kernel chooses;
+        // no existing memory is affected.
+        let raw = unsafe { libc::mmap(std::ptr::null_mut(), total, prot, flags, -1, 0) };
+        if raw == libc::MAP_FAILED {
+            return Err(last_err());
+        }
+        let start = raw as usize;
+        let aligned = (start + align - 1) & !(align - 1);
+        let head = aligned - start;
+        let tail = total - head - len;
+        // SAFETY: both trims lie inside the mapping just created and nothing
+        // refers to them.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+        }
+        let addr = NonNull::new(aligned as *mut u8).expect("mmap never returns 0 here");
+        Ok(Mapping { addr, len })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr.as_ptr() as u64
+    }
+
+    /// Start as a raw pointer, for applications.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: mappings are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// `madvise` over a sub-range (offset and length page-aligned).
+    pub fn advise(&self, offset: usize, len: usize, advice: Advice) -> io::Result<()> {
+        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len));
+        // SAFETY: the range lies inside this mapping; the advice values used
+        // (NOHUGEPAGE, DONTFORK, DONTNEED) never touch Rust-owned memory, and
+        // no Rust reference to plain bytes of the mapping exists.
+        cvt(unsafe { libc::madvise(self.addr.as_ptr().add(offset).cast(), len, advice as i32) }.into())?;
+        Ok(())
+    }
+
+    /// The mapping as atomic bytes: safe shared access from any thread (a
+    /// read of a missing page faults it in like any access).
+    pub fn atomic_bytes(&self) -> &[AtomicU8] {
+        // SAFETY: the memory is mapped for the lifetime of &self, AtomicU8
+        // has the layout of u8 and every bit pattern is valid; atomics make
+        // concurrent access by other threads sound.
+        unsafe { std::slice::from_raw_parts(self.addr.as_ptr().cast::<AtomicU8>(), self.len) }
+    }
+
+    /// The mapping as atomic 64-bit words (the length rounded down).
+    pub fn atomic_words(&self) -> &[AtomicU64] {
+        // SAFETY: as for atomic_bytes; the start is page-aligned, so 8-byte
+        // aligned.
+        unsafe { std::slice::from_raw_parts(self.addr.as_ptr().cast::<AtomicU64>(), self.len / 8) }
+    }
+
+    /// Copies bytes out of the mapping at `offset`.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) {
+        assert!(offset.checked_add(buf.len()).is_some_and(|e| e <= self.len), "read out of the mapping");
+        // SAFETY: the source range is inside the mapping (checked above), the
+        // destination is a live exclusive slice, they cannot overlap (the
+        // mapping is never lent out as a Rust slice). Concurrent writers make
+        // the bytes read unspecified, as for memory shared with another
+        // process, never the copy itself unsound.
+        unsafe { std::ptr::copy_nonoverlapping(self.addr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len()) }
+    }
+
+    /// Copies bytes into the mapping at `offset` (faults in a write-protected
+    /// page like any store; SIGSEGV if the mapping is read-only).
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        assert!(offset.checked_add(data.len()).is_some_and(|e| e <= self.len), "write out of the mapping");
+        // SAFETY: the destination is inside the mapping, which no Rust
+        // reference covers; the source is a live slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.as_ptr().add(offset), data.len()) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created by Mapping::anonymous and is
+        // unmapped once; atomic views borrow &self so none outlives it.
+        unsafe { libc::munmap(self.addr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// madvise advice values used by upager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Advice {
+    /// Drop the pages (private anonymous: zero-fill or uffd fault on next touch).
+    DontNeed = libc::MADV_DONTNEED,
+    /// No transparent huge pages in this range.
+    NoHugePage = libc::MADV_NOHUGEPAGE,
+    /// Transparent huge pages welcome.
+    HugePage = libc::MADV_HUGEPAGE,
+    /// Not inherited by a child after fork.
+    DontFork = libc::MADV_DONTFORK,
+}
+
+/// The most ranges one `process_madvise` call accepts (`UIO_MAXIOV`).
+pub const MAX_IOV: usize = 1024;
+
+/// A pidfd of this process, for `process_madvise` on our own memory.
+#[derive(Debug)]
+pub struct SelfPidfd {
+    fd: OwnedFd,
+}
+
+impl SelfPidfd {
+    /// `pidfd_open(getpid())`.
+    pub fn open() -> io::Result<SelfPidfd> {
+        // SAFETY: getpid and pidfd_open take integers and return an fd or -1.
+        let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) })?;
+        // SAFETY: a fresh fd owned by nobody else.
+        Ok(SelfPidfd { fd: unsafe { OwnedFd::from_raw_fd(fd as i32) } })
+    }
+
+    /// One `process_madvise(MADV_DONTNEED)` over up to [`MAX_IOV`] ranges
+    /// `(addr, len)` of this process's private anonymous memory: one
+    /// mmu_gather, so one TLB flush for the whole call (Linux 6.16+).
+    /// Returns the number of bytes advised.
+    pub fn dontneed(&self, ranges: &[(u64, u64)]) -> io::Result<u64> {
+        assert!(ranges.len() <= MAX_IOV);
+        let iov: Vec<libc::iovec> =
+            ranges.iter().map(|&(a, l)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: l as usize }).collect();
+        // SAFETY: `iov` is a live array of `iov.len()` iovecs the kernel only
+        // reads; the ranges are region memory that no Rust reference covers
+        // (the caller passes ranges of its own Mappings).
+        let r = unsafe {
+            libc::syscall(libc::SYS_process_madvise, self.fd.as_raw_fd(), iov.as_ptr(), iov.len(), libc::MADV_DONTNEED, 0)
+        };
+        Ok(cvt(r)? as u64)
+    }
+}
+
+/// `mincore` of `[addr, addr+len)`: one byte per page, bit 0 = resident.
+/// Works on any address range; unmapped ranges give ENOMEM.
+pub fn mincore(addr: u64, len: u64) -> io::Result<Vec<u8>> {
+    let pages = len.div_ceil(PAGE_SIZE as u64) as usize;
+    let mut vec = vec![0u8; pages];
+    // SAFETY: the kernel writes `pages` bytes into `vec` and only inspects
+    // page tables of the given range.
+    cvt(unsafe { libc::mincore(addr as *mut libc::c_void, len as usize, vec.as_mut_ptr()) }.into())?;
+    Ok(vec)
+}
+
+/// A zero-filled, page-aligned heap buffer (for O_DIRECT and UFFDIO_COPY).
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation, like Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only yields &[u8].
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes (> 0) aligned to the page size.
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let layout = Layout::from_size_align(len.max(1), PAGE_SIZE).expect("valid layout");
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is a live allocation of len initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for Deref, and &mut self makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len.max(1), PAGE_SIZE).expect("valid layout");
+        // SAFETY: allocated in `zeroed` with this layout, freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+/// A table of `n` atomic words, all zero, allocated with `calloc`-like zeroed
+/// memory so a huge, sparsely used table costs only the pages touched.
+pub fn zeroed_atomic_table(n: usize) -> Box<[AtomicU64]> {
+    if n == 0 {
+        return Box::new([]);
+    }
+    let layout = Layout::array::<AtomicU64>(n).expect("table size overflows");
+    // SAFETY: non-zero size layout.
+    let ptr = unsafe { alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if ptr.is_null() {
+        alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: the allocation holds n AtomicU64 (same layout as u64, zero is a
+    // valid value) and was made with the global allocator and Layout::array,
+    // which is what Box<[T]> frees with.
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_mapping_reads_writes_and_drops_pages() {
+        let m = Mapping::anonymous(1 << 21, 1 << 21, true).unwrap();
+        assert_eq!(m.addr() % (1 << 21), 0);
+        m.write_at(4096, b"hello");
+        let mut b = [0u8; 5];
+        m.read_at(4096, &mut b);
+        assert_eq!(&b, b"hello");
+        assert_eq!(mincore(m.addr(), 8192).unwrap()[1] & 1, 1);
+        let pid = SelfPidfd::open().unwrap();
+        assert_eq!(pid.dontneed(&[(m.addr() + 4096, 4096)]).unwrap(), 4096);
+        assert_eq!(mincore(m.addr(), 8192).unwrap()[1] & 1, 0);
+        m.read_at(4096, &mut b);
+        assert_eq!(b, [0; 5]);
+    }
+
+    #[test]
+    fn zeroed_table_and_buffer() {
+        let t = zeroed_atomic_table(1000);
+        assert!(t.iter().all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));
+        let b = AlignedBuf::zeroed(8192);
+        assert_eq!(b.as_ptr() as usize % PAGE_SIZE, 0);
+        assert!(b.iter().all(|&x| x == 0));
+    }
+}

@@ -1,0 +1,82 @@
+//! `/proc/self/pagemap` and the `PAGEMAP_SCAN` ioctl (Linux 6.7).
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+
+use linux_raw_sys::general as k;
+
+use crate::{cvt, ioc, IOC_READ_WRITE, PAGE_SIZE};
+
+/// `PAGEMAP_SCAN` = `_IOWR('f', 16, struct pm_scan_arg)`.
+const PAGEMAP_SCAN: u32 = ioc(IOC_READ_WRITE, b'f' as u32, 16, size_of::<k::pm_scan_arg>());
+
+/// pagemap bit 63: page present in RAM.
+pub const PM_PRESENT: u64 = 1 << 63;
+/// pagemap bit 62: page swapped out.
+pub const PM_SWAPPED: u64 = 1 << 62;
+
+/// PAGEMAP_SCAN category bits.
+pub mod category {
+    use linux_raw_sys::general as k;
+    /// Page is present.
+    pub const PRESENT: u64 = k::PAGE_IS_PRESENT as u64;
+    /// Page is swapped.
+    pub const SWAPPED: u64 = k::PAGE_IS_SWAPPED as u64;
+    /// Page was written since write protection (uffd-wp) was set.
+    pub const WRITTEN: u64 = k::PAGE_IS_WRITTEN as u64;
+}
+
+/// Reads `/proc/self/pagemap` entries for `[addr, addr+len)` into `out` (one
+/// u64 per 4 KiB page), one pread.
+pub fn read_pagemap(pagemap: &File, addr: u64, len: u64, out: &mut Vec<u64>) -> io::Result<()> {
+    let pages = len.div_ceil(PAGE_SIZE as u64) as usize;
+    let mut bytes = vec![0u8; pages * 8];
+    let off = addr / PAGE_SIZE as u64 * 8;
+    pagemap.read_exact_at(&mut bytes, off)?;
+    out.clear();
+    out.extend(bytes.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes"))));
+    Ok(())
+}
+
+/// One region returned by PAGEMAP_SCAN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScanRegion {
+    /// Start address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Category bits (see [`category`]).
+    pub categories: u64,
+}
+
+/// `PAGEMAP_SCAN` of `[start, end)` on a `/proc/self/pagemap` fd: fills `out`
+/// with runs of pages whose categories match `required` (all of) and returns
+/// the address where the walk ended (resume from there if it is < `end`).
+pub fn pagemap_scan(pagemap: &File, start: u64, end: u64, required: u64, return_mask: u64, out: &mut Vec<ScanRegion>) -> io::Result<u64> {
+    let cap = out.capacity().max(1024);
+    let mut vec = vec![k::page_region { start: 0, end: 0, categories: 0 }; cap];
+    let mut arg = k::pm_scan_arg {
+        size: size_of::<k::pm_scan_arg>() as u64,
+        flags: 0,
+        start,
+        end,
+        walk_end: 0,
+        vec: vec.as_mut_ptr() as u64,
+        vec_len: cap as u64,
+        max_pages: 0,
+        category_inverted: 0,
+        category_mask: required,
+        category_anyof_mask: 0,
+        return_mask,
+    };
+    // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at `cap` live
+    // page_region entries that the kernel fills; the scanned range is only
+    // inspected, never written.
+    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())? as usize;
+    out.clear();
+    out.extend(vec[..n].iter().map(|r| ScanRegion { start: r.start, end: r.end, categories: r.categories }));
+    Ok(arg.walk_end)
+}

@@ -1,0 +1,297 @@
+//! userfaultfd: open, API handshake, register, resolve, read messages.
+//!
+//! Every resolving ioctl takes a range the caller owns inside a mapping it
+//! registered; the kernel validates the range against the registered VMAs and
+//! fails with an errno otherwise, so none of these calls can touch memory that
+//! Rust code holds a reference to (the destination is region memory, which
+//! the engine never lends out as `&mut`).
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use linux_raw_sys::general as k;
+use linux_raw_sys::ioctl as kio;
+
+use crate::{cvt, ioc, last_err, IOC_NONE, IOC_READ_WRITE};
+
+const UFFDIO: u32 = 0xAA;
+/// `USERFAULTFD_IOC_NEW` (`_IO(0xAA, 0x00)`, Linux 6.1): a new userfaultfd
+/// from `/dev/userfaultfd`, which is allowed to handle kernel-mode faults.
+const USERFAULTFD_IOC_NEW: u32 = ioc(IOC_NONE, UFFDIO, 0x00, 0);
+/// `UFFDIO_POISON` (Linux 6.6), missing from 6.1 headers.
+const UFFDIO_POISON: u32 = ioc(IOC_READ_WRITE, UFFDIO, 0x08, size_of::<k::uffdio_poison>());
+/// `UFFDIO_MOVE` (Linux 6.8), missing from 6.1 headers.
+const UFFDIO_MOVE: u32 = ioc(IOC_READ_WRITE, UFFDIO, 0x05, size_of::<k::uffdio_move>());
+
+/// `UFFDIO_WRITEPROTECT_MODE_WP` (not exported by linux-raw-sys).
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+/// Feature bits upager asks for (see `UFFDIO_API`).
+pub mod feature {
+    use linux_raw_sys::general as k;
+    /// Report the faulting thread's tid in each message.
+    pub const THREAD_ID: u64 = k::UFFD_FEATURE_THREAD_ID as u64;
+    /// Write-protect faults on anonymous memory.
+    pub const PAGEFAULT_FLAG_WP: u64 = k::UFFD_FEATURE_PAGEFAULT_FLAG_WP as u64;
+    /// `UFFDIO_POISON`: a range that raises SIGBUS when touched.
+    pub const POISON: u64 = k::UFFD_FEATURE_POISON as u64;
+    /// `UFFDIO_MOVE`.
+    pub const MOVE: u64 = k::UFFD_FEATURE_MOVE as u64;
+    /// Write-protect-async mode (no fault, PAGEMAP_SCAN reports written pages).
+    pub const WP_ASYNC: u64 = k::UFFD_FEATURE_WP_ASYNC as u64;
+}
+
+/// Why a userfaultfd could not be opened: both ways were tried.
+#[derive(Debug)]
+pub struct OpenFailure {
+    /// `open("/dev/userfaultfd")` or its `USERFAULTFD_IOC_NEW` ioctl.
+    pub device: io::Error,
+    /// `userfaultfd(2)` without `UFFD_USER_MODE_ONLY`.
+    pub syscall: io::Error,
+}
+
+/// A userfaultfd file descriptor, non-blocking and close-on-exec.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: File,
+}
+
+/// Outcome of a resolving ioctl that may stop part-way.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// The whole range was filled (and waiters woken unless DONTWAKE).
+    Done,
+    /// `EEXIST`: a page in the range is already mapped; `done` bytes before it
+    /// were filled.
+    Exists {
+        /// Bytes filled before the mapped page.
+        done: u64,
+    },
+    /// `EAGAIN`: the address space changed under the call; `done` bytes were
+    /// filled, retry the rest.
+    Retry {
+        /// Bytes filled before the call stopped.
+        done: u64,
+    },
+}
+
+/// One message read from a userfaultfd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Msg {
+    /// A page fault on a registered range.
+    PageFault {
+        /// Faulting address (not rounded).
+        addr: u64,
+        /// The access was a write.
+        write: bool,
+        /// Write-protect fault (the page is present but write-protected).
+        wp: bool,
+        /// Faulting thread id (with [`feature::THREAD_ID`]).
+        tid: u32,
+    },
+    /// Any other event (fork, remap, remove, unmap), by its event number.
+    Other(u8),
+}
+
+/// Size of one `struct uffd_msg`.
+pub const MSG_SIZE: usize = size_of::<k::uffd_msg>();
+
+impl Msg {
+    /// Parses one 32-byte `struct uffd_msg` (layout of
+    /// `include/uapi/linux/userfaultfd.h`).
+    pub fn parse(raw: &[u8]) -> Msg {
+        debug_assert_eq!(raw.len(), MSG_SIZE);
+        let event = raw[0];
+        if u32::from(event) != k::UFFD_EVENT_PAGEFAULT {
+            return Msg::Other(event);
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(raw[o..o + 8].try_into().expect("8 bytes"));
+        let flags = u64_at(8);
+        Msg::PageFault {
+            addr: u64_at(16),
+            write: flags & u64::from(k::UFFD_PAGEFAULT_FLAG_WRITE) != 0,
+            wp: flags & u64::from(k::UFFD_PAGEFAULT_FLAG_WP) != 0,
+            tid: u32::from_ne_bytes(raw[24..28].try_into().expect("4 bytes")),
+        }
+    }
+}
+
+impl Uffd {
+    /// Opens a userfaultfd that can serve faults raised inside the kernel
+    /// (e.g. `read(fd, region, n)`), never a `UFFD_USER_MODE_ONLY` one: first
+    /// through `/dev/userfaultfd`, then through `userfaultfd(2)` (which needs
+    /// `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd = 1`).
+    pub fn open() -> Result<Uffd, OpenFailure> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let device = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd") {
+            Ok(dev) => {
+                // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value and
+                // returns a new fd or -1; no memory is passed.
+                let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+                if fd >= 0 {
+                    // SAFETY: the ioctl returned a fresh fd that nothing else owns.
+                    return Ok(Uffd { fd: unsafe { File::from_raw_fd(fd) } });
+                }
+                last_err()
+            }
+            Err(e) => e,
+        };
+        // SAFETY: userfaultfd(2) takes flags by value and returns an fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+        match cvt(fd) {
+            // SAFETY: a fresh fd that nothing else owns.
+            Ok(fd) => Ok(Uffd { fd: unsafe { File::from_raw_fd(fd as i32) } }),
+            Err(syscall) => Err(OpenFailure { device, syscall }),
+        }
+    }
+
+    /// `UFFDIO_API`: enables `features`; returns the features the kernel
+    /// supports (call once, before any registration).
+    pub fn api(&self, features: u64) -> io::Result<u64> {
+        let mut api = k::uffdio_api { api: k::UFFD_API as u64, features, ioctls: 0 };
+        // SAFETY: `api` is a valid uffdio_api the kernel reads and writes.
+        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_API as _, &mut api) }.into())?;
+        Ok(api.features)
+    }
+
+    /// `UFFDIO_REGISTER` of `[start, start+len)` for missing and optionally
+    /// write-protect faults; returns the ioctl mask the range supports.
+    pub fn register(&self, start: u64, len: u64, missing: bool, wp: bool) -> io::Result<u64> {
+        let mut mode = 0u64;
+        if missing {
+            mode |= u64::from(k::UFFDIO_REGISTER_MODE_MISSING);
+        }
+        if wp {
+            mode |= u64::from(k::UFFDIO_REGISTER_MODE_WP);
+        }
+        let mut reg = k::uffdio_register { range: k::uffdio_range { start, len }, mode, ioctls: 0 };
+        // SAFETY: `reg` is a valid uffdio_register; the kernel checks the range.
+        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_REGISTER as _, &mut reg) }.into())?;
+        Ok(reg.ioctls)
+    }
+
+    /// `UFFDIO_UNREGISTER`; wakes every thread waiting on the range.
+    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut range = k::uffdio_range { start, len };
+        // SAFETY: `range` is a valid uffdio_range.
+        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_UNREGISTER as _, &mut range) }.into())?;
+        Ok(())
+    }
+
+    /// `UFFDIO_COPY` of `src` to `dst` (a registered range of `src.len()`
+    /// bytes); `wp` installs the pages write-protected.
+    pub fn copy(&self, dst: u64, src: &[u8], wp: bool) -> io::Result<Fill> {
+        let mode = if wp { u64::from(k::UFFDIO_COPY_MODE_WP) } else { 0 };
+        let mut c = k::uffdio_copy { dst, src: src.as_ptr() as u64, len: src.len() as u64, mode, copy: 0 };
+        // SAFETY: the kernel only reads `src.len()` bytes from `src` (a live
+        // slice) and writes into the registered destination range, which is
+        // not Rust-owned memory; `c` is a valid uffdio_copy.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_COPY as _, &mut c) };
+        fill_outcome(r, c.copy)
+    }
+
+    /// `UFFDIO_WRITEPROTECT`: `protect` sets, otherwise clears (and wakes
+    /// waiters on) write protection over the range. Each call that changes a
+    /// present page costs one TLB flush.
+    pub fn writeprotect(&self, start: u64, len: u64, protect: bool) -> io::Result<()> {
+        let mode = if protect { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 };
+        let mut wp = k::uffdio_writeprotect { range: k::uffdio_range { start, len }, mode };
+        // SAFETY: `wp` is a valid uffdio_writeprotect; the kernel checks the range.
+        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_WRITEPROTECT as _, &mut wp) }.into())?;
+        Ok(())
+    }
+
+    /// `UFFDIO_WAKE`: wakes threads waiting on faults in the range.
+    pub fn wake(&self, start: u64, len: u64) -> io::Result<()> {
+        let mut range = k::uffdio_range { start, len };
+        // SAFETY: `range` is a valid uffdio_range.
+        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_WAKE as _, &mut range) }.into())?;
+        Ok(())
+    }
+
+    /// `UFFDIO_POISON`: the range raises SIGBUS on access (EFAULT inside a
+    /// syscall) until it is zapped with `MADV_DONTNEED`.
+    pub fn poison(&self, start: u64, len: u64) -> io::Result<Fill> {
+        let mut p = k::uffdio_poison { range: k::uffdio_range { start, len }, mode: 0, updated: 0 };
+        // SAFETY: `p` is a valid uffdio_poison; the kernel checks the range.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_POISON as _, &mut p) };
+        fill_outcome(r, p.updated)
+    }
+
+    /// `UFFDIO_MOVE` of `len` bytes of anonymous pages from `src` to `dst`.
+    pub fn mv(&self, dst: u64, src: u64, len: u64) -> io::Result<Fill> {
+        let mut m = k::uffdio_move { dst, src, len, mode: 0, move_: 0 };
+        // SAFETY: `m` is a valid uffdio_move; the kernel checks both ranges
+        // (the source must be anonymous memory owned by the caller's engine).
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
+        fill_outcome(r, m.move_)
+    }
+
+    /// Reads pending messages into `out` (non-blocking); returns how many were
+    /// read, 0 when none was pending.
+    pub fn read_msgs(&self, buf: &mut [u8], out: &mut Vec<Msg>) -> io::Result<usize> {
+        out.clear();
+        match (&self.fd).read(buf) {
+            Ok(n) => {
+                out.extend(buf[..n].chunks_exact(MSG_SIZE).map(Msg::parse));
+                Ok(out.len())
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The raw descriptor, for `poll`.
+    pub fn as_raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl From<Uffd> for OwnedFd {
+    fn from(u: Uffd) -> OwnedFd {
+        u.fd.into()
+    }
+}
+
+/// Maps the return of a COPY-like ioctl plus its progress field to [`Fill`].
+fn fill_outcome(ret: i32, progress: i64) -> io::Result<Fill> {
+    if ret == 0 {
+        return Ok(Fill::Done);
+    }
+    let err = last_err();
+    let done = progress.max(0) as u64;
+    match err.raw_os_error() {
+        Some(libc::EEXIST) => Ok(Fill::Exists { done }),
+        Some(libc::EAGAIN) => Ok(Fill::Retry { done }),
+        _ => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_the_uapi_header() {
+        // Values from Linux 6.8 include/uapi/linux/userfaultfd.h on x86-64.
+        assert_eq!(UFFDIO_POISON, 0xC020_AA08);
+        assert_eq!(UFFDIO_MOVE, 0xC028_AA05);
+        assert_eq!(USERFAULTFD_IOC_NEW, 0xAA00);
+        assert_eq!(MSG_SIZE, 32);
+    }
+
+    #[test]
+    fn parses_a_write_fault_message() {
+        let mut raw = [0u8; MSG_SIZE];
+        raw[0] = k::UFFD_EVENT_PAGEFAULT as u8;
+        raw[8..16].copy_from_slice(&u64::from(k::UFFD_PAGEFAULT_FLAG_WRITE).to_ne_bytes());
+        raw[16..24].copy_from_slice(&0x7f00_1234_5678u64.to_ne_bytes());
+        raw[24..28].copy_from_slice(&42u32.to_ne_bytes());
+        assert_eq!(Msg::parse(&raw), Msg::PageFault { addr: 0x7f00_1234_5678, write: true, wp: false, tid: 42 });
+        raw[0] = 0x14;
+        assert_eq!(Msg::parse(&raw), Msg::Other(0x14));
+    }
+}

@@ -1,0 +1,1 @@
+//! upager engine (in progress)
