@@ -1,0 +1,176 @@
+//! Each kernel workload at a tiny size, through the real worker process (and,
+//! as root, the memory cgroup, zram ext4, swap device and tracepoint), to
+//! prove the pipeline works. No timing is asserted.
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use upager_bench::env::{self, is_root};
+    use upager_bench::{
+        run_scenario, run_worker, scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Report,
+        RunOptions, ScenarioParams, SwapKind, Target, TlbCounter, WorkerExe, Workload,
+    };
+
+    fn exe() -> WorkerExe {
+        WorkerExe::Binary(env!("CARGO_BIN_EXE_upager-bench-worker").into())
+    }
+
+    fn engines() -> Vec<Box<dyn Engine>> {
+        vec![Box::new(KernelEngine::with_worker(exe()))]
+    }
+
+    fn tiny(name: &str) -> ScenarioParams {
+        let mut p = (scenario(name).unwrap().tiny)();
+        p.drop_caches = false; // machine-wide; not needed to prove the pipeline
+        p
+    }
+
+    fn check(r: &Report) {
+        println!("{}", r.table());
+        assert!(!r.runs.is_empty());
+        for run in &r.runs {
+            assert!(
+                run.error.is_none(),
+                "{} {}: {:?}",
+                run.engine,
+                run.variant,
+                run.error
+            );
+            let m = run.measurement.as_ref().unwrap();
+            assert!(m.ops > 0 && m.elapsed_s > 0.0, "{m:?}");
+        }
+    }
+
+    fn zram0_free() -> bool {
+        std::fs::read_to_string("/sys/block/zram0/disksize").is_ok_and(|s| s.trim() == "0")
+            && !std::fs::read_to_string("/proc/mounts")
+                .unwrap_or_default()
+                .contains("/dev/zram0 ")
+    }
+
+    /// mmap-read and random-read share one zram0 ext4 (as root) or use a
+    /// file in the temp dir (not root: no cgroup, no eviction).
+    #[test]
+    fn file_scenarios() {
+        let env = if is_root() && zram0_free() {
+            Some(
+                BenchEnv::setup(&EnvConfig {
+                    zram_index: Some(0),
+                    zram_bytes: 64 << 20,
+                    swap: None,
+                    swap_bytes: 0,
+                })
+                .unwrap(),
+            )
+        } else {
+            eprintln!("not root or zram0 busy: data file in the temp dir, no cgroup");
+            None
+        };
+        for name in ["mmap-read", "random-read"] {
+            let mut p = tiny(name);
+            if let Some(env) = &env {
+                p = upager_bench::prepare(name, &p, env).unwrap();
+            } else {
+                let f = std::env::temp_dir()
+                    .join(format!("upager-bench-{}-it-{name}", std::process::id()));
+                env::create_pattern_file(&f, p.file_bytes, p.seed).unwrap();
+                p.data_file = Some(f);
+            }
+            let r = run_scenario(name, &p, &engines()).unwrap();
+            check(&r);
+            let m = r.runs[0].measurement.as_ref().unwrap();
+            if env.is_some() {
+                // File 4-8× the limit: the cgroup must have evicted pages and
+                // stayed within its limit.
+                assert!(m.evicted_pages.unwrap_or(0) > 0, "{m:?}");
+                assert!(m.peak_bytes.unwrap() <= p.limit_bytes, "{m:?}");
+                assert!(m.tlb_sends.is_some());
+            } else {
+                let _ = std::fs::remove_file(p.data_file.unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn multi_fault() {
+        let r = run_scenario("multi-fault", &tiny("multi-fault"), &engines()).unwrap();
+        check(&r);
+        assert_eq!(r.summary.len(), 2);
+    }
+
+    #[test]
+    fn unmap_folio() {
+        let mut p = tiny("unmap-folio");
+        if !is_root() {
+            eprintln!("not root: only 4 KiB pages (mTHP knobs need root)");
+            p.folio_sizes_kb = vec![4];
+        }
+        let r = run_scenario("unmap-folio", &p, &engines()).unwrap();
+        check(&r);
+    }
+
+    #[test]
+    fn swap() {
+        if !is_root() {
+            eprintln!("skipped: the swap scenario needs root (swap device + cgroup)");
+            return;
+        }
+        let env = BenchEnv::setup(&EnvConfig {
+            zram_index: None,
+            zram_bytes: 0,
+            swap: Some(SwapKind::ZramHotAdd),
+            swap_bytes: 64 << 20,
+        })
+        .unwrap();
+        let r = run_scenario("swap", &tiny("swap"), &engines()).unwrap();
+        check(&r);
+        let m = r.runs[0].measurement.as_ref().unwrap();
+        assert!(
+            m.evicted_pages.unwrap_or(0) > 0,
+            "anonymous memory 2× the limit must have been swapped: {m:?}"
+        );
+        drop(env);
+    }
+
+    /// The tracepoint counter sees the remote flushes of a 2-thread process
+    /// that discards pages while its other thread runs on the other CPU; a
+    /// second, concurrent counter (its own tracefs instance) sees them too.
+    #[test]
+    fn tlb_counter_counts_remote_flushes() {
+        if !is_root() || !Path::new("/sys/kernel/tracing").exists() {
+            eprintln!("skipped: needs root and tracefs");
+            return;
+        }
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            eprintln!("skipped: needs 2 CPUs for remote flushes");
+            return;
+        }
+        let outer = TlbCounter::start(Target::ThisProcess).unwrap();
+        let iterations = 2000;
+        let run = run_worker(
+            &exe(),
+            &Workload::MadviseLoop { iterations },
+            &RunOptions {
+                cgroup_limit: None,
+                trace_tlb: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let outer = outer.stop().unwrap();
+        let inner = run.tlb.unwrap();
+        println!(
+            "worker: {inner:?}\nouter: {outer:?}\nirq: {:?}",
+            run.tlb_irq
+        );
+        assert!(inner.remote_sends() >= iterations / 2, "{inner:?}");
+        assert!(inner.remote_sends() <= iterations + 100, "{inner:?}");
+        // The outer counter follows children (event-fork) and so includes
+        // the worker's events.
+        assert!(
+            outer.remote_sends() >= inner.remote_sends(),
+            "{outer:?} vs {inner:?}"
+        );
+    }
+}
