@@ -21,7 +21,12 @@ pub fn pwrite_from(fd: impl AsFd, addr: u64, len: u64, offset: u64) -> io::Resul
     // SAFETY: the kernel only reads [addr, addr+len) with copy_from_user
     // semantics (EFAULT on a bad address); no Rust-visible memory is written.
     let r = unsafe {
-        libc::pwrite(fd.as_fd().as_raw_fd(), addr as *const libc::c_void, len as usize, offset as libc::off_t)
+        libc::pwrite(
+            fd.as_fd().as_raw_fd(),
+            addr as *const libc::c_void,
+            len as usize,
+            offset as libc::off_t,
+        )
     };
     Ok(cvt(r as libc::c_long)? as u64)
 }
@@ -46,8 +51,16 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
 /// `(a_ready, b_ready)`.
 pub fn poll2(a: impl AsFd, b: impl AsFd, timeout: Duration) -> io::Result<(bool, bool)> {
     let mut fds = [
-        libc::pollfd { fd: a.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: b.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        libc::pollfd {
+            fd: a.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
     ];
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     // SAFETY: `fds` is a live array of 2 pollfds the kernel reads and writes.
@@ -71,7 +84,9 @@ impl EventFd {
         // SAFETY: eventfd takes integers and returns a fresh fd or -1.
         let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }.into())?;
         // SAFETY: a fresh fd owned by nobody else.
-        Ok(EventFd { file: unsafe { File::from_raw_fd(fd as i32) } })
+        Ok(EventFd {
+            file: unsafe { File::from_raw_fd(fd as i32) },
+        })
     }
 
     /// Makes the eventfd readable (wakes every poller; it stays readable).
@@ -112,5 +127,7 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 
 /// Number of online CPUs.
 pub fn online_cpus() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }

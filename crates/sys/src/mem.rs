@@ -37,7 +37,9 @@ impl Mapping {
         assert!(len > 0 && len % PAGE_SIZE == 0 && align.is_power_of_two() && align >= PAGE_SIZE);
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        let total = len.checked_add(align).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        let total = len
+            .checked_add(align)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
         // SAFETY: a fresh anonymous mapping at an address the kernel chooses;
         // no existing memory is affected.
         let raw = unsafe { libc::mmap(std::ptr::null_mut(), total, prot, flags, -1, 0) };
@@ -88,7 +90,10 @@ impl Mapping {
         // SAFETY: the range lies inside this mapping; the advice values used
         // (NOHUGEPAGE, DONTFORK, DONTNEED) never touch Rust-owned memory, and
         // no Rust reference to plain bytes of the mapping exists.
-        cvt(unsafe { libc::madvise(self.addr.as_ptr().add(offset).cast(), len, advice as i32) }.into())?;
+        cvt(
+            unsafe { libc::madvise(self.addr.as_ptr().add(offset).cast(), len, advice as i32) }
+                .into(),
+        )?;
         Ok(())
     }
 
@@ -110,22 +115,38 @@ impl Mapping {
 
     /// Copies bytes out of the mapping at `offset`.
     pub fn read_at(&self, offset: usize, buf: &mut [u8]) {
-        assert!(offset.checked_add(buf.len()).is_some_and(|e| e <= self.len), "read out of the mapping");
+        assert!(
+            offset.checked_add(buf.len()).is_some_and(|e| e <= self.len),
+            "read out of the mapping"
+        );
         // SAFETY: the source range is inside the mapping (checked above), the
         // destination is a live exclusive slice, they cannot overlap (the
         // mapping is never lent out as a Rust slice). Concurrent writers make
         // the bytes read unspecified, as for memory shared with another
         // process, never the copy itself unsound.
-        unsafe { std::ptr::copy_nonoverlapping(self.addr.as_ptr().add(offset), buf.as_mut_ptr(), buf.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.addr.as_ptr().add(offset),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        }
     }
 
     /// Copies bytes into the mapping at `offset` (faults in a write-protected
     /// page like any store; SIGSEGV if the mapping is read-only).
     pub fn write_at(&self, offset: usize, data: &[u8]) {
-        assert!(offset.checked_add(data.len()).is_some_and(|e| e <= self.len), "write out of the mapping");
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|e| e <= self.len),
+            "write out of the mapping"
+        );
         // SAFETY: the destination is inside the mapping, which no Rust
         // reference covers; the source is a live slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.as_ptr().add(offset), data.len()) }
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.as_ptr().add(offset), data.len())
+        }
     }
 }
 
@@ -166,7 +187,9 @@ impl SelfPidfd {
         // SAFETY: getpid and pidfd_open take integers and return an fd or -1.
         let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) })?;
         // SAFETY: a fresh fd owned by nobody else.
-        Ok(SelfPidfd { fd: unsafe { OwnedFd::from_raw_fd(fd as i32) } })
+        Ok(SelfPidfd {
+            fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
+        })
     }
 
     /// One `process_madvise(MADV_DONTNEED)` over up to [`MAX_IOV`] ranges
@@ -175,13 +198,25 @@ impl SelfPidfd {
     /// Returns the number of bytes advised.
     pub fn dontneed(&self, ranges: &[(u64, u64)]) -> io::Result<u64> {
         assert!(ranges.len() <= MAX_IOV);
-        let iov: Vec<libc::iovec> =
-            ranges.iter().map(|&(a, l)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: l as usize }).collect();
+        let iov: Vec<libc::iovec> = ranges
+            .iter()
+            .map(|&(a, l)| libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: l as usize,
+            })
+            .collect();
         // SAFETY: `iov` is a live array of `iov.len()` iovecs the kernel only
         // reads; the ranges are region memory that no Rust reference covers
         // (the caller passes ranges of its own Mappings).
         let r = unsafe {
-            libc::syscall(libc::SYS_process_madvise, self.fd.as_raw_fd(), iov.as_ptr(), iov.len(), libc::MADV_DONTNEED, 0)
+            libc::syscall(
+                libc::SYS_process_madvise,
+                self.fd.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len(),
+                libc::MADV_DONTNEED,
+                0,
+            )
         };
         Ok(cvt(r)? as u64)
     }
@@ -194,7 +229,9 @@ pub fn mincore(addr: u64, len: u64) -> io::Result<Vec<u8>> {
     let mut vec = vec![0u8; pages];
     // SAFETY: the kernel writes `pages` bytes into `vec` and only inspects
     // page tables of the given range.
-    cvt(unsafe { libc::mincore(addr as *mut libc::c_void, len as usize, vec.as_mut_ptr()) }.into())?;
+    cvt(
+        unsafe { libc::mincore(addr as *mut libc::c_void, len as usize, vec.as_mut_ptr()) }.into(),
+    )?;
     Ok(vec)
 }
 
@@ -290,7 +327,9 @@ mod tests {
     #[test]
     fn zeroed_table_and_buffer() {
         let t = zeroed_atomic_table(1000);
-        assert!(t.iter().all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));
+        assert!(t
+            .iter()
+            .all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));
         let b = AlignedBuf::zeroed(8192);
         assert_eq!(b.as_ptr() as usize % PAGE_SIZE, 0);
         assert!(b.iter().all(|&x| x == 0));

@@ -37,7 +37,11 @@ pub fn read_pagemap(pagemap: &File, addr: u64, len: u64, out: &mut Vec<u64>) -> 
     let off = addr / PAGE_SIZE as u64 * 8;
     pagemap.read_exact_at(&mut bytes, off)?;
     out.clear();
-    out.extend(bytes.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes"))));
+    out.extend(
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes"))),
+    );
     Ok(())
 }
 
@@ -55,9 +59,23 @@ pub struct ScanRegion {
 /// `PAGEMAP_SCAN` of `[start, end)` on a `/proc/self/pagemap` fd: fills `out`
 /// with runs of pages whose categories match `required` (all of) and returns
 /// the address where the walk ended (resume from there if it is < `end`).
-pub fn pagemap_scan(pagemap: &File, start: u64, end: u64, required: u64, return_mask: u64, out: &mut Vec<ScanRegion>) -> io::Result<u64> {
+pub fn pagemap_scan(
+    pagemap: &File,
+    start: u64,
+    end: u64,
+    required: u64,
+    return_mask: u64,
+    out: &mut Vec<ScanRegion>,
+) -> io::Result<u64> {
     let cap = out.capacity().max(1024);
-    let mut vec = vec![k::page_region { start: 0, end: 0, categories: 0 }; cap];
+    let mut vec = vec![
+        k::page_region {
+            start: 0,
+            end: 0,
+            categories: 0
+        };
+        cap
+    ];
     let mut arg = k::pm_scan_arg {
         size: size_of::<k::pm_scan_arg>() as u64,
         flags: 0,
@@ -75,8 +93,13 @@ pub fn pagemap_scan(pagemap: &File, start: u64, end: u64, required: u64, return_
     // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at `cap` live
     // page_region entries that the kernel fills; the scanned range is only
     // inspected, never written.
-    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())? as usize;
+    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())?
+        as usize;
     out.clear();
-    out.extend(vec[..n].iter().map(|r| ScanRegion { start: r.start, end: r.end, categories: r.categories }));
+    out.extend(vec[..n].iter().map(|r| ScanRegion {
+        start: r.start,
+        end: r.end,
+        categories: r.categories,
+    }));
     Ok(arg.walk_end)
 }

@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use linux_raw_sys::general as k;
 use linux_raw_sys::ioctl as kio;
@@ -126,14 +126,20 @@ impl Uffd {
     /// `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd = 1`).
     pub fn open() -> Result<Uffd, OpenFailure> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        let device = match std::fs::OpenOptions::new().read(true).write(true).open("/dev/userfaultfd") {
+        let device = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/userfaultfd")
+        {
             Ok(dev) => {
                 // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value and
                 // returns a new fd or -1; no memory is passed.
                 let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
                 if fd >= 0 {
                     // SAFETY: the ioctl returned a fresh fd that nothing else owns.
-                    return Ok(Uffd { fd: unsafe { File::from_raw_fd(fd) } });
+                    return Ok(Uffd {
+                        fd: unsafe { File::from_raw_fd(fd) },
+                    });
                 }
                 last_err()
             }
@@ -143,7 +149,9 @@ impl Uffd {
         let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
         match cvt(fd) {
             // SAFETY: a fresh fd that nothing else owns.
-            Ok(fd) => Ok(Uffd { fd: unsafe { File::from_raw_fd(fd as i32) } }),
+            Ok(fd) => Ok(Uffd {
+                fd: unsafe { File::from_raw_fd(fd as i32) },
+            }),
             Err(syscall) => Err(OpenFailure { device, syscall }),
         }
     }
@@ -151,7 +159,11 @@ impl Uffd {
     /// `UFFDIO_API`: enables `features`; returns the features the kernel
     /// supports (call once, before any registration).
     pub fn api(&self, features: u64) -> io::Result<u64> {
-        let mut api = k::uffdio_api { api: k::UFFD_API as u64, features, ioctls: 0 };
+        let mut api = k::uffdio_api {
+            api: k::UFFD_API as u64,
+            features,
+            ioctls: 0,
+        };
         // SAFETY: `api` is a valid uffdio_api the kernel reads and writes.
         cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_API as _, &mut api) }.into())?;
         Ok(api.features)
@@ -167,9 +179,15 @@ impl Uffd {
         if wp {
             mode |= u64::from(k::UFFDIO_REGISTER_MODE_WP);
         }
-        let mut reg = k::uffdio_register { range: k::uffdio_range { start, len }, mode, ioctls: 0 };
+        let mut reg = k::uffdio_register {
+            range: k::uffdio_range { start, len },
+            mode,
+            ioctls: 0,
+        };
         // SAFETY: `reg` is a valid uffdio_register; the kernel checks the range.
-        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_REGISTER as _, &mut reg) }.into())?;
+        cvt(
+            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_REGISTER as _, &mut reg) }.into(),
+        )?;
         Ok(reg.ioctls)
     }
 
@@ -177,15 +195,28 @@ impl Uffd {
     pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
         let mut range = k::uffdio_range { start, len };
         // SAFETY: `range` is a valid uffdio_range.
-        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_UNREGISTER as _, &mut range) }.into())?;
+        cvt(
+            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_UNREGISTER as _, &mut range) }
+                .into(),
+        )?;
         Ok(())
     }
 
     /// `UFFDIO_COPY` of `src` to `dst` (a registered range of `src.len()`
     /// bytes); `wp` installs the pages write-protected.
     pub fn copy(&self, dst: u64, src: &[u8], wp: bool) -> io::Result<Fill> {
-        let mode = if wp { u64::from(k::UFFDIO_COPY_MODE_WP) } else { 0 };
-        let mut c = k::uffdio_copy { dst, src: src.as_ptr() as u64, len: src.len() as u64, mode, copy: 0 };
+        let mode = if wp {
+            u64::from(k::UFFDIO_COPY_MODE_WP)
+        } else {
+            0
+        };
+        let mut c = k::uffdio_copy {
+            dst,
+            src: src.as_ptr() as u64,
+            len: src.len() as u64,
+            mode,
+            copy: 0,
+        };
         // SAFETY: the kernel only reads `src.len()` bytes from `src` (a live
         // slice) and writes into the registered destination range, which is
         // not Rust-owned memory; `c` is a valid uffdio_copy.
@@ -197,10 +228,20 @@ impl Uffd {
     /// waiters on) write protection over the range. Each call that changes a
     /// present page costs one TLB flush.
     pub fn writeprotect(&self, start: u64, len: u64, protect: bool) -> io::Result<()> {
-        let mode = if protect { UFFDIO_WRITEPROTECT_MODE_WP } else { 0 };
-        let mut wp = k::uffdio_writeprotect { range: k::uffdio_range { start, len }, mode };
+        let mode = if protect {
+            UFFDIO_WRITEPROTECT_MODE_WP
+        } else {
+            0
+        };
+        let mut wp = k::uffdio_writeprotect {
+            range: k::uffdio_range { start, len },
+            mode,
+        };
         // SAFETY: `wp` is a valid uffdio_writeprotect; the kernel checks the range.
-        cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_WRITEPROTECT as _, &mut wp) }.into())?;
+        cvt(
+            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_WRITEPROTECT as _, &mut wp) }
+                .into(),
+        )?;
         Ok(())
     }
 
@@ -215,7 +256,11 @@ impl Uffd {
     /// `UFFDIO_POISON`: the range raises SIGBUS on access (EFAULT inside a
     /// syscall) until it is zapped with `MADV_DONTNEED`.
     pub fn poison(&self, start: u64, len: u64) -> io::Result<Fill> {
-        let mut p = k::uffdio_poison { range: k::uffdio_range { start, len }, mode: 0, updated: 0 };
+        let mut p = k::uffdio_poison {
+            range: k::uffdio_range { start, len },
+            mode: 0,
+            updated: 0,
+        };
         // SAFETY: `p` is a valid uffdio_poison; the kernel checks the range.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_POISON as _, &mut p) };
         fill_outcome(r, p.updated)
@@ -223,7 +268,13 @@ impl Uffd {
 
     /// `UFFDIO_MOVE` of `len` bytes of anonymous pages from `src` to `dst`.
     pub fn mv(&self, dst: u64, src: u64, len: u64) -> io::Result<Fill> {
-        let mut m = k::uffdio_move { dst, src, len, mode: 0, move_: 0 };
+        let mut m = k::uffdio_move {
+            dst,
+            src,
+            len,
+            mode: 0,
+            move_: 0,
+        };
         // SAFETY: `m` is a valid uffdio_move; the kernel checks both ranges
         // (the source must be anonymous memory owned by the caller's engine).
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
@@ -247,6 +298,12 @@ impl Uffd {
     /// The raw descriptor, for `poll`.
     pub fn as_raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+}
+
+impl std::os::fd::AsFd for Uffd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
@@ -290,7 +347,15 @@ mod tests {
         raw[8..16].copy_from_slice(&u64::from(k::UFFD_PAGEFAULT_FLAG_WRITE).to_ne_bytes());
         raw[16..24].copy_from_slice(&0x7f00_1234_5678u64.to_ne_bytes());
         raw[24..28].copy_from_slice(&42u32.to_ne_bytes());
-        assert_eq!(Msg::parse(&raw), Msg::PageFault { addr: 0x7f00_1234_5678, write: true, wp: false, tid: 42 });
+        assert_eq!(
+            Msg::parse(&raw),
+            Msg::PageFault {
+                addr: 0x7f00_1234_5678,
+                write: true,
+                wp: false,
+                tid: 42
+            }
+        );
         raw[0] = 0x14;
         assert_eq!(Msg::parse(&raw), Msg::Other(0x14));
     }

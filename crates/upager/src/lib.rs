@@ -1,1 +1,67 @@
-//! upager engine (in progress)
+//! upager: a user-space demand pager for Linux.
+//!
+//! Ask a [`Pager`] for a region of any size, backed by a file or by private
+//! swap space, and get an ordinary pointer: pages arrive on first touch and
+//! leave again under a hard memory budget, in batches, with the mechanisms
+//! that keep Linux's own memory manager fast under pressure — from user space
+//! (userfaultfd, process_madvise), with no kernel module.
+//!
+//! ```no_run
+//! use upager::{MapOptions, Pager};
+//! let pager = Pager::new(256 << 20)?;                      // 256 MiB budget
+//! let data = pager.map_file("big.bin", &MapOptions::new())?;   // read-only, 64 KiB folios
+//! let sum: u64 = data.words().iter().map(|w| w.load(std::sync::atomic::Ordering::Relaxed)).sum();
+//! let scratch = pager.map_anonymous(64 << 30, &MapOptions::new())?; // 64 GiB, zero-filled
+//! scratch.write_at(1 << 35, &sum.to_le_bytes());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # The five mechanisms
+//! 1. **One TLB shootdown per eviction batch** ([`reclaim`](crate::reclaim)):
+//!    victims leave with one `process_madvise(MADV_DONTNEED)`; dirty ones are
+//!    write-protected with one call first, then written back.
+//! 2. **A fault path without locks** ([`table`](crate::table),
+//!    [`folio`](crate::folio)): lock-free region lookup, CAS on per-folio state.
+//! 3. **Folios as one unit**: one read, one `UFFDIO_COPY`, one state update.
+//! 4. **Batched removal under one lock**: a batch is isolated from the LRU,
+//!    and gets its swap slots, under one lock acquisition each.
+//! 5. **Markers for evicted pages**: the state word says evicted vs never
+//!    touched without touching the store.
+//!
+//! # Invariants
+//! - **No lost write**: write-protect (flush) → write back → unmap (flush) →
+//!   release; a racing write waits and is kept.
+//! - **Budget**: resident bytes never exceed the budget (the peak is the
+//!   `resident_peak_bytes` counter).
+//! - **Every fault ends**: resolved, or SIGBUS (EFAULT inside a system call).
+//! - **Durable flush**: after [`Region::flush`] returns Ok, the store holds
+//!   every earlier write (fdatasync).
+//!
+//! # Requirements and non-goals
+//! Linux 6.16 or later (one TLB flush per `process_madvise` call), access to
+//! `/dev/userfaultfd` (root, or the device's permissions). Regions are not
+//! inherited by `fork` children. Read-only regions enforce read-only access
+//! with SIGSEGV like a `PROT_READ` mapping. Not a goal: sharing a region
+//! between processes (use the kernel's `MAP_SHARED`).
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod error;
+mod fault;
+mod folio;
+mod pager;
+mod reclaim;
+mod region;
+mod stats;
+mod store;
+mod table;
+
+pub use config::{
+    format_size, parse_size, Lookup, MapOptions, PagerBuilder, DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO,
+};
+pub use error::{AdviseError, FlushError, MapError, PagerError, RangeError, UnmapError};
+pub use pager::Pager;
+pub use region::Region;
+pub use stats::Stats;
+pub use store::{FileStore, Src, Store, SwapFile};

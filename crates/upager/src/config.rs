@@ -1,0 +1,238 @@
+//! Pager and region options, and size parsing ("512M", "64KiB").
+
+use std::path::PathBuf;
+
+/// Smallest folio: one base page.
+pub const MIN_FOLIO: u64 = 4096;
+/// Largest folio: one PMD.
+pub const MAX_FOLIO: u64 = 2 << 20;
+/// Default folio size.
+pub const DEFAULT_FOLIO: u64 = 64 << 10;
+/// Bytes an eviction batch covers by default: 4 MiB = 1024 base pages, so one
+/// batch costs at most two TLB shootdowns per 1024 pages (one write-protect,
+/// one unmap). 1024 is also the most ranges one process_madvise call takes.
+pub const DEFAULT_BATCH_BYTES: u64 = 4 << 20;
+
+/// How fault handlers find the region of a faulting address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Lookup {
+    /// Lock-free snapshot of the region table (seed 001's design). Default.
+    #[default]
+    LockFree,
+    /// A reader-writer lock around the table, taken on every fault (the
+    /// `mmap_sem` design the seed removed; kept for the ablation benchmark).
+    Locked,
+}
+
+/// Options of a [`Pager`](crate::Pager); build one with [`Pager::builder`](crate::Pager::builder).
+#[derive(Debug, Clone)]
+pub struct PagerBuilder {
+    pub(crate) budget: u64,
+    pub(crate) batch: Option<usize>,
+    pub(crate) handler_threads: usize,
+    pub(crate) background_reclaim: bool,
+    pub(crate) lookup: Lookup,
+    pub(crate) batched_removal: bool,
+    pub(crate) readahead: u64,
+    pub(crate) swap_dir: PathBuf,
+    pub(crate) direct_io: bool,
+}
+
+impl Default for PagerBuilder {
+    fn default() -> Self {
+        PagerBuilder {
+            budget: 256 << 20,
+            batch: None,
+            handler_threads: upager_sys::io::online_cpus().clamp(1, 4),
+            background_reclaim: true,
+            lookup: Lookup::LockFree,
+            batched_removal: true,
+            readahead: 2 << 20,
+            swap_dir: std::env::temp_dir(),
+            direct_io: true,
+        }
+    }
+}
+
+impl PagerBuilder {
+    /// Most bytes resident at once, over all regions. Default 256 MiB.
+    pub fn budget(mut self, bytes: u64) -> Self {
+        self.budget = bytes;
+        self
+    }
+    /// Folios evicted per batch (one TLB shootdown per batch). Default: as
+    /// many folios as cover 4 MiB, at most 1024. `1` evicts folio by folio
+    /// (for comparison).
+    pub fn batch(mut self, folios: usize) -> Self {
+        self.batch = Some(folios);
+        self
+    }
+    /// Fault-handler threads. Default: the number of CPUs, at most 4.
+    pub fn handler_threads(mut self, n: usize) -> Self {
+        self.handler_threads = n;
+        self
+    }
+    /// Run a background reclaimer between the watermarks. Default on; off
+    /// leaves only direct reclaim by faults.
+    pub fn background_reclaim(mut self, on: bool) -> Self {
+        self.background_reclaim = on;
+        self
+    }
+    /// Region lookup on the fault path. Default [`Lookup::LockFree`].
+    pub fn lookup(mut self, l: Lookup) -> Self {
+        self.lookup = l;
+        self
+    }
+    /// Take the LRU and swap-slot locks once per eviction batch (default) or
+    /// once per folio (`false`, for the seed-003 ablation).
+    pub fn batched_removal(mut self, on: bool) -> Self {
+        self.batched_removal = on;
+        self
+    }
+    /// Largest readahead on sequential faults, in bytes (the window doubles
+    /// from two folios up to this). Default 2 MiB; 0 disables readahead.
+    pub fn readahead(mut self, bytes: u64) -> Self {
+        self.readahead = bytes;
+        self
+    }
+    /// Directory for anonymous regions' private swap files (created 0600 and
+    /// unlinked at once). Default: the system temp dir.
+    pub fn swap_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.swap_dir = dir.into();
+        self
+    }
+    /// Use O_DIRECT for aligned store I/O where the file system allows it, so
+    /// the kernel's page cache does not hold a second copy outside the
+    /// budget. Default on.
+    pub fn direct_io(mut self, on: bool) -> Self {
+        self.direct_io = on;
+        self
+    }
+    /// Creates the pager.
+    pub fn build(self) -> Result<crate::Pager, crate::PagerError> {
+        crate::Pager::from_builder(self)
+    }
+}
+
+/// Options of one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapOptions {
+    pub(crate) folio: u64,
+    pub(crate) writable: bool,
+    pub(crate) offset: u64,
+    pub(crate) len: Option<u64>,
+}
+
+impl Default for MapOptions {
+    fn default() -> Self {
+        MapOptions {
+            folio: DEFAULT_FOLIO,
+            writable: false,
+            offset: 0,
+            len: None,
+        }
+    }
+}
+
+impl MapOptions {
+    /// Defaults: 64 KiB folios, read-only, offset 0, whole file.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Unit of fill, eviction and accounting: a power of two from 4 KiB to
+    /// 2 MiB. Default 64 KiB.
+    pub fn folio(mut self, bytes: u64) -> Self {
+        self.folio = bytes;
+        self
+    }
+    /// Map read-write (writes reach the store). Default read-only for files;
+    /// anonymous regions are always writable.
+    pub fn writable(mut self, on: bool) -> Self {
+        self.writable = on;
+        self
+    }
+    /// Start of the range in the file, a multiple of the folio size. Default 0.
+    pub fn offset(mut self, bytes: u64) -> Self {
+        self.offset = bytes;
+        self
+    }
+    /// Length of the range. Default: to the end of the file.
+    pub fn len(mut self, bytes: u64) -> Self {
+        self.len = Some(bytes);
+        self
+    }
+}
+
+/// Parses a size like `4096`, `64K`, `64KiB`, `512M`, `2G`, `1.5G`
+/// (binary units; case-insensitive; optional `B`/`iB`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mult) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 1u64 << 10),
+        Some('m') => (&body[..body.len() - 1], 1 << 20),
+        Some('g') => (&body[..body.len() - 1], 1 << 30),
+        Some('t') => (&body[..body.len() - 1], 1 << 40),
+        _ => (body, 1),
+    };
+    let bad = || {
+        format!(
+            "invalid size {t:?}: use a number with an optional unit, like 4096, 64K, 512M or 2G"
+        )
+    };
+    let num = num.trim();
+    if num.is_empty() {
+        return Err(bad());
+    }
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(mult).ok_or_else(bad);
+    }
+    let f: f64 = num.parse().map_err(|_| bad())?;
+    if !(f.is_finite() && f >= 0.0) {
+        return Err(bad());
+    }
+    let v = f * mult as f64;
+    if v > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(v as u64)
+}
+
+/// Formats bytes with a binary unit (`64 KiB`, `1.5 GiB`).
+pub fn format_size(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 || v.fract() == 0.0 {
+        format!("{v:.0} {}", U[i])
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("512m"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(format_size(64 << 10), "64 KiB");
+        assert_eq!(format_size(3 << 29), "1.5 GiB");
+    }
+}

@@ -1,0 +1,339 @@
+//! The fault path: handler threads read userfaultfd messages and resolve them.
+//!
+//! Contract:
+//! - No lock on the way from a fault message to its resolution: the region
+//!   is found in the lock-free table ([`RegionTable`](crate::table)), the
+//!   folio is claimed by CAS on its state word ([`folio`]). The only lock a
+//!   fill takes is the LRU lock, once, to queue the folios it installed.
+//! - A folio is filled as one unit: one store read (with readahead: one read
+//!   for the whole run) and one `UFFDIO_COPY` (seed 002). Read faults
+//!   install the folio write-protected (CLEAN); write faults install it
+//!   writable (DIRTY).
+//! - The first write to a CLEAN folio raises a write-protect fault: the
+//!   folio is claimed, unprotected (one ioctl, one flush) and becomes DIRTY.
+//! - A fault on a BUSY folio sets WAITER and returns: the BUSY owner wakes
+//!   it when it is done, and the faulting access retries.
+//! - Every fault ends: a store read failure or a read beyond the end of the
+//!   store poisons the folio (`UFFDIO_POISON`), so the access gets SIGBUS (a
+//!   system call gets EFAULT); the reclaimer clears the poison after
+//!   [`POISON_HOLD`](crate::reclaim::POISON_HOLD) so a later access retries.
+//!
+//! Readahead: when the folio before the faulting one is resident (a
+//! sequential stream, whatever thread runs it), the fill also claims the
+//! following non-resident folios, up to twice the run of resident folios
+//! before the fault and at most the configured readahead: the window grows
+//! 2, 4, 8, … like the kernel's context readahead, with no per-stream state.
+//!
+//! Counters: `faults_missing`, `faults_wp`, `faults_deferred`,
+//! `faults_stale`, `faults_failed`, `fills`, `fills_readahead`,
+//! `bytes_read`, `read_errors`, `refaults`, `refaults_activated`,
+//! `wp_unprotects`.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use upager_sys::mem::AlignedBuf;
+use upager_sys::uffd::{Fill, Msg, MSG_SIZE};
+
+use crate::folio::{self, Kind, State, ACTIVE, QUEUED, SEQ_MASK};
+use crate::pager::Shared;
+use crate::region::RegionInner;
+
+/// Messages read per `read(2)` of the userfaultfd.
+const MSGS_PER_READ: usize = 64;
+
+/// Per-thread scratch space of a fault handler.
+pub(crate) struct Ctx {
+    buf: AlignedBuf,
+    raw: Vec<u8>,
+    msgs: Vec<Msg>,
+}
+
+impl Ctx {
+    pub fn new(buf_bytes: usize) -> Ctx {
+        Ctx {
+            buf: AlignedBuf::zeroed(buf_bytes),
+            raw: vec![0; MSGS_PER_READ * MSG_SIZE],
+            msgs: Vec::new(),
+        }
+    }
+}
+
+impl Shared {
+    /// Body of a fault-handler thread.
+    pub(crate) fn handler_main(self: Arc<Self>) {
+        let mut ctx = Ctx::new(self.fill_buf_bytes());
+        while !self.stopping() {
+            let mut raw = std::mem::take(&mut ctx.raw);
+            let mut msgs = std::mem::take(&mut ctx.msgs);
+            match self.uffd.read_msgs(&mut raw, &mut msgs) {
+                Ok(0) => {
+                    let _ = upager_sys::io::poll2(
+                        &self.uffd,
+                        &self.stop_fd,
+                        Duration::from_millis(200),
+                    );
+                }
+                Ok(_) => {
+                    for m in &msgs {
+                        if let Msg::PageFault {
+                            addr, write, wp, ..
+                        } = *m
+                        {
+                            self.handle_fault(&mut ctx, addr, write, wp);
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    eprintln!("upager: reading userfaultfd failed: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            ctx.raw = raw;
+            ctx.msgs = msgs;
+        }
+    }
+
+    /// Resolves one fault at `addr`.
+    pub(crate) fn handle_fault(&self, ctx: &mut Ctx, addr: u64, write: bool, wp: bool) {
+        let Some(r) = self.table.lookup(addr) else {
+            // Unmapped meanwhile: unregistering woke the thread already.
+            self.counters.faults_stale.inc();
+            return;
+        };
+        let idx = ((addr - r.base()) >> r.shift) as usize;
+        let w = r.state(idx);
+        loop {
+            let s = folio::load(w);
+            match s.kind() {
+                Kind::Never | Kind::Evicted => {
+                    if let Some(old) =
+                        folio::try_claim(w, |s| matches!(s.kind(), Kind::Never | Kind::Evicted))
+                    {
+                        self.counters.faults_missing.inc();
+                        self.fill(ctx, &r, idx, old, write);
+                        return;
+                    }
+                }
+                Kind::Busy => {
+                    if folio::add_waiter(w) {
+                        self.counters.faults_deferred.inc();
+                        return;
+                    }
+                }
+                Kind::Clean | Kind::Dirty if wp && r.writable => {
+                    if folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty))
+                        .is_some()
+                    {
+                        self.counters.faults_wp.inc();
+                        self.make_dirty(&r, idx);
+                        return;
+                    }
+                }
+                Kind::Clean | Kind::Dirty | Kind::Poisoned => {
+                    // Resolved before we read the message (or poisoned: the
+                    // retry raises SIGBUS). Waking is harmless if no one waits.
+                    self.counters.faults_stale.inc();
+                    let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// First write to a claimed resident folio: unprotect it, mark it dirty.
+    fn make_dirty(&self, r: &RegionInner, idx: usize) {
+        // Clearing the protection wakes the faulting thread; its write lands
+        // once we store DIRTY below... or before: either way the folio is
+        // BUSY until then, so no eviction can copy it in between.
+        let res = self.uffd.writeprotect(r.folio_addr(idx), r.folio, false);
+        debug_assert!(res.is_ok(), "unprotect failed: {res:?}");
+        self.counters.wp_unprotects.inc();
+        let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
+        self.wake_if_waiter(r, idx, prev);
+    }
+
+    /// Fills claimed folio `idx` (previous state `old`), plus readahead.
+    fn fill(&self, ctx: &mut Ctx, r: &Arc<RegionInner>, idx: usize, old: State, write: bool) {
+        let folio = r.folio;
+        let beyond_end =
+            !r.is_anon() && r.store_offset(idx, old).is_some_and(|o| o >= r.store.len());
+        if beyond_end || !self.reserve(folio) {
+            self.counters.faults_failed.inc();
+            self.poison(r, idx);
+            return;
+        }
+        let extras = self.claim_readahead(r, idx);
+        let n = 1 + extras.len();
+        let total = n * folio as usize;
+        let buf = &mut ctx.buf[..total];
+        if self.read_folios(r, idx, old, buf).is_err() {
+            self.counters.read_errors.inc();
+            self.fill_failed(r, idx, &extras);
+            return;
+        }
+        let addr = r.folio_addr(idx);
+        let ok = if write {
+            self.copy_all(r, addr, &buf[..folio as usize], false)
+                && (extras.is_empty()
+                    || self.copy_all(r, addr + folio, &buf[folio as usize..], true))
+        } else {
+            self.copy_all(r, addr, buf, r.writable)
+        };
+        if !ok {
+            // Drop whatever part of the run was installed before giving up.
+            let _ = self.pidfd.dontneed(&[(addr, total as u64)]);
+            self.fill_failed(r, idx, &extras);
+            return;
+        }
+
+        // Publish: state words (Release), then the LRU (one lock).
+        let now = self.evict_seq.load(Ordering::Relaxed);
+        let mut queue = Vec::with_capacity(n);
+        for k in 0..n {
+            let o = if k == 0 { old } else { extras[k - 1] };
+            let activate = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
+            if o.kind() == Kind::Evicted {
+                self.counters.refaults.inc();
+                if activate {
+                    self.counters.refaults_activated.inc();
+                }
+            }
+            let kind = if k == 0 && write {
+                Kind::Dirty
+            } else {
+                Kind::Clean
+            };
+            let prev = folio::release(r.state(idx + k), |s| {
+                s.with_kind(kind).set(ACTIVE, activate).set(QUEUED, true)
+            });
+            self.wake_if_waiter(r, idx + k, prev);
+            if !prev.has(QUEUED) {
+                queue.push((idx + k, activate));
+            }
+        }
+        self.lru_add(r, &queue);
+        self.counters.fills.add(n as u64);
+        self.counters.fills_readahead.add(extras.len() as u64);
+        self.maybe_kick_reclaimer();
+    }
+
+    /// A claimed fill could not complete: readahead folios go back to their
+    /// old state, the faulting folio is poisoned, the budget is returned.
+    fn fill_failed(&self, r: &Arc<RegionInner>, idx: usize, extras: &[State]) {
+        self.counters.faults_failed.inc();
+        for (k, o) in extras.iter().enumerate() {
+            let prev = folio::release(r.state(idx + 1 + k), |_| *o);
+            self.wake_if_waiter(r, idx + 1 + k, prev);
+        }
+        self.unreserve(r.folio * (1 + extras.len() as u64));
+        self.poison(r, idx);
+    }
+
+    /// A refault within half the budget (in pages) of its eviction.
+    fn refault_is_hot(&self, now: u64, old: State) -> bool {
+        let distance = (now.wrapping_sub(old.seq())) & SEQ_MASK;
+        distance <= (self.budget / 4096 / 2).min(SEQ_MASK)
+    }
+
+    /// Claims up to the readahead window of non-resident folios after `idx`
+    /// (file regions only), each with budget reserved without reclaiming.
+    fn claim_readahead(&self, r: &RegionInner, idx: usize) -> Vec<State> {
+        let max = (self.cfg.readahead / r.folio) as usize;
+        if r.is_anon() || max == 0 || idx == 0 {
+            return Vec::new();
+        }
+        let mut run = 0;
+        while run < max
+            && run < idx
+            && matches!(
+                folio::load(r.state(idx - 1 - run)).kind(),
+                Kind::Clean | Kind::Dirty
+            )
+        {
+            run += 1;
+        }
+        let window = (2 * run)
+            .min(max)
+            .min(self.fill_buf_bytes() / r.folio as usize - 1);
+        let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
+        let mut out = Vec::new();
+        for j in idx + 1..(idx + 1 + window).min(r.nfolios()).min(end_folio) {
+            if !self.try_reserve(r.folio) {
+                break;
+            }
+            match folio::try_claim(r.state(j), |s| {
+                matches!(s.kind(), Kind::Never | Kind::Evicted)
+            }) {
+                Some(o) => out.push(o),
+                None => {
+                    self.unreserve(r.folio);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads folios `[idx, idx + buf.len()/folio)` into `buf`.
+    fn read_folios(
+        &self,
+        r: &RegionInner,
+        idx: usize,
+        old: State,
+        buf: &mut [u8],
+    ) -> io::Result<()> {
+        let Some(off) = r.store_offset(idx, old) else {
+            buf.fill(0); // anonymous, never written: zero
+            return Ok(());
+        };
+        let got = r.store.read_at(buf, off)?;
+        buf[got..].fill(0);
+        self.counters.bytes_read.add(got as u64);
+        Ok(())
+    }
+
+    /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. False if the
+    /// range could not be filled.
+    fn copy_all(&self, r: &RegionInner, dst: u64, src: &[u8], wp: bool) -> bool {
+        let mut done = 0u64;
+        for _attempt in 0..16 {
+            match self.uffd.copy(dst + done, &src[done as usize..], wp) {
+                Ok(Fill::Done) => return true,
+                Ok(Fill::Retry { done: d }) => done += d,
+                Ok(Fill::Exists { done: d }) => {
+                    // A page we own (BUSY) is mapped: a leftover (e.g. an
+                    // earlier fill interrupted part-way). Drop the rest of
+                    // the range we own and copy again.
+                    done += d;
+                    let end = dst + src.len() as u64;
+                    let _ = self.pidfd.dontneed(&[(dst + done, end - dst - done)]);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "upager: UFFDIO_COPY at {:#x} (region {}) failed: {e}",
+                        dst + done,
+                        r.id
+                    );
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// Makes an access to claimed folio `idx` raise SIGBUS (EFAULT in a
+    /// system call) until the reclaimer clears it. Holds no budget.
+    fn poison(&self, r: &Arc<RegionInner>, idx: usize) {
+        let res = self.uffd.poison(r.folio_addr(idx), r.folio);
+        if !matches!(res, Ok(Fill::Done)) {
+            eprintln!("upager: UFFDIO_POISON failed ({res:?}); the access will fault again");
+        }
+        let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Poisoned));
+        self.wake_if_waiter(r, idx, prev);
+        self.lru_add_poisoned(r, idx);
+    }
+}

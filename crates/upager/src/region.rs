@@ -1,0 +1,300 @@
+//! Regions: the memory applications use, and its folio states.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use upager_sys::mem::Mapping;
+
+use crate::error::{FlushError, UnmapError};
+use crate::folio::{self, Kind, State};
+use crate::pager::{Owner, Shared};
+use crate::reclaim::Mode;
+use crate::store::{Slots, Src, Store};
+use crate::table::Inflight;
+
+/// Engine-side state of one region, shared by handles, fault handlers and
+/// the reclaimer.
+pub(crate) struct RegionInner {
+    pub id: u64,
+    pub map: Mapping,
+    /// Bytes the application asked for (the mapping is rounded up to folios).
+    pub len: u64,
+    pub folio: u64,
+    pub shift: u32,
+    pub states: Box<[AtomicU64]>,
+    pub store: Arc<dyn Store>,
+    /// Store offset of the region's first byte (file regions).
+    pub store_off: u64,
+    /// Swap slots (anonymous regions only).
+    pub slots: Option<Slots>,
+    pub writable: bool,
+    pub inflight: AtomicU64,
+    pub dying: AtomicBool,
+    /// First write-back error since the last flush reported one.
+    pub wb_error: Mutex<Option<io::Error>>,
+}
+
+impl std::fmt::Debug for RegionInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.id)
+            .field("base", &self.base())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl RegionInner {
+    pub fn base(&self) -> u64 {
+        self.map.addr()
+    }
+    pub fn map_len(&self) -> u64 {
+        self.map.len() as u64
+    }
+    pub fn nfolios(&self) -> usize {
+        self.states.len()
+    }
+    pub fn folio_addr(&self, idx: usize) -> u64 {
+        self.base() + ((idx as u64) << self.shift)
+    }
+    pub fn state(&self, idx: usize) -> &AtomicU64 {
+        &self.states[idx]
+    }
+    pub fn is_anon(&self) -> bool {
+        self.slots.is_some()
+    }
+    /// Bytes of folio `idx` that belong to the region (the last may be short).
+    pub fn valid_len(&self, idx: usize) -> u64 {
+        self.folio.min(self.len - ((idx as u64) << self.shift))
+    }
+    /// Region memory of folios `[idx, idx+n)`, for writing to a store.
+    pub fn src(&self, idx: usize, bytes: u64) -> Src<'_> {
+        Src {
+            map: &self.map,
+            off: (idx << self.shift) as usize,
+            len: bytes as usize,
+        }
+    }
+    /// Store offset of folio `idx` whose state is `s` (anonymous: its slot).
+    pub fn store_offset(&self, idx: usize, s: State) -> Option<u64> {
+        if self.is_anon() {
+            s.slot().map(|slot| u64::from(slot) * self.folio)
+        } else {
+            Some(self.store_off + ((idx as u64) << self.shift))
+        }
+    }
+    pub fn record_error(&self, e: io::Error) {
+        let mut g = self.wb_error.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(e);
+        }
+    }
+    pub fn take_error(&self) -> Option<io::Error> {
+        self.wb_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+/// A mapped region: an ordinary pointer to `len()` bytes that fault in on
+/// first touch and leave under the pager's budget.
+///
+/// Use the memory through [`Region::as_ptr`] (from any thread, from C, from
+/// system calls like `read(fd, ptr, n)`), or through the safe accessors
+/// [`Region::bytes`], [`Region::words`], [`Region::read_at`],
+/// [`Region::write_at`]. Dropping the region unmaps it (writing dirty data
+/// back; use [`Region::unmap`] to see errors).
+pub struct Region {
+    pub(crate) inner: Arc<RegionInner>,
+    pub(crate) owner: Arc<Owner>,
+    done: bool,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Region {
+    pub(crate) fn new(inner: Arc<RegionInner>, owner: Arc<Owner>) -> Region {
+        Region {
+            inner,
+            owner,
+            done: false,
+        }
+    }
+    fn shared(&self) -> &Arc<Shared> {
+        &self.owner.shared
+    }
+    /// First byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.map.as_ptr()
+    }
+    /// Length in bytes, as requested.
+    pub fn len(&self) -> usize {
+        self.inner.len as usize
+    }
+    /// Always false (a region has at least one byte).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// Folio size in bytes.
+    pub fn folio_size(&self) -> u64 {
+        self.inner.folio
+    }
+    /// Whether writes are allowed.
+    pub fn is_writable(&self) -> bool {
+        self.inner.writable
+    }
+    /// The region as atomic bytes (rounded up to whole folios).
+    pub fn bytes(&self) -> &[std::sync::atomic::AtomicU8] {
+        &self.inner.map.atomic_bytes()[..self.len()]
+    }
+    /// The region as atomic 64-bit words (length rounded down).
+    pub fn words(&self) -> &[AtomicU64] {
+        &self.inner.map.atomic_words()[..self.len() / 8]
+    }
+    /// Copies bytes out of the region (faulting them in as needed).
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(buf.len())
+                .is_some_and(|e| e <= self.len()),
+            "read beyond the region"
+        );
+        self.inner.map.read_at(offset, buf);
+    }
+    /// Copies bytes into the region. Panics on a read-only region (a raw
+    /// store through [`Region::as_ptr`] would raise SIGSEGV instead).
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        assert!(self.inner.writable, "write to a read-only region");
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|e| e <= self.len()),
+            "write beyond the region"
+        );
+        self.inner.map.write_at(offset, data);
+    }
+
+    /// Writes every dirty folio back and makes the store durable
+    /// (fdatasync): when this returns Ok, the store holds every write made
+    /// before the call. Anonymous and read-only regions have nothing to do.
+    ///
+    /// Each batch of dirty folios is write-protected with one call (one TLB
+    /// flush) before it is written, so a write racing with the flush faults
+    /// and lands after the copy; the folio is then dirty again.
+    pub fn flush(&self) -> Result<(), FlushError> {
+        let r = &self.inner;
+        if !r.writable || r.is_anon() {
+            return Ok(());
+        }
+        let sh = self.shared();
+        let batch = sh.batch_folios(r.folio);
+        let mut first_err = None;
+        let mut victims = Vec::with_capacity(batch);
+        for idx in 0..r.nfolios() {
+            // A BUSY folio may be a dirty one being evicted (its write-back
+            // not done yet) or one being made dirty: wait it out, so every
+            // write made before this call is on the store when we sync.
+            let Some(old) = folio::claim_when_idle(r.state(idx), |s| s.kind() == Kind::Dirty)
+            else {
+                continue;
+            };
+            let Some(guard) = Inflight::enter(r) else {
+                let prev = folio::release(r.state(idx), |_| old);
+                sh.wake_if_waiter(r, idx, prev);
+                break;
+            };
+            victims.push(crate::reclaim::Victim {
+                region: guard,
+                idx,
+                old,
+            });
+            if victims.len() >= batch {
+                if let Err(e) = sh.shrink_list(std::mem::take(&mut victims), Mode::Writeback) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if !victims.is_empty() {
+            if let Err(e) = sh.shrink_list(victims, Mode::Writeback) {
+                first_err.get_or_insert(e);
+            }
+        }
+        let sticky = r.take_error();
+        if let Some(e) = first_err.or(sticky) {
+            return Err(FlushError::Writeback(e));
+        }
+        r.store.sync().map_err(FlushError::Sync)?;
+        sh.counters.flushes.inc();
+        Ok(())
+    }
+
+    /// Writes dirty data back (like [`Region::flush`]) and unmaps the region,
+    /// releasing its memory and swap space. On error the region is handed
+    /// back untouched.
+    pub fn unmap(mut self) -> Result<(), (UnmapError, Region)> {
+        if let Err(e) = self.flush() {
+            return Err((UnmapError::Flush(e), self));
+        }
+        self.teardown();
+        Ok(())
+    }
+
+    /// Removes the region: no fault or eviction is working on it afterwards.
+    fn teardown(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let r = &self.inner;
+        let sh = self.shared();
+        r.dying.store(true, Ordering::SeqCst);
+        sh.table.remove(r.id);
+        sh.purge_region(r.id);
+        // Faults and evictions on this region finish quickly (a direct
+        // reclaim stall is bounded), so this wait ends; report if it doesn't.
+        let start = Instant::now();
+        let mut warned = false;
+        while r.inflight.load(Ordering::SeqCst) != 0 {
+            std::thread::sleep(Duration::from_micros(200));
+            if !warned && start.elapsed() > Duration::from_secs(10) {
+                warned = true;
+                eprintln!(
+                    "upager: unmap of region {} still waits for faults in flight after 10 s",
+                    r.id
+                );
+            }
+        }
+        let mut resident = 0u64;
+        for w in r.states.iter() {
+            if matches!(folio::load(w).kind(), Kind::Clean | Kind::Dirty) {
+                resident += r.folio;
+            }
+        }
+        sh.unreserve(resident);
+        // Wakes anything still waiting on the range; later accesses fault
+        // as on any unmapped memory.
+        let _ = sh.uffd.unregister(r.base(), r.map_len());
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Err(e) = self.flush() {
+            eprintln!(
+                "upager: region {} dropped with unwritten data: {e}",
+                self.inner.id
+            );
+        }
+        self.teardown();
+    }
+}

@@ -1,0 +1,150 @@
+//! Counters with stable names.
+//!
+//! The names are ABI: the C API, the Python package and the CLI print the
+//! same snake_case names (like `mm/vmstat.c`'s `vmstat_text`). Add new ones at
+//! the end; never rename. Paired counters follow the kernel's PGSCAN/PGSTEAL
+//! pattern: `reclaim_scanned` vs `evictions`, split by actor
+//! (`evict_direct` / `evict_background` / `evict_pageout`), plus the
+//! shootdown-causing calls (`tlb_flush_batches`, `wp_unprotects`).
+//!
+//! Each counter is a relaxed atomic padded to its own cache line: they are
+//! statistics, never used for synchronisation.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// Live counters of one pager (internal; read them with [`Stats`]).
+        #[derive(Default, Debug)]
+        pub(crate) struct Counters {
+            $(pub $name: Padded,)*
+        }
+
+        /// A snapshot of a pager's counters. Field names are stable.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        #[non_exhaustive]
+        pub struct Stats {
+            $($(#[doc = $doc])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            /// Every counter's stable name, in a fixed order.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name),)*];
+
+            /// `(name, value)` pairs in [`Stats::NAMES`] order.
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($name), self.$name),)*].into_iter()
+            }
+
+            /// The value of the counter called `name`.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+            }
+        }
+
+        impl Counters {
+            pub fn snapshot(&self) -> Stats {
+                Stats { $($name: self.$name.get(),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Faults on a page with no mapping (first touch or after eviction).
+    faults_missing,
+    /// Write faults on a write-protected (clean) page: the folio becomes dirty.
+    faults_wp,
+    /// Faults that found their folio busy and waited for it.
+    faults_deferred,
+    /// Fault messages already resolved by someone else when read.
+    faults_stale,
+    /// Faults answered with SIGBUS (store read failed, beyond end of file, no memory).
+    faults_failed,
+    /// Folios filled from the store or with zeros.
+    fills,
+    /// Of `fills`, folios filled by readahead or prefetch rather than a fault.
+    fills_readahead,
+    /// Bytes read from stores.
+    bytes_read,
+    /// Bytes written to stores.
+    bytes_written,
+    /// Folios evicted (memory released).
+    evictions,
+    /// Eviction batches (each: at most one write-protect flush and one unmap flush).
+    evict_batches,
+    /// Of `evictions`, by a fault that found the budget full (direct reclaim).
+    evict_direct,
+    /// Of `evictions`, by the background reclaimer.
+    evict_background,
+    /// Of `evictions`, by `pageout`.
+    evict_pageout,
+    /// Folios examined by reclaim (isolated, skipped, or moved between lists).
+    reclaim_scanned,
+    /// Folios written back (eviction or flush).
+    writebacks,
+    /// Folio write-backs that failed (the folio stays resident and dirty).
+    writeback_errors,
+    /// Store reads that failed.
+    read_errors,
+    /// Calls that flush the TLB for eviction or write-back: write-protect spans plus process_madvise calls.
+    tlb_flush_batches,
+    /// Write-protect removals on first write (one flush each).
+    wp_unprotects,
+    /// Faults that had to reclaim memory themselves before filling.
+    direct_reclaim_stalls,
+    /// Fills of folios that had been evicted before.
+    refaults,
+    /// Of `refaults`, those soon enough after eviction to go to the active list.
+    refaults_activated,
+    /// Active folios moved back to the inactive list.
+    deactivations,
+    /// `flush()` calls completed.
+    flushes,
+    /// Resident bytes now (gauge).
+    resident_bytes,
+    /// Highest `resident_bytes` seen (never above the budget).
+    resident_peak_bytes,
+    /// The budget (gauge).
+    budget_bytes,
+    /// Folios discarded (contents dropped).
+    discards,
+}
+
+/// A relaxed counter on its own cache line.
+#[derive(Default, Debug)]
+#[repr(align(64))]
+pub(crate) struct Padded(AtomicU64);
+
+impl Padded {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn inc(&self) {
+        self.add(1);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_stable_and_unique() {
+        let mut n = Stats::NAMES.to_vec();
+        assert_eq!(n[0], "faults_missing");
+        assert!(n.contains(&"tlb_flush_batches") && n.contains(&"evict_batches"));
+        n.sort_unstable();
+        n.dedup();
+        assert_eq!(n.len(), Stats::NAMES.len());
+        let c = Counters::default();
+        c.evictions.add(3);
+        assert_eq!(c.snapshot().get("evictions"), Some(3));
+    }
+}

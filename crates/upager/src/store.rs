@@ -1,0 +1,390 @@
+//! Stores: where a region's data lives when it is not resident.
+//!
+//! - [`FileStore`]: an existing file (or a range of it), read-only or
+//!   read-write. Aligned I/O goes through an `O_DIRECT` descriptor when the
+//!   file system allows it, so the kernel's page cache keeps no second copy
+//!   outside the budget; the unaligned tail uses the buffered descriptor.
+//! - [`SwapFile`]: the private swap file of an anonymous region, created
+//!   0600 and unlinked at once, addressed in slots handed out by [`Slots`].
+//! - Anything implementing [`Store`] (tests wrap a store to inject faults).
+//!
+//! [`Slots`] is the store index that reclaim updates (seed 003): a batch of
+//! evicted folios gets its slots under one lock acquisition, and a batch of
+//! discarded folios returns them under one, holes punched after the lock is
+//! dropped.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::Mutex;
+
+use upager_sys::mem::Mapping;
+use upager_sys::PAGE_SIZE;
+
+/// Region memory about to be written to a store: a resident, write-protected
+/// folio (or run of folios) of the application's view. Stores read it with
+/// [`Src::write_to`] (one `pwrite` from the mapping) or [`Src::copy_to`].
+#[derive(Debug, Clone, Copy)]
+pub struct Src<'a> {
+    pub(crate) map: &'a Mapping,
+    pub(crate) off: usize,
+    pub(crate) len: usize,
+}
+
+impl Src<'_> {
+    /// Bytes to write.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True if there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Address of the first byte (page-aligned).
+    pub fn addr(&self) -> u64 {
+        self.map.addr() + self.off as u64
+    }
+    /// Copies the bytes out.
+    pub fn copy_to(&self, buf: &mut [u8]) {
+        self.map.read_at(self.off, &mut buf[..self.len]);
+    }
+    /// Writes all bytes to `file` at `offset` straight from the mapping
+    /// (retrying short writes).
+    pub fn write_to(&self, file: &File, offset: u64) -> io::Result<()> {
+        let mut done = 0u64;
+        while done < self.len as u64 {
+            let n = upager_sys::io::pwrite_from(
+                file,
+                self.addr() + done,
+                self.len as u64 - done,
+                offset + done,
+            )?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "store accepted no bytes",
+                ));
+            }
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// A backing store. Implementations must be thread-safe: fault handlers and
+/// the reclaimer call them concurrently for different folios.
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Size in bytes (reads beyond it return 0 bytes).
+    fn len(&self) -> u64;
+    /// True if the store has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Whether writes are allowed.
+    fn writable(&self) -> bool;
+    /// Reads into `buf` from `offset`; returns the bytes read, fewer only at
+    /// the end of the store. `buf` is page-aligned and a multiple of 4 KiB.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Writes all of `src` at `offset`, or fails.
+    fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable (fdatasync).
+    fn sync(&self) -> io::Result<()>;
+    /// Frees the space of `[offset, offset+len)` (swap slots). Default: no-op.
+    fn punch(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A file (or a range of one) as a store.
+#[derive(Debug)]
+pub struct FileStore {
+    buffered: File,
+    direct: Option<File>,
+    len: u64,
+    writable: bool,
+}
+
+impl FileStore {
+    /// Opens `path`; `direct` tries an extra O_DIRECT descriptor.
+    pub fn open(path: &Path, writable: bool, direct: bool) -> io::Result<FileStore> {
+        let buffered = OpenOptions::new().read(true).write(writable).open(path)?;
+        let direct = if direct {
+            OpenOptions::new()
+                .read(true)
+                .write(writable)
+                .custom_flags(libc_o_direct())
+                .open(path)
+                .ok()
+        } else {
+            None
+        };
+        let len = buffered.metadata()?.len();
+        Ok(FileStore {
+            buffered,
+            direct,
+            len,
+            writable,
+        })
+    }
+
+    /// Wraps an open file; `writable` must match how it was opened.
+    pub fn from_file(file: File, writable: bool) -> io::Result<FileStore> {
+        let len = file.metadata()?.len();
+        Ok(FileStore {
+            buffered: file,
+            direct: None,
+            len,
+            writable,
+        })
+    }
+
+    fn pick(&self, addr: u64, len: usize, offset: u64) -> &File {
+        let aligned =
+            addr % PAGE_SIZE as u64 == 0 && len % PAGE_SIZE == 0 && offset % PAGE_SIZE as u64 == 0;
+        match &self.direct {
+            Some(d) if aligned => d,
+            _ => &self.buffered,
+        }
+    }
+}
+
+fn libc_o_direct() -> i32 {
+    0o40000 // O_DIRECT on x86-64 and arm64
+}
+
+/// Reads until `buf` is full or the file ends.
+fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        // O_DIRECT may stop at an unaligned EOF; the next read returns 0.
+    }
+    Ok(done)
+}
+
+impl Store for FileStore {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn writable(&self) -> bool {
+        self.writable
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let f = self.pick(buf.as_ptr() as u64, buf.len(), offset);
+        let n = read_full(f, buf, offset)?;
+        Ok(n.min(self.len.saturating_sub(offset) as usize))
+    }
+    fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
+        src.write_to(self.pick(src.addr(), src.len(), offset), offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.buffered.sync_data()
+    }
+}
+
+/// The private swap file of an anonymous region: created with mode 0600 and
+/// unlinked before anyone else can open it; closing it frees its space.
+#[derive(Debug)]
+pub struct SwapFile {
+    file: File,
+    direct: Option<File>,
+}
+
+impl SwapFile {
+    /// Creates an unnamed file in `dir` (O_TMPFILE, or create + unlink).
+    pub fn create(dir: &Path, direct: bool) -> io::Result<SwapFile> {
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc_o_tmpfile())
+            .open(dir)
+        {
+            Ok(f) => f,
+            Err(_) => {
+                let name = dir.join(format!(".upager-swap-{}-{}", std::process::id(), unique()));
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&name)?;
+                std::fs::remove_file(&name)?;
+                f
+            }
+        };
+        // A second O_DIRECT descriptor on the same unnamed inode.
+        let direct = if direct {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc_o_direct())
+                .open(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&file)
+                ))
+                .ok()
+        } else {
+            None
+        };
+        Ok(SwapFile { file, direct })
+    }
+
+    fn pick(&self) -> &File {
+        self.direct.as_ref().unwrap_or(&self.file)
+    }
+}
+
+fn libc_o_tmpfile() -> i32 {
+    0o20200000 // O_TMPFILE (includes O_DIRECTORY) on x86-64 and arm64
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Store for SwapFile {
+    fn len(&self) -> u64 {
+        u64::MAX
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let n = read_full(self.pick(), buf, offset)?;
+        buf[n..].fill(0); // a slot past the file's end reads as zeros
+        Ok(buf.len())
+    }
+    fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
+        src.write_to(self.pick(), offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(()) // swap contents need not survive the process
+    }
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        upager_sys::io::punch_hole(&self.file, offset, len)
+    }
+}
+
+/// Allocator of swap slots (the store index reclaim updates, seed 003).
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    inner: Mutex<SlotsInner>,
+}
+
+#[derive(Debug, Default)]
+struct SlotsInner {
+    free: Vec<u32>,
+    next: u32,
+    /// Lock acquisitions, for the test that removal is batched.
+    acquisitions: u64,
+}
+
+impl Slots {
+    /// Hands out `n` slots. `batched`: one lock acquisition for all (seed
+    /// 003); otherwise one per slot (the ablation).
+    pub fn alloc(&self, n: usize, batched: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(n);
+        let one = |g: &mut SlotsInner, out: &mut Vec<u32>| {
+            let s = g.free.pop().unwrap_or_else(|| {
+                g.next += 1;
+                g.next - 1
+            });
+            out.push(s);
+        };
+        if batched {
+            let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            g.acquisitions += 1;
+            for _ in 0..n {
+                one(&mut g, &mut out);
+            }
+        } else {
+            for _ in 0..n {
+                let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+                g.acquisitions += 1;
+                one(&mut g, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Returns slots; the caller punches their space after this returns.
+    pub fn free(&self, slots: &[u32], batched: bool) {
+        if slots.is_empty() {
+            return;
+        }
+        if batched {
+            let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            g.acquisitions += 1;
+            g.free.extend_from_slice(slots);
+        } else {
+            for &s in slots {
+                let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+                g.acquisitions += 1;
+                g.free.push(s);
+            }
+        }
+    }
+
+    /// Lock acquisitions so far.
+    pub fn acquisitions(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .acquisitions
+    }
+
+    /// Slots in use.
+    pub fn in_use(&self) -> u64 {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        u64::from(g.next) - g.free.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_batch_under_one_lock() {
+        let s = Slots::default();
+        let a = s.alloc(64, true);
+        assert_eq!(a.len(), 64);
+        assert_eq!(s.acquisitions(), 1);
+        s.free(&a[..10], true);
+        assert_eq!(s.acquisitions(), 2);
+        assert_eq!(s.in_use(), 54);
+        let b = s.alloc(10, false);
+        assert_eq!(s.acquisitions(), 12);
+        let mut all: Vec<u32> = a[10..].iter().chain(&b).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 64, "no slot handed out twice");
+    }
+
+    #[test]
+    fn swap_file_is_private_and_unnamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let sw = SwapFile::create(dir.path(), true).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "swap file must be unlinked"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            sw.file.metadata().unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let mut buf = upager_sys::mem::AlignedBuf::zeroed(8192);
+        assert_eq!(sw.read_at(&mut buf, 1 << 30).unwrap(), 8192);
+    }
+}
