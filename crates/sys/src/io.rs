@@ -31,6 +31,28 @@ pub fn pwrite_from(fd: impl AsFd, addr: u64, len: u64, offset: u64) -> io::Resul
     Ok(cvt(r as libc::c_long)? as u64)
 }
 
+/// `pread(fd, dst, len, offset)` into memory the caller only accesses
+/// atomically (e.g. a region's atomic view): the kernel writes it the way
+/// another process writing shared memory would. Returns bytes read.
+pub fn pread_into(
+    file: &File,
+    dst: &[std::sync::atomic::AtomicU8],
+    offset: u64,
+) -> io::Result<usize> {
+    // SAFETY: `dst` is a live slice of atomics (UnsafeCell-based, so writes
+    // behind a shared reference are permitted); the kernel writes at most
+    // dst.len() bytes into it, and Rust code never reads it non-atomically.
+    let r = unsafe {
+        libc::pread(
+            file.as_raw_fd(),
+            dst.as_ptr() as *mut libc::c_void,
+            dst.len(),
+            offset as libc::off_t,
+        )
+    };
+    Ok(cvt(r as libc::c_long)? as usize)
+}
+
 /// Frees the blocks of `[offset, offset+len)` of a file (the size is kept):
 /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`.
 pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {

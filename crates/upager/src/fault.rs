@@ -175,6 +175,23 @@ impl Shared {
             self.fill_failed(r, idx, &extras);
             return;
         }
+        // Account before installing: the COPY wakes the faulting thread, and
+        // whatever it reads next (counters included) must see this fill.
+        let now = self.evict_seq.load(Ordering::Relaxed);
+        let activate: Vec<bool> = (0..n)
+            .map(|k| {
+                let o = if k == 0 { old } else { extras[k - 1] };
+                let hot = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
+                if o.kind() == Kind::Evicted {
+                    self.counters.refaults.inc();
+                    self.counters.refaults_activated.add(u64::from(hot));
+                }
+                hot
+            })
+            .collect();
+        self.counters.fills.add(n as u64);
+        self.counters.fills_readahead.add(extras.len() as u64);
+
         let addr = r.folio_addr(idx);
         let ok = if write {
             self.copy_all(r, addr, &buf[..folio as usize], false)
@@ -191,33 +208,22 @@ impl Shared {
         }
 
         // Publish: state words (Release), then the LRU (one lock).
-        let now = self.evict_seq.load(Ordering::Relaxed);
         let mut queue = Vec::with_capacity(n);
-        for k in 0..n {
-            let o = if k == 0 { old } else { extras[k - 1] };
-            let activate = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
-            if o.kind() == Kind::Evicted {
-                self.counters.refaults.inc();
-                if activate {
-                    self.counters.refaults_activated.inc();
-                }
-            }
+        for (k, &hot) in activate.iter().enumerate() {
             let kind = if k == 0 && write {
                 Kind::Dirty
             } else {
                 Kind::Clean
             };
             let prev = folio::release(r.state(idx + k), |s| {
-                s.with_kind(kind).set(ACTIVE, activate).set(QUEUED, true)
+                s.with_kind(kind).set(ACTIVE, hot).set(QUEUED, true)
             });
             self.wake_if_waiter(r, idx + k, prev);
             if !prev.has(QUEUED) {
-                queue.push((idx + k, activate));
+                queue.push((idx + k, hot));
             }
         }
         self.lru_add(r, &queue);
-        self.counters.fills.add(n as u64);
-        self.counters.fills_readahead.add(extras.len() as u64);
         self.maybe_kick_reclaimer();
     }
 
@@ -247,11 +253,13 @@ impl Shared {
             return Vec::new();
         }
         let mut run = 0;
+        // BUSY counts: the COPY of the previous run wakes the faulting thread
+        // before its filler publishes CLEAN.
         while run < max
             && run < idx
             && matches!(
                 folio::load(r.state(idx - 1 - run)).kind(),
-                Kind::Clean | Kind::Dirty
+                Kind::Clean | Kind::Dirty | Kind::Busy
             )
         {
             run += 1;

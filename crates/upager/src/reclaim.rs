@@ -150,6 +150,7 @@ impl Shared {
         let mut got = 0u64;
         let active_cap = self.budget / 2;
         let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        let mut acquisitions = 1;
         let mut budget_scan = lru.inactive.len() + 2 * lru.active.len() + 8;
         while got < want_bytes && victims.len() < max_folios && budget_scan > 0 {
             budget_scan -= 1;
@@ -201,6 +202,7 @@ impl Shared {
                                 // Ablation: drop and retake the lock per folio.
                                 drop(lru);
                                 lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+                                acquisitions += 1;
                             }
                         }
                         None => lru.inactive.push_back(e),
@@ -209,6 +211,9 @@ impl Shared {
                 Kind::Busy => lru.inactive.push_back(e),
                 _ => drop_stale(e, &mut lru),
             }
+        }
+        if !victims.is_empty() {
+            self.counters.reclaim_lock_acquisitions.add(acquisitions);
         }
         victims
     }

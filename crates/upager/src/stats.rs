@@ -109,6 +109,8 @@ counters! {
     budget_bytes,
     /// Folios discarded (contents dropped).
     discards,
+    /// Lock acquisitions by reclaim (LRU isolation and swap-slot allocation): one per batch each when removal is batched.
+    reclaim_lock_acquisitions,
 }
 
 /// A relaxed counter on its own cache line.

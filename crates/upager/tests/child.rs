@@ -1,0 +1,139 @@
+//! Behaviour that ends a process or needs another identity, checked in child
+//! processes: SIGBUS for a failed store read, SIGSEGV for a write to a
+//! read-only region, the error without userfaultfd access, exit with
+//! regions mapped.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use upager::{MapOptions, Pager};
+
+const MIB: u64 = 1 << 20;
+
+/// Entry point of the child processes (does nothing in a normal run).
+#[test]
+fn child_main() {
+    let Ok(scenario) = std::env::var("UPAGER_CHILD") else {
+        return;
+    };
+    let dir = ram_dir();
+    match scenario.as_str() {
+        "sigbus" => {
+            let path = pattern_file(dir.path(), "data", 4 * MIB, 1);
+            let pager = Pager::new(16 * MIB).unwrap();
+            let store = Arc::new(TestStore::new(&path, false));
+            store.fail_read_at.store(2 * (64 << 10), SeqCst);
+            let r = pager.map_store(store, &MapOptions::new()).unwrap();
+            assert_eq!(r.words()[0].load(Relaxed), word(0, 1));
+            assert_eq!(r.words()[3 * 8192].load(Relaxed), word(3 * 65536, 1));
+            println!("served other folios");
+            let v = r.words()[2 * 8192].load(Relaxed);
+            println!("not reached: {v}");
+        }
+        "readonly_write" => {
+            let path = pattern_file(dir.path(), "data", MIB, 2);
+            let pager = Pager::new(16 * MIB).unwrap();
+            let r = pager.map_file(&path, &MapOptions::new()).unwrap();
+            assert_eq!(r.words()[0].load(Relaxed), word(0, 2));
+            println!("read ok");
+            r.words()[0].store(1, Relaxed);
+            println!("not reached");
+        }
+        "no_uffd" => match Pager::new(16 * MIB) {
+            Ok(_) => println!("PAGER OK"),
+            Err(e) => println!("ERROR: {e}"),
+        },
+        "exit_with_regions" => {
+            let pager = Pager::new(8 * MIB).unwrap();
+            let r = pager.map_anonymous(64 * MIB, &MapOptions::new()).unwrap();
+            for w in (0..r.len() / 8).step_by(512) {
+                r.words()[w].store(1, Relaxed);
+            }
+            println!("exiting with {} resident", pager.stats().resident_bytes);
+            std::process::exit(0);
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+#[test]
+fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
+    let out = run_child("sigbus", &[], Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("served other folios"),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.contains("not reached"));
+    assert_eq!(out.status.signal(), Some(libc_sigbus()), "{:?}", out.status);
+}
+
+#[test]
+fn writing_a_read_only_region_raises_sigsegv() {
+    let out = run_child("readonly_write", &[], Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("read ok") && !stdout.contains("not reached"),
+        "{stdout}"
+    );
+    assert_eq!(out.status.signal(), Some(11), "{:?}", out.status);
+}
+
+#[test]
+fn no_access_to_userfaultfd_is_a_clear_error() {
+    let unpriv =
+        std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
+    if unpriv.trim() == "1" || !std::path::Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("skipping: unprivileged userfaultfd is allowed here, or setpriv is missing");
+        return;
+    }
+    // As an unprivileged user (nobody), with no access to /dev/userfaultfd.
+    let out = run_child(
+        "no_uffd",
+        &[
+            "/usr/bin/setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if stdout.contains("PAGER OK") {
+        eprintln!("skipping: this user can open userfaultfd");
+        return;
+    }
+    assert!(
+        stdout.contains(
+            "ERROR: no access to userfaultfd: opening /dev/userfaultfd failed (Permission denied"
+        ),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("setfacl -m u:$USER:rw /dev/userfaultfd"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn a_process_exits_promptly_with_regions_mapped() {
+    let out = run_child("exit_with_regions", &[], Duration::from_secs(30));
+    assert!(
+        out.status.success(),
+        "{:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("exiting with"));
+}
+
+fn libc_sigbus() -> i32 {
+    7
+}

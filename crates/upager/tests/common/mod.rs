@@ -1,0 +1,218 @@
+//! Helpers shared by the integration tests: pattern files, stores that fail
+//! or block on demand, child processes, and a TLB-shootdown counter.
+#![allow(dead_code)]
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use upager::{FileStore, Src, Store};
+
+/// The word stored at byte offset `off` of a pattern file.
+pub fn word(off: u64, seed: u64) -> u64 {
+    (off ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Writes a file of `len` bytes (a multiple of 8) of pattern words.
+pub fn pattern_file(dir: &Path, name: &str, len: u64, seed: u64) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let mut chunk = Vec::with_capacity(1 << 20);
+    let mut off = 0;
+    while off < len {
+        chunk.clear();
+        while chunk.len() < 1 << 20 && off < len {
+            chunk.extend_from_slice(&word(off, seed).to_le_bytes());
+            off += 8;
+        }
+        f.write_all(&chunk).unwrap();
+    }
+    f.flush().unwrap();
+    path
+}
+
+/// A directory on RAM-backed storage (tmpfs) for test data.
+pub fn ram_dir() -> tempfile::TempDir {
+    let base = if Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    };
+    tempfile::Builder::new()
+        .prefix("upager-test")
+        .tempdir_in(base)
+        .unwrap()
+}
+
+/// A file store that fails chosen reads/writes, or blocks reads at a gate.
+#[derive(Debug)]
+pub struct TestStore {
+    pub inner: FileStore,
+    /// Fail reads that touch this byte offset (u64::MAX: none).
+    pub fail_read_at: AtomicU64,
+    pub fail_writes: AtomicBool,
+    pub gate_closed: Mutex<bool>,
+    pub gate: Condvar,
+    pub reads_blocked: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+impl TestStore {
+    pub fn new(path: &Path, writable: bool) -> TestStore {
+        TestStore {
+            inner: FileStore::open(path, writable, false).unwrap(),
+            fail_read_at: AtomicU64::new(u64::MAX),
+            fail_writes: AtomicBool::new(false),
+            gate_closed: Mutex::new(false),
+            gate: Condvar::new(),
+            reads_blocked: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+        }
+    }
+    pub fn set_gate(&self, closed: bool) {
+        *self.gate_closed.lock().unwrap() = closed;
+        self.gate.notify_all();
+    }
+}
+
+impl Store for TestStore {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let bad = self.fail_read_at.load(Ordering::SeqCst);
+        if (offset..offset + buf.len() as u64).contains(&bad) {
+            return Err(io::Error::from_raw_os_error(5));
+        }
+        let mut g = self.gate_closed.lock().unwrap();
+        if *g {
+            self.reads_blocked.fetch_add(1, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while *g && Instant::now() < deadline {
+                g = self
+                    .gate
+                    .wait_timeout(g, Duration::from_millis(50))
+                    .unwrap()
+                    .0;
+            }
+        }
+        drop(g);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
+        if self.fail_writes.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.write_from(src, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+/// Runs this test binary's `child_main` test with `UPAGER_CHILD=scenario`,
+/// killing it after `timeout`.
+pub fn run_child(scenario: &str, wrap: &[&str], timeout: Duration) -> Output {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = if wrap.is_empty() {
+        Command::new(&exe)
+    } else {
+        let mut c = Command::new(wrap[0]);
+        c.args(&wrap[1..]).arg(&exe);
+        c
+    };
+    let mut child = cmd
+        .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
+        .env("UPAGER_CHILD", scenario)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "child {scenario} timed out; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Counts `tlb:tlb_flush` events with reason "remote ipi send" (the sender
+/// side of a shootdown) raised by a set of threads, through a private tracefs
+/// instance (so concurrent users of tracing are not disturbed).
+pub struct TlbTrace {
+    dir: PathBuf,
+}
+
+impl TlbTrace {
+    /// None (with a message) when tracefs is not available (not root).
+    pub fn start(tids: &[u32]) -> Option<TlbTrace> {
+        let root = Path::new("/sys/kernel/tracing");
+        if !root.join("instances").is_dir() {
+            eprintln!("skipping shootdown count: no tracefs at {}", root.display());
+            return None;
+        }
+        let dir = root.join(format!("instances/upager-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir(&dir);
+        if let Err(e) = std::fs::create_dir(&dir) {
+            eprintln!("skipping shootdown count: cannot create a tracefs instance: {e}");
+            return None;
+        }
+        let pids: Vec<String> = tids.iter().map(|t| format!("common_pid == {t}")).collect();
+        let filter = format!("reason == 4 && ({})", pids.join(" || "));
+        std::fs::write(dir.join("buffer_size_kb"), "8192").unwrap();
+        std::fs::write(dir.join("events/tlb/tlb_flush/filter"), filter).unwrap();
+        std::fs::write(dir.join("events/tlb/tlb_flush/enable"), "1").unwrap();
+        std::fs::write(dir.join("tracing_on"), "1").unwrap();
+        Some(TlbTrace { dir })
+    }
+
+    /// Stops tracing and returns the number of IPI sends counted.
+    pub fn stop(self) -> u64 {
+        std::fs::write(self.dir.join("tracing_on"), "0").unwrap();
+        let text = std::fs::read_to_string(self.dir.join("trace")).unwrap();
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains("tlb_flush:"))
+            .count() as u64
+    }
+}
+
+impl Drop for TlbTrace {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("tracing_on"), "0");
+        let _ = std::fs::write(self.dir.join("events/tlb/tlb_flush/enable"), "0");
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Thread ids of this process.
+pub fn my_tids() -> Vec<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Resident 4 KiB pages of `[addr, addr+len)`, from the kernel (mincore).
+pub fn resident_pages(addr: u64, len: u64) -> u64 {
+    upager_sys::mem::mincore(addr, len)
+        .unwrap()
+        .iter()
+        .filter(|&&b| b & 1 != 0)
+        .count() as u64
+}

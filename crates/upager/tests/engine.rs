@@ -1,0 +1,596 @@
+//! Engine behaviour (issue 2): budget, no lost write, exact dirty tracking,
+//! unmap vs faults in flight, folios as units, batched removal, errors,
+//! faults inside system calls, anonymous regions, hot set vs scan.
+
+mod common;
+
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use upager::{MapError, MapOptions, Pager, PagerError, Stats};
+
+const MIB: u64 = 1 << 20;
+
+fn small_pager(budget: u64) -> Pager {
+    Pager::builder()
+        .budget(budget)
+        .build()
+        .expect("pager (needs /dev/userfaultfd: run as root)")
+}
+
+#[test]
+fn budget_holds_with_threads_over_a_region_8x_the_budget() {
+    let dir = ram_dir();
+    let budget = 16 * MIB;
+    let path = pattern_file(dir.path(), "data", 8 * budget, 1);
+    let pager = small_pager(budget);
+    let r = Arc::new(
+        pager
+            .map_file(&path, &MapOptions::new().writable(true))
+            .unwrap(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    // Sampled from outside the engine: pages the kernel has mapped.
+    let sampler = {
+        let (r, stop) = (Arc::clone(&r), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut max = 0;
+            while !stop.load(SeqCst) {
+                max = max.max(resident_pages(r.as_ptr() as u64, r.len() as u64) * 4096);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            max
+        })
+    };
+    let words = r.len() / 8;
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let r = Arc::clone(&r);
+            std::thread::spawn(move || {
+                let mut x = t + 1;
+                for i in 0..60_000u64 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let w = (x % words as u64) as usize;
+                    if i % 4 == 0 && w % 4 == t as usize {
+                        r.words()[w].store(!word(w as u64 * 8, 1), Relaxed);
+                    } else {
+                        let v = r.words()[w].load(Relaxed);
+                        assert!(
+                            v == word(w as u64 * 8, 1) || v == !word(w as u64 * 8, 1),
+                            "word {w} corrupt"
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    stop.store(true, SeqCst);
+    let sampled = sampler.join().unwrap();
+    let s = pager.stats();
+    eprintln!(
+        "peak {} sampled {} evictions {}",
+        s.resident_peak_bytes, sampled, s.evictions
+    );
+    assert!(s.evictions > 0, "the workload must evict");
+    assert!(
+        s.resident_peak_bytes <= budget,
+        "peak {} over budget {budget}",
+        s.resident_peak_bytes
+    );
+    assert!(
+        sampled <= budget + 4 * MIB,
+        "kernel saw {sampled} bytes mapped, budget {budget} + one batch"
+    );
+    Arc::try_unwrap(r).unwrap().unmap().unwrap();
+    assert_eq!(pager.stats().resident_bytes, 0);
+}
+
+#[test]
+fn no_write_is_lost_while_eviction_runs_with_a_tiny_budget() {
+    let dir = ram_dir();
+    let len = 24 * MIB;
+    let path = pattern_file(dir.path(), "data", len, 2);
+    for (folio, batch) in [(16 << 10, None), (64 << 10, Some(1)), (4 << 10, Some(64))] {
+        let mut b = Pager::builder().budget(4 * MIB);
+        if let Some(n) = batch {
+            b = b.batch(n);
+        }
+        let pager = b.build().unwrap();
+        let r = Arc::new(
+            pager
+                .map_file(&path, &MapOptions::new().writable(true).folio(folio))
+                .unwrap(),
+        );
+        let words = r.len() / 8;
+        let nthreads = 4;
+        let rounds = 3u64;
+        let threads: Vec<_> = (0..nthreads)
+            .map(|t| {
+                let r = Arc::clone(&r);
+                std::thread::spawn(move || {
+                    // Thread t owns the words w with w % nthreads == t and
+                    // writes round-stamped values over the whole region.
+                    for round in 1..=rounds {
+                        for w in (t..words).step_by(nthreads * 37) {
+                            r.words()[w].store(round << 56 | w as u64, Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        r.flush().unwrap();
+        let file = std::fs::read(&path).unwrap();
+        let mut written = 0;
+        for w in 0..words {
+            let got = u64::from_le_bytes(file[w * 8..w * 8 + 8].try_into().unwrap());
+            let want = if w % (nthreads * 37) < nthreads {
+                rounds << 56 | w as u64
+            } else {
+                word(w as u64 * 8, 2)
+            };
+            assert_eq!(got, want, "folio {folio} batch {batch:?}: word {w}");
+            if w % (nthreads * 37) < nthreads {
+                written += 1;
+            }
+        }
+        let s = pager.stats();
+        eprintln!(
+            "folio {folio} batch {batch:?}: {written} writes verified, {} evictions, {} writebacks",
+            s.evictions, s.writebacks
+        );
+        assert!(s.evictions > 0 && s.writebacks > 0);
+        // Restore the pattern for the next configuration.
+        for w in (0..words).filter(|w| w % (nthreads * 37) < nthreads) {
+            r.words()[w].store(word(w as u64 * 8, 2), Relaxed);
+        }
+        Arc::try_unwrap(r).unwrap().unmap().unwrap();
+    }
+}
+
+#[test]
+fn clean_folios_are_never_written() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 32 * MIB, 3);
+    let pager = small_pager(4 * MIB);
+    let r = pager
+        .map_file(&path, &MapOptions::new().writable(true))
+        .unwrap();
+    let mut sum = 0u64;
+    for w in r.words().iter().step_by(512) {
+        sum = sum.wrapping_add(w.load(Relaxed));
+    }
+    r.flush().unwrap();
+    let s = pager.stats();
+    assert!(s.evictions > 100, "{s:?}");
+    assert_eq!(
+        (s.writebacks, s.bytes_written),
+        (0, 0),
+        "read-only use wrote back: {s:?} ({sum})"
+    );
+    // One write dirties exactly one folio.
+    r.words()[12345].store(7, Relaxed);
+    r.flush().unwrap();
+    let s2 = pager.stats();
+    assert_eq!(s2.writebacks, 1);
+    assert_eq!(s2.bytes_written, 64 << 10);
+}
+
+#[test]
+fn unmap_waits_for_faults_in_flight_and_does_not_block_other_regions() {
+    let dir = ram_dir();
+    let a_path = pattern_file(dir.path(), "a", 4 * MIB, 4);
+    let b_path = pattern_file(dir.path(), "b", 8 * MIB, 5);
+    let pager = small_pager(32 * MIB);
+    let store = Arc::new(TestStore::new(&a_path, false));
+    let a = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
+    let b = pager.map_file(&b_path, &MapOptions::new()).unwrap();
+    let addr = a.as_ptr() as u64;
+    store.set_gate(true);
+    // A system call reading A's memory faults inside the kernel and stays in
+    // flight while A's store is blocked.
+    let out = std::fs::File::create(dir.path().join("out")).unwrap();
+    let syscall = std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
+    let t0 = Instant::now();
+    while store.reads_blocked.load(SeqCst) == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the fault never reached the store"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let unmapper = std::thread::spawn(move || {
+        a.unmap().unwrap();
+        Instant::now()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !unmapper.is_finished(),
+        "unmap must wait for the fault in flight"
+    );
+    // Meanwhile faults on B are served.
+    for w in (0..b.len() / 8).step_by(512) {
+        assert_eq!(b.words()[w].load(Relaxed), word(w as u64 * 8, 5));
+    }
+    assert!(!unmapper.is_finished());
+    let opened = Instant::now();
+    store.set_gate(false);
+    let done = unmapper.join().unwrap();
+    assert!(
+        done >= opened,
+        "unmap finished before the fault it waited for"
+    );
+    // The woken system call either completed or (if it retried after the
+    // unmap) saw unmapped memory; it never hangs.
+    match syscall.join().unwrap() {
+        Ok(n) => assert_eq!(n, 4096),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(14)),
+    }
+    assert_eq!(pager.stats().resident_bytes, b.len() as u64);
+}
+
+#[test]
+fn a_folio_is_filled_read_and_accounted_as_one_unit() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 7);
+    let pager = Pager::builder()
+        .budget(64 * MIB)
+        .readahead(0)
+        .build()
+        .unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(64 << 10))
+        .unwrap();
+    for p in 0..r.len() / 4096 {
+        assert_eq!(r.words()[p * 512].load(Relaxed), word(p as u64 * 4096, 7));
+    }
+    let s = pager.stats();
+    assert_eq!(
+        s.faults_missing, 64,
+        "one fault per 64 KiB folio, not per page: {s:?}"
+    );
+    assert_eq!(s.fills, 64);
+    assert_eq!(s.bytes_read, 4 * MIB);
+    assert_eq!(s.resident_bytes, 4 * MIB);
+    // Readahead fills several folios per fault on a sequential scan.
+    let pager = small_pager(64 * MIB);
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(16 << 10))
+        .unwrap();
+    for p in 0..r.len() / 4096 {
+        assert_eq!(r.words()[p * 512].load(Relaxed), word(p as u64 * 4096, 7));
+    }
+    let s = pager.stats();
+    assert_eq!(s.fills, 256);
+    assert!(s.faults_missing < 40, "readahead should cut faults: {s:?}");
+}
+
+#[test]
+fn eviction_batches_take_the_reclaim_locks_once_per_batch() {
+    for batched in [true, false] {
+        let pager = Pager::builder()
+            .budget(8 * MIB)
+            .batched_removal(batched)
+            .background_reclaim(false)
+            .build()
+            .unwrap();
+        let r = pager.map_anonymous(64 * MIB, &MapOptions::new()).unwrap();
+        for w in (0..r.len() / 8).step_by(512) {
+            r.words()[w].store(w as u64, Relaxed);
+        }
+        for w in (0..r.len() / 8).step_by(512) {
+            assert_eq!(r.words()[w].load(Relaxed), w as u64);
+        }
+        let s = pager.stats();
+        eprintln!(
+            "batched {batched}: {} lock acquisitions, {} batches, {} evictions",
+            s.reclaim_lock_acquisitions, s.evict_batches, s.evictions
+        );
+        assert!(s.evictions >= 1000);
+        if batched {
+            // Isolation + slot allocation: at most two per batch.
+            assert!(s.reclaim_lock_acquisitions <= 2 * s.evict_batches, "{s:?}");
+        } else {
+            assert!(s.reclaim_lock_acquisitions >= s.evictions, "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 8);
+    let pager = small_pager(16 * MIB);
+    let store = Arc::new(TestStore::new(&path, false));
+    let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
+    let bad = 5 * (64 << 10) as u64;
+    store.fail_read_at.store(bad + 100, SeqCst);
+    let sink = std::fs::File::create(dir.path().join("sink")).unwrap();
+    // A system call touching the failing folio gets EFAULT (a plain access
+    // would get SIGBUS: see the child-process test).
+    let err = upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64 + bad, 4096, 0).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(14), "{err}");
+    // Other folios are served.
+    assert_eq!(r.words()[0].load(Relaxed), word(0, 8));
+    assert_eq!(
+        r.words()[(bad as usize + (64 << 10)) / 8].load(Relaxed),
+        word(bad + (64 << 10), 8)
+    );
+    let s = pager.stats();
+    assert_eq!((s.read_errors, s.faults_failed), (1, 1));
+    // The store recovers; after the poison hold the folio reads again.
+    store.fail_read_at.store(u64::MAX, SeqCst);
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64 + bad, 4096, 0).unwrap(),
+        4096
+    );
+    assert_eq!(r.words()[bad as usize / 8].load(Relaxed), word(bad, 8));
+}
+
+#[test]
+fn writeback_error_keeps_data_dirty_and_flush_reports_it() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 9);
+    let pager = small_pager(16 * MIB);
+    let store = Arc::new(TestStore::new(&path, true));
+    let r = pager
+        .map_store(store.clone(), &MapOptions::new().writable(true))
+        .unwrap();
+    for w in (0..r.len() / 8).step_by(1000) {
+        r.words()[w].store(w as u64, Relaxed);
+    }
+    store.fail_writes.store(true, SeqCst);
+    let e = r.flush().unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("writing dirty data back to the store failed: No space left on device"),
+        "{e}"
+    );
+    assert!(pager.stats().writeback_errors > 0);
+    for w in (0..r.len() / 8).step_by(1000) {
+        assert_eq!(r.words()[w].load(Relaxed), w as u64, "data kept in memory");
+    }
+    store.fail_writes.store(false, SeqCst);
+    r.flush().unwrap();
+    let file = std::fs::read(&path).unwrap();
+    for w in 0..file.len() / 8 {
+        let got = u64::from_le_bytes(file[w * 8..w * 8 + 8].try_into().unwrap());
+        let want = if w % 1000 == 0 {
+            w as u64
+        } else {
+            word(w as u64 * 8, 9)
+        };
+        assert_eq!(got, want, "word {w}");
+    }
+}
+
+#[test]
+fn a_hot_set_stays_resident_while_a_scan_streams_past() {
+    let dir = ram_dir();
+    let budget = 32 * MIB;
+    let hot_path = pattern_file(dir.path(), "hot", 8 * MIB, 10);
+    let scan_path = pattern_file(dir.path(), "scan", 256 * MIB, 11);
+    let pager = small_pager(budget);
+    let hot = pager.map_file(&hot_path, &MapOptions::new()).unwrap();
+    let scan = pager.map_file(&scan_path, &MapOptions::new()).unwrap();
+    let hot_words = hot.len() / 8;
+    let mut hot_faults_last_pass = 0;
+    for pass in 0..3 {
+        let before = pager.stats().faults_missing;
+        let mut scan_faults = 0;
+        for (i, w) in (0..scan.len() / 8).step_by(512).enumerate() {
+            scan.words()[w].load(Relaxed);
+            if i % 64 == 0 {
+                // Touch the whole hot set (one word per page) between scan chunks.
+                let f0 = pager.stats().faults_missing;
+                for h in (0..hot_words).step_by(512) {
+                    hot.words()[h].load(Relaxed);
+                }
+                scan_faults += 0;
+                if pass == 2 {
+                    hot_faults_last_pass += pager.stats().faults_missing - f0;
+                }
+            }
+        }
+        let _ = (before, scan_faults);
+    }
+    let s = pager.stats();
+    let resident_hot = resident_pages(hot.as_ptr() as u64, hot.len() as u64) * 4096;
+    eprintln!("hot faults in last pass {hot_faults_last_pass}, hot resident {resident_hot}, {s:?}");
+    assert!(s.evictions > 1000, "the scan must cause eviction");
+    assert!(s.refaults_activated > 0);
+    assert!(
+        hot_faults_last_pass <= 8,
+        "hot set refaulted {hot_faults_last_pass} times in the last pass"
+    );
+    assert_eq!(
+        resident_hot,
+        8 * MIB,
+        "the hot set should be fully resident"
+    );
+}
+
+#[test]
+fn system_calls_on_region_memory_are_served() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 8 * MIB, 12);
+    let pager = small_pager(4 * MIB);
+    let r = pager
+        .map_file(&path, &MapOptions::new().writable(true))
+        .unwrap();
+    // write(2) from region memory: the kernel reads missing pages.
+    let out_path = dir.path().join("out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let n = upager_sys::io::pwrite_from(&out, r.as_ptr() as u64, r.len() as u64, 0).unwrap();
+    assert_eq!(n, r.len() as u64);
+    assert!(std::fs::read(&out_path).unwrap() == std::fs::read(&path).unwrap());
+    // read(2) into region memory: the kernel writes pages (missing, or
+    // present and write-protected).
+    let src_path = pattern_file(dir.path(), "src", MIB, 13);
+    let src = std::fs::File::open(&src_path).unwrap();
+    let at = 3 * MIB as usize;
+    assert_eq!(
+        upager_sys::io::pread_into(&src, &r.bytes()[at..at + MIB as usize], 0).unwrap(),
+        MIB as usize
+    );
+    r.flush().unwrap();
+    let f = std::fs::read(&path).unwrap();
+    assert!(f[at..at + MIB as usize] == std::fs::read(&src_path).unwrap()[..]);
+    assert!(pager.stats().faults_wp + pager.stats().faults_missing > 0);
+}
+
+#[test]
+fn anonymous_regions_zero_fill_swap_and_release() {
+    let swap_dir = ram_dir();
+    let pager = Pager::builder()
+        .budget(8 * MIB)
+        .swap_dir(swap_dir.path())
+        .build()
+        .unwrap();
+    let r = pager
+        .map_anonymous(96 * MIB + 5, &MapOptions::new().folio(32 << 10))
+        .unwrap();
+    assert_eq!(r.len(), 96 * MIB as usize + 5);
+    assert_eq!(
+        std::fs::read_dir(swap_dir.path()).unwrap().count(),
+        0,
+        "swap file must be unlinked"
+    );
+    let words = r.len() / 8;
+    for w in (0..words).step_by(1024) {
+        r.words()[w].store(w as u64 + 1, Relaxed);
+    }
+    for w in (0..words).step_by(512) {
+        let want = if w % 1024 == 0 { w as u64 + 1 } else { 0 };
+        assert_eq!(r.words()[w].load(Relaxed), want, "word {w}");
+    }
+    r.write_at(r.len() - 5, b"tail!");
+    let mut t = [0u8; 5];
+    r.read_at(r.len() - 5, &mut t);
+    assert_eq!(&t, b"tail!");
+    let s = pager.stats();
+    assert!(
+        s.evictions > 0 && s.writebacks > 0 && s.resident_peak_bytes <= 8 * MIB,
+        "{s:?}"
+    );
+    r.unmap().unwrap();
+    assert_eq!(pager.stats().resident_bytes, 0);
+}
+
+#[test]
+fn errors_are_clear_and_leave_nothing_behind() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", MIB, 14);
+    let pager = small_pager(8 * MIB);
+    let e = |r: Result<upager::Region, MapError>| r.unwrap_err().to_string();
+    assert_eq!(
+        e(pager.map_anonymous(0, &MapOptions::new())),
+        "region size is 0: give a length of at least one byte"
+    );
+    assert_eq!(
+        e(pager.map_file(&path, &MapOptions::new().folio(3 << 12))),
+        "folio size 12288 is not a power of two between 4 KiB and 2 MiB"
+    );
+    assert_eq!(
+        e(pager.map_file(&path, &MapOptions::new().folio(4 << 20))),
+        "folio size 4194304 is not a power of two between 4 KiB and 2 MiB"
+    );
+    assert_eq!(
+        e(pager.map_file(&path, &MapOptions::new().offset(4096))),
+        "offset 4096 is not a multiple of the folio size 65536"
+    );
+    let missing = dir.path().join("nope");
+    assert_eq!(
+        e(pager.map_file(&missing, &MapOptions::new())),
+        format!(
+            "{}: no such file (create it first, or map anonymous memory)",
+            missing.display()
+        )
+    );
+    assert!(
+        e(pager.map_file(&path, &MapOptions::new().len(2 * MIB))).starts_with(
+            "range offset 0 + length 2097152 goes beyond the end of the store (1048576 bytes)"
+        )
+    );
+    let tiny = small_pager(1 * MIB);
+    assert_eq!(
+        e(tiny.map_file(&path, &MapOptions::new())),
+        "budget 1048576 bytes is smaller than one eviction batch (64 folios of 65536 bytes = 4194304 bytes): raise the budget or lower the batch or folio size"
+    );
+    let empty = dir.path().join("empty");
+    std::fs::File::create(&empty).unwrap();
+    assert_eq!(
+        e(pager.map_file(&empty, &MapOptions::new())),
+        "region size is 0: give a length of at least one byte"
+    );
+    let ro_dir = dir.path().join("ro");
+    std::fs::create_dir(&ro_dir).unwrap();
+    let ro = pattern_file(&ro_dir, "ro", MIB, 1);
+    let mut perm = std::fs::metadata(&ro).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o444);
+    std::fs::set_permissions(&ro, perm).unwrap();
+    // Root ignores file modes; a read-only bind of the file system is what a
+    // root user would hit. Check the variant when it applies.
+    if let Err(err) = pager.map_file(&ro, &MapOptions::new().writable(true)) {
+        assert!(
+            matches!(
+                err,
+                MapError::ReadOnlyFile { .. } | MapError::PermissionDenied { .. }
+            ),
+            "{err}"
+        );
+    }
+    assert!(matches!(
+        Pager::builder().budget(100).build(),
+        Err(PagerError::BudgetTooSmall(100))
+    ));
+    assert!(matches!(
+        Pager::builder().handler_threads(0).build(),
+        Err(PagerError::HandlerThreads(0))
+    ));
+    assert!(matches!(
+        Pager::builder().batch(2000).build(),
+        Err(PagerError::Batch(2000))
+    ));
+    // Nothing was left mapped or accounted, and the pager still works.
+    assert_eq!(pager.stats().resident_bytes, 0);
+    let r = pager.map_file(&path, &MapOptions::new()).unwrap();
+    assert_eq!(r.words()[1].load(Relaxed), word(8, 14));
+}
+
+#[test]
+fn counters_have_stable_names() {
+    let pager = small_pager(8 * MIB);
+    let s = pager.stats();
+    for name in [
+        "faults_missing",
+        "faults_wp",
+        "fills",
+        "bytes_read",
+        "bytes_written",
+        "evictions",
+        "writebacks",
+        "evict_batches",
+        "tlb_flush_batches",
+        "resident_bytes",
+        "resident_peak_bytes",
+        "direct_reclaim_stalls",
+    ] {
+        assert!(Stats::NAMES.contains(&name), "{name}");
+    }
+    assert_eq!(s.get("budget_bytes"), Some(8 * MIB));
+    let seen = Arc::new(AtomicU64::new(0));
+    seen.store(s.iter().count() as u64, Relaxed);
+    assert_eq!(seen.load(Relaxed) as usize, Stats::NAMES.len());
+}

@@ -1,0 +1,80 @@
+//! One TLB shootdown per eviction batch (seed 000), counted from outside the
+//! engine: `tlb:tlb_flush` events with reason "remote ipi send" raised by
+//! this process's threads, while a second thread keeps the address space
+//! live on the other CPU (so every flush must interrupt it).
+//!
+//! The only test in this binary, so the thread set traced is ours alone.
+
+mod common;
+
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use common::*;
+use upager::{MapOptions, Pager};
+
+const MIB: u64 = 1 << 20;
+
+/// Reads a 128 MiB file twice through a 16 MiB budget; returns (IPI sends,
+/// evicted 4 KiB pages, eviction batches).
+fn run(path: &std::path::Path, batch: Option<usize>) -> Option<(u64, u64, u64)> {
+    let mut b = Pager::builder().budget(16 * MIB);
+    if let Some(n) = batch {
+        b = b.batch(n);
+    }
+    let pager = b.build().unwrap();
+    let r = pager.map_file(path, &MapOptions::new()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spins = Arc::new(AtomicU64::new(0));
+    let spinner = {
+        let (stop, spins) = (Arc::clone(&stop), Arc::clone(&spins));
+        std::thread::spawn(move || {
+            let _ = upager_sys::io::pin_to_cpu(1);
+            while !stop.load(Relaxed) {
+                spins.fetch_add(1, Relaxed);
+            }
+        })
+    };
+    let _ = upager_sys::io::pin_to_cpu(0);
+    let trace = TlbTrace::start(&my_tids());
+    let mut sum = 0u64;
+    for _ in 0..2 {
+        for w in (0..r.len() / 8).step_by(512) {
+            sum = sum.wrapping_add(r.words()[w].load(Relaxed));
+        }
+    }
+    let ipis = trace.map(|t| t.stop());
+    stop.store(true, SeqCst);
+    spinner.join().unwrap();
+    let s = pager.stats();
+    eprintln!("batch {batch:?}: {ipis:?} IPI sends, {} evictions ({} pages), {} batches, {} flush calls (sum {sum})", s.evictions, s.evictions * 16, s.evict_batches, s.tlb_flush_batches);
+    Some((ipis?, s.evictions * 16, s.evict_batches))
+}
+
+#[test]
+fn at_most_two_shootdowns_per_1000_evicted_pages() {
+    if upager_sys::io::online_cpus() < 2 {
+        eprintln!("skipping: needs two CPUs to see remote shootdowns");
+        return;
+    }
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 128 * MIB, 1);
+    let Some((ipis, pages, batches)) = run(&path, None) else {
+        return;
+    };
+    assert!(
+        pages >= 2 * 100 * 256,
+        "the scan must evict most of the file twice: {pages} pages"
+    );
+    assert!(
+        ipis * 1000 <= 2 * pages,
+        "{ipis} shootdowns for {pages} evicted pages ({batches} batches)"
+    );
+    // The same count sees per-folio eviction: it is not blind.
+    let (ipis1, pages1, _) = run(&path, Some(1)).unwrap();
+    assert!(
+        ipis1 * 16 * 4 >= pages1,
+        "batch=1 should send about one shootdown per folio: {ipis1} for {pages1} pages"
+    );
+}
