@@ -14,9 +14,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use upager_bench::workloads::MapAdvice;
 use upager_bench::{
-    plot, prepare, run_scenario, scenario, scenarios, BenchEnv, EnvConfig, Engine, KernelEngine, ScenarioParams,
-    SwapKind, WorkerExe,
+    plot, prepare, run_scenario, scenario, scenarios, BenchEnv, Engine, EnvConfig, KernelEngine,
+    ScenarioParams, SwapKind, WorkerExe,
 };
 
 fn main() -> ExitCode {
@@ -51,7 +52,9 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             "--out" => out = it.next().ok_or("--out needs a value")?.into(),
             "all" => names.extend(scenarios().iter().map(|s| s.name.to_string())),
             n if scenario(n).is_some() => names.push(n.to_string()),
-            other => return Err(format!("unknown argument {other:?}; scenarios: {}", list()).into()),
+            other => {
+                return Err(format!("unknown argument {other:?}; scenarios: {}", list()).into())
+            }
         }
     }
     if names.is_empty() {
@@ -59,7 +62,11 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     }
     std::fs::create_dir_all(&out)?;
     let exe = WorkerExe::SelfWithArg(std::env::current_exe()?, "__worker".into());
-    let engines: Vec<Box<dyn Engine>> = vec![Box::new(KernelEngine::with_worker(exe))];
+    let engines: Vec<Box<dyn Engine>> = vec![
+        Box::new(KernelEngine::with_worker(exe.clone())),
+        Box::new(KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Random)),
+        Box::new(KernelEngine::with_worker(exe).with_advice(MapAdvice::Sequential)),
+    ];
     for name in names {
         let sc = scenario(&name).ok_or("unknown scenario")?;
         let mut p: ScenarioParams = if tiny { (sc.tiny)() } else { (sc.defaults)() };
@@ -99,5 +106,9 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn list() -> String {
-    scenarios().iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+    scenarios()
+        .iter()
+        .map(|s| s.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

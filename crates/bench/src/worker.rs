@@ -223,8 +223,12 @@ pub struct WorkerRun {
     pub tlb_irq: Option<u64>,
     /// Peak memory charge of the cgroup.
     pub peak_bytes: Option<u64>,
-    /// `memory.stat` deltas (pgpgout = pages uncharged, i.e. evicted; pgmajfault …).
+    /// `memory.stat` deltas of the cgroup (`pgpgin`/`pgpgout` count folios,
+    /// not pages; `pgfault`, `pgmajfault`), plus `cache_start`/`cache_end`
+    /// (page cache bytes charged before and after).
     pub cgroup_stat: std::collections::BTreeMap<String, u64>,
+    /// /proc/vmstat deltas (system-wide): `pswpout`, `pswpin` (pages).
+    pub vmstat: std::collections::BTreeMap<String, u64>,
     /// Notes (what was skipped and why).
     pub notes: Vec<String>,
 }
@@ -340,6 +344,7 @@ pub fn run_worker(
         None
     };
     let irq = InterruptCount::start().ok();
+    let vm0 = vmstat();
     {
         let stdin = reaper
             .child
@@ -365,6 +370,12 @@ pub fn run_worker(
         }
     };
     run.tlb_irq = irq.and_then(|i| i.stop().ok()).map(|(n, _)| n);
+    let vm1 = vmstat();
+    for (k, b) in &vm1 {
+        if let Some(a) = vm0.get(k) {
+            run.vmstat.insert(k.clone(), b.saturating_sub(*a));
+        }
+    }
     if let Some(t) = tlb {
         run.tlb = Some(t.stop()?);
     }
@@ -374,6 +385,11 @@ pub fn run_worker(
             for k in ["pgpgin", "pgpgout", "pgfault", "pgmajfault"] {
                 if let (Some(a), Some(b)) = (stat0.get(k), s1.get(k)) {
                     run.cgroup_stat.insert(k.to_string(), b.saturating_sub(*a));
+                }
+            }
+            for (k, s) in [("cache_start", &stat0), ("cache_end", &s1)] {
+                if let Some(v) = s.get("cache") {
+                    run.cgroup_stat.insert(k.to_string(), *v);
                 }
             }
         }
@@ -394,6 +410,16 @@ pub fn run_worker(
     Ok(run)
 }
 
+/// Page-granular swap counters of /proc/vmstat.
+fn vmstat() -> std::collections::BTreeMap<String, u64> {
+    std::fs::read_to_string("/proc/vmstat")
+        .map(|s| env::parse_memory_stat(&s))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k == "pswpout" || k == "pswpin")
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +431,7 @@ mod tests {
             threads: 2,
             reads_per_thread: 7,
             seed: 1,
+            advice: crate::workloads::MapAdvice::Random,
         };
         let a = workload_args(&w);
         assert_eq!(a[0], "random-read");

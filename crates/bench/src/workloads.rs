@@ -42,6 +42,21 @@ fn wio(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkloadError 
     move |source| WorkloadError::Io { what, source }
 }
 
+/// `madvise` advice a file workload gives its mapping before reading: the
+/// kernel's read-around differs (normal: up to 128 KiB around each missing
+/// page; random: the missing page only; sequential: aggressive readahead).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MapAdvice {
+    /// No advice (MADV_NORMAL): what a plain mmap user gets.
+    #[default]
+    Normal,
+    /// MADV_RANDOM.
+    Random,
+    /// MADV_SEQUENTIAL.
+    Sequential,
+}
+
 /// One kernel workload and its parameters.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "workload", rename_all = "kebab-case")]
@@ -56,6 +71,9 @@ pub enum Workload {
         threads: usize,
         /// The file's pattern seed.
         seed: u64,
+        /// Advice for the mapping.
+        #[serde(default)]
+        advice: MapAdvice,
     },
     /// CIDR'22 / vmcache lookups: `threads` threads each do
     /// `reads_per_thread` uniformly random 4 KiB-page reads (one word) of a
@@ -69,6 +87,9 @@ pub enum Workload {
         reads_per_thread: u64,
         /// The file's pattern seed.
         seed: u64,
+        /// Advice for the mapping.
+        #[serde(default)]
+        advice: MapAdvice,
     },
     /// Seed 001: each thread write-faults its own `area_bytes` anonymous area
     /// (one byte per 4 KiB page, MADV_NOHUGEPAGE), discards it with
@@ -135,18 +156,34 @@ pub struct WorkerResult {
 struct Meter {
     t0: Instant,
     u0: raw::Usage,
+    io0: Option<u64>,
+}
+
+/// `read_bytes` of /proc/self/io: bytes this process (all threads) caused to
+/// be read from block devices, counted at I/O submission (readahead included).
+fn read_bytes_self() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/io").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("read_bytes:"))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 impl Meter {
     fn start() -> Result<Self, WorkloadError> {
         Ok(Meter {
             u0: raw::rusage_self().map_err(wio("getrusage"))?,
+            io0: read_bytes_self(),
             t0: Instant::now(),
         })
     }
     fn stop(self, ops: u64, bad_words: u64) -> Result<WorkerResult, WorkloadError> {
         let elapsed_s = self.t0.elapsed().as_secs_f64();
         let u = raw::rusage_self().map_err(wio("getrusage"))?;
+        let mut extra = BTreeMap::new();
+        if let (Some(a), Some(b)) = (self.io0, read_bytes_self()) {
+            extra.insert("read_bytes".to_string(), b.saturating_sub(a) as f64);
+        }
         Ok(WorkerResult {
             elapsed_s,
             user_s: u.user_s - self.u0.user_s,
@@ -155,7 +192,7 @@ impl Meter {
             majflt: u.majflt - self.u0.majflt,
             ops,
             bad_words,
-            extra: BTreeMap::new(),
+            extra,
         })
     }
 }
@@ -177,13 +214,15 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
             file,
             threads,
             seed,
-        } => mmap_read(file, *threads, *seed),
+            advice,
+        } => mmap_read(file, *threads, *seed, *advice),
         Workload::RandomRead {
             file,
             threads,
             reads_per_thread,
             seed,
-        } => random_read(file, *threads, *reads_per_thread, *seed),
+            advice,
+        } => random_read(file, *threads, *reads_per_thread, *seed, *advice),
         Workload::MultiFault {
             threads,
             seconds,
@@ -199,7 +238,7 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
     }
 }
 
-fn open_map(file: &PathBuf) -> Result<memmap2::Mmap, WorkloadError> {
+fn open_map(file: &PathBuf, advice: MapAdvice) -> Result<memmap2::Mmap, WorkloadError> {
     let f = File::open(file).map_err(wio(format!("opening {}", file.display())))?;
     let m = raw::map_file_readonly(&f).map_err(wio(format!("mapping {}", file.display())))?;
     if m.len() < PAGE {
@@ -208,11 +247,24 @@ fn open_map(file: &PathBuf) -> Result<memmap2::Mmap, WorkloadError> {
             file.display()
         )));
     }
+    let a = match advice {
+        MapAdvice::Normal => None,
+        MapAdvice::Random => Some(Advice::Random),
+        MapAdvice::Sequential => Some(Advice::Sequential),
+    };
+    if let Some(a) = a {
+        m.advise(a).map_err(wio("madvise"))?;
+    }
     Ok(m)
 }
 
-fn mmap_read(file: &PathBuf, threads: usize, seed: u64) -> Result<WorkerResult, WorkloadError> {
-    let map = open_map(file)?;
+fn mmap_read(
+    file: &PathBuf,
+    threads: usize,
+    seed: u64,
+    advice: MapAdvice,
+) -> Result<WorkerResult, WorkloadError> {
+    let map = open_map(file, advice)?;
     let threads = threads.max(1);
     let pages = map.len() / PAGE;
     let barrier = Barrier::new(threads + 1);
@@ -261,8 +313,9 @@ fn random_read(
     threads: usize,
     reads: u64,
     seed: u64,
+    advice: MapAdvice,
 ) -> Result<WorkerResult, WorkloadError> {
-    let map = open_map(file)?;
+    let map = open_map(file, advice)?;
     let threads = threads.max(1);
     let pages = (map.len() / PAGE) as u64;
     let barrier = Barrier::new(threads + 1);
@@ -520,6 +573,7 @@ mod tests {
             file: p.clone(),
             threads: 2,
             seed: 3,
+            advice: MapAdvice::Sequential,
         })
         .unwrap();
         assert_eq!((r.ops, r.bad_words), (1024, 0));
@@ -528,6 +582,7 @@ mod tests {
             threads: 2,
             reads_per_thread: 1000,
             seed: 3,
+            advice: MapAdvice::Random,
         })
         .unwrap();
         assert_eq!((r.ops, r.bad_words), (2000, 0));
@@ -535,6 +590,7 @@ mod tests {
             file: p.clone(),
             threads: 2,
             seed: 4,
+            advice: MapAdvice::Normal,
         })
         .unwrap();
         assert_eq!(r.bad_words, 1024, "a wrong seed must show up as bad words");
