@@ -1,1 +1,44 @@
-fn main() {}
+//! `upager`: the command-line face of the pager.
+//!
+//! - `upager demo`: the main job end to end — make a dataset bigger than the
+//!   budget, page it through a pager (scan, random reads, random writes from
+//!   several threads), flush, verify every byte with plain file reads, print
+//!   throughput and the engine's counters.
+//! - `upager bench <scenario>`: the benchmark suite (see docs/benchmarks.md).
+//! - `upager stat`: residency picture of a mapped file after a workload.
+
+mod demo;
+
+use clap::{Parser, Subcommand};
+
+/// A user-space demand pager: regions of any size, backed by a file or
+/// private swap, paged under a hard memory budget with batched TLB
+/// shootdowns.
+#[derive(Parser, Debug)]
+#[command(name = "upager", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Page a dataset larger than the budget through upager and verify it.
+    Demo(demo::DemoArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Demo(a) => demo::run(&a),
+    };
+    if let Err(e) = res {
+        eprintln!("upager: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Parses a size argument (`512M`, `2G`, `64K`).
+pub(crate) fn size_arg(s: &str) -> Result<u64, String> {
+    upager::parse_size(s)
+}

@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use linux_raw_sys::general as k;
 use linux_raw_sys::ioctl as kio;
