@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what upager's demo, tests and benchmarks need on a fresh Debian 12
+# machine of this kind (root). Idempotent: installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+command -v losetup >/dev/null || need_apt+=(mount)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need_apt[*]}"
+  if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root to install ${need_apt[*]}" >&2; exit 1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found; install Rust (https://rustup.rs) and re-run" >&2
+  exit 1
+fi
+
+if [ ! -e /dev/userfaultfd ]; then
+  echo "setup: warning: /dev/userfaultfd is missing (Linux 6.1+ creates it); upager needs it or vm.unprivileged_userfaultfd=1" >&2
+fi
+
+# Python packages for the Python face, its tests and the benchmark plots.
+if [ "${UPAGER_SETUP_PYTHON:-1}" = 1 ] && [ -f python/requirements-dev.txt ]; then
+  python3 -m pip install -q -r python/requirements-dev.txt
+fi
+if [ "${UPAGER_SETUP_PYTHON:-1}" = 1 ] && [ -f bench/requirements.txt ]; then
+  python3 -m pip install -q -r bench/requirements.txt
+fi
+echo "setup: ok"
