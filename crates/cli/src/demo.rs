@@ -73,9 +73,11 @@ impl Rng {
 fn bar(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
-        ProgressStyle::with_template("{msg:<14} [{bar:40}] {percent:>3}% {binary_bytes_per_sec:>12} eta {eta}")
-            .expect("template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{msg:<14} [{bar:40}] {percent:>3}% {binary_bytes_per_sec:>12} eta {eta}",
+        )
+        .expect("template")
+        .progress_chars("=> "),
     );
     pb.set_message(what.to_string());
     pb
@@ -83,7 +85,13 @@ fn bar(len: u64, what: &str) -> ProgressBar {
 
 /// Runs `f(thread)` on `threads` threads while a progress bar follows
 /// `done` up to `total`; returns the elapsed time.
-fn parallel(threads: usize, total: u64, what: &str, done: &Arc<AtomicU64>, f: impl Fn(usize) + Sync) -> Duration {
+fn parallel(
+    threads: usize,
+    total: u64,
+    what: &str,
+    done: &Arc<AtomicU64>,
+    f: impl Fn(usize) + Sync,
+) -> Duration {
     let pb = bar(total, what);
     let t0 = Instant::now();
     std::thread::scope(|s| {
@@ -114,8 +122,17 @@ fn pick_dir(args: &DemoArgs) -> PathBuf {
 }
 
 fn free_space(p: &Path) -> Option<u64> {
-    let out = std::process::Command::new("df").args(["-B1", "--output=avail"]).arg(p).output().ok()?;
-    String::from_utf8_lossy(&out.stdout).lines().nth(1)?.trim().parse().ok()
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(p)
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A directory removed on drop.
@@ -129,14 +146,19 @@ impl Drop for TempDir {
 /// Runs the demo.
 pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.size < 8 || a.size % 8 != 0 {
-        return Err(format!("--size must be a positive multiple of 8 bytes, got {}", a.size).into());
+        return Err(format!(
+            "--size must be a positive multiple of 8 bytes, got {}",
+            a.size
+        )
+        .into());
     }
     if a.threads == 0 || a.threads > 256 {
         return Err(format!("--threads must be 1 to 256, got {}", a.threads).into());
     }
     let base = pick_dir(a);
     let dir = TempDir(base.join(format!("upager-demo-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).map_err(|e| format!("cannot create {}: {e}", dir.0.display()))?;
+    std::fs::create_dir_all(&dir.0)
+        .map_err(|e| format!("cannot create {}: {e}", dir.0.display()))?;
     let path = dir.0.join("dataset.bin");
     println!(
         "upager demo: {} dataset in {}, budget {}, {} folios, {} threads",
@@ -150,7 +172,10 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     // 1. Dataset.
     let t0 = Instant::now();
     make_dataset(&path, a.size)?;
-    println!("  made dataset                 {:>8.2} s", t0.elapsed().as_secs_f64());
+    println!(
+        "  made dataset                 {:>8.2} s",
+        t0.elapsed().as_secs_f64()
+    );
 
     // 2. Pager.
     let pager = Pager::builder().budget(a.budget).build()?;
@@ -171,7 +196,12 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
-    let scan = report("sequential scan", a.size as f64 / el.as_secs_f64() / 1e9, "GB/s", el);
+    let scan = report(
+        "sequential scan",
+        a.size as f64 / el.as_secs_f64() / 1e9,
+        "GB/s",
+        el,
+    );
 
     // 3b. Random reads.
     let done = Arc::new(AtomicU64::new(0));
@@ -181,13 +211,23 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         let w = region.words();
         for i in 0..a.reads {
             let k = rng.next() % words;
-            assert_eq!(w[k as usize].load(Relaxed), word(k * 8), "random read: wrong data at byte {}", k * 8);
+            assert_eq!(
+                w[k as usize].load(Relaxed),
+                word(k * 8),
+                "random read: wrong data at byte {}",
+                k * 8
+            );
             if i % 1024 == 0 {
                 done.fetch_add(1024 * 8, Relaxed);
             }
         }
     });
-    let reads = report("random reads", total_reads as f64 / el.as_secs_f64() / 1e6, "M/s", el);
+    let reads = report(
+        "random reads",
+        total_reads as f64 / el.as_secs_f64() / 1e6,
+        "M/s",
+        el,
+    );
 
     // 3c. Random writes: thread t writes words with index % threads == t.
     let done = Arc::new(AtomicU64::new(0));
@@ -204,7 +244,12 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
-    let writes = report("random writes", total_writes as f64 / el.as_secs_f64() / 1e6, "M/s", el);
+    let writes = report(
+        "random writes",
+        total_writes as f64 / el.as_secs_f64() / 1e6,
+        "M/s",
+        el,
+    );
 
     // 4. Flush and unmap.
     let t = Instant::now();
@@ -247,7 +292,9 @@ fn report(what: &str, v: f64, unit: &str, el: Duration) -> f64 {
 }
 
 fn unmap(region: Region) -> Result<(), Box<dyn std::error::Error>> {
-    region.unmap().map_err(|(e, _region)| Box::new(e) as Box<dyn std::error::Error>)
+    region
+        .unmap()
+        .map_err(|(e, _region)| Box::new(e) as Box<dyn std::error::Error>)
 }
 
 fn make_dataset(path: &Path, size: u64) -> Result<(), Box<dyn std::error::Error>> {
@@ -307,9 +354,16 @@ fn verify(path: &Path, size: u64, written_words: &Bits) -> Result<(), Box<dyn st
         for (i, c) in buf[..n].chunks_exact(8).enumerate() {
             let at = off + i as u64 * 8;
             let got = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            let want = if written_words.get(at / 8) { written(at) } else { word(at) };
+            let want = if written_words.get(at / 8) {
+                written(at)
+            } else {
+                word(at)
+            };
             if got != want {
-                return Err(format!("verification failed at byte {at}: file has {got:#x}, expected {want:#x}").into());
+                return Err(format!(
+                    "verification failed at byte {at}: file has {got:#x}, expected {want:#x}"
+                )
+                .into());
             }
         }
         off += n as u64;
@@ -322,7 +376,11 @@ fn verify(path: &Path, size: u64, written_words: &Bits) -> Result<(), Box<dyn st
 fn print_stats(s: &Stats) {
     println!("engine counters:");
     for (name, v) in s.iter() {
-        let shown = if name.ends_with("bytes") { format!("{v} ({})", format_size(v)) } else { v.to_string() };
+        let shown = if name.ends_with("bytes") {
+            format!("{v} ({})", format_size(v))
+        } else {
+            v.to_string()
+        };
         println!("  {name:<28} {shown}");
     }
     let pages = s.evictions * 16;

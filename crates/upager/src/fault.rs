@@ -97,6 +97,50 @@ impl Shared {
         }
     }
 
+    /// Body of the prefetch thread: fills requested folios that are not
+    /// resident, as a fault would, without a faulting thread. Stops a request
+    /// when the budget is full after one batch of reclaim.
+    pub(crate) fn prefetch_main(
+        self: Arc<Self>,
+        rx: std::sync::mpsc::Receiver<crate::marker::PrefetchRequest>,
+    ) {
+        let mut ctx = Ctx::new(self.fill_buf_bytes());
+        while let Ok(req) = rx.recv() {
+            self.prefetch_one(&mut ctx, req);
+            self.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn prefetch_one(&self, ctx: &mut Ctx, req: crate::marker::PrefetchRequest) {
+        {
+            let Some(r) = crate::table::Inflight::enter(&req.region) else {
+                return;
+            };
+            for idx in req.folios {
+                if self.stopping() {
+                    return;
+                }
+                if !self.try_reserve(r.folio) {
+                    if self.evict_batch(crate::reclaim::Mode::Background) == 0
+                        || !self.try_reserve(r.folio)
+                    {
+                        break;
+                    }
+                }
+                match folio::try_claim(r.state(idx), |s| {
+                    matches!(s.kind(), Kind::Never | Kind::Evicted)
+                }) {
+                    // fill() reserves again: hand this reservation back first.
+                    Some(old) => {
+                        self.unreserve(r.folio);
+                        self.fill(ctx, &r, idx, old, false, true);
+                    }
+                    None => self.unreserve(r.folio),
+                }
+            }
+        }
+    }
+
     /// Resolves one fault at `addr`.
     pub(crate) fn handle_fault(&self, ctx: &mut Ctx, addr: u64, write: bool, wp: bool) {
         let Some(r) = self.table.lookup(addr) else {
@@ -114,7 +158,7 @@ impl Shared {
                         folio::try_claim(w, |s| matches!(s.kind(), Kind::Never | Kind::Evicted))
                     {
                         self.counters.faults_missing.inc();
-                        self.fill(ctx, &r, idx, old, write);
+                        self.fill(ctx, &r, idx, old, write, false);
                         return;
                     }
                 }
@@ -157,7 +201,15 @@ impl Shared {
     }
 
     /// Fills claimed folio `idx` (previous state `old`), plus readahead.
-    fn fill(&self, ctx: &mut Ctx, r: &Arc<RegionInner>, idx: usize, old: State, write: bool) {
+    fn fill(
+        &self,
+        ctx: &mut Ctx,
+        r: &Arc<RegionInner>,
+        idx: usize,
+        old: State,
+        write: bool,
+        prefetch: bool,
+    ) {
         let folio = r.folio;
         let beyond_end =
             !r.is_anon() && r.store_offset(idx, old).is_some_and(|o| o >= r.store.len());
@@ -190,7 +242,9 @@ impl Shared {
             })
             .collect();
         self.counters.fills.add(n as u64);
-        self.counters.fills_readahead.add(extras.len() as u64);
+        self.counters
+            .fills_readahead
+            .add(extras.len() as u64 + u64::from(prefetch));
 
         let addr = r.folio_addr(idx);
         let ok = if write {

@@ -50,6 +50,7 @@ mod config;
 mod error;
 mod fault;
 mod folio;
+mod marker;
 mod pager;
 mod reclaim;
 mod region;
@@ -61,6 +62,7 @@ pub use config::{
     format_size, parse_size, Lookup, MapOptions, PagerBuilder, DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO,
 };
 pub use error::{AdviseError, FlushError, MapError, PagerError, RangeError, UnmapError};
+pub use marker::Residency;
 pub use pager::Pager;
 pub use region::Region;
 pub use stats::Stats;

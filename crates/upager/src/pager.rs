@@ -10,6 +10,7 @@ use upager_sys::uffd::{feature, Uffd};
 
 use crate::config::{PagerBuilder, DEFAULT_BATCH_BYTES, MAX_FOLIO, MIN_FOLIO};
 use crate::error::{MapError, PagerError};
+use crate::marker::PrefetchRequest;
 use crate::reclaim::Lru;
 use crate::region::{Region, RegionInner};
 use crate::stats::{Counters, Stats};
@@ -32,6 +33,8 @@ pub(crate) struct Shared {
     pub low_wm: u64,
     /// Pages evicted so far (the clock of refault distances).
     pub evict_seq: AtomicU64,
+    /// Prefetch requests queued or in progress.
+    pub prefetch_pending: AtomicU64,
     pub kicked: AtomicBool,
     pub kick_lock: Mutex<()>,
     pub kick_cv: Condvar,
@@ -59,11 +62,34 @@ impl Shared {
 /// Owns the threads: dropped when the last handle (pager or region) goes.
 pub(crate) struct Owner {
     pub shared: Arc<Shared>,
+    /// Requests for the prefetch thread; dropped first on shutdown.
+    prefetch_tx: Mutex<Option<std::sync::mpsc::Sender<PrefetchRequest>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Owner {
+    /// Queues a prefetch (the thread drops requests of unmapped regions).
+    pub fn prefetch(&self, req: PrefetchRequest) {
+        if let Some(tx) = self
+            .prefetch_tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            self.shared.prefetch_pending.fetch_add(1, Ordering::AcqRel);
+            if tx.send(req).is_err() {
+                self.shared.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 impl Drop for Owner {
     fn drop(&mut self) {
+        self.prefetch_tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         self.shared.stop.store(true, Ordering::Release);
         let _ = self.shared.stop_fd.signal();
         {
@@ -163,6 +189,7 @@ impl Pager {
             high_wm: budget - gap / 2,
             low_wm: budget - gap,
             evict_seq: AtomicU64::new(0),
+            prefetch_pending: AtomicU64::new(0),
             kicked: AtomicBool::new(false),
             kick_lock: Mutex::new(()),
             kick_cv: Condvar::new(),
@@ -171,8 +198,10 @@ impl Pager {
             next_id: AtomicU64::new(1),
             cfg,
         });
+        let (tx, rx) = std::sync::mpsc::channel();
         let owner = Arc::new(Owner {
             shared: Arc::clone(&shared),
+            prefetch_tx: Mutex::new(Some(tx)),
             threads: Mutex::new(Vec::new()),
         });
         {
@@ -185,6 +214,13 @@ impl Pager {
                     .map_err(PagerError::Spawn)?;
                 th.push(t);
             }
+            let s = Arc::clone(&shared);
+            th.push(
+                std::thread::Builder::new()
+                    .name("upager-prefetch".into())
+                    .spawn(move || s.prefetch_main(rx))
+                    .map_err(PagerError::Spawn)?,
+            );
             let s = Arc::clone(&shared);
             th.push(
                 std::thread::Builder::new()
@@ -377,6 +413,7 @@ impl Pager {
         s.resident_bytes = sh.resident.load(Ordering::Relaxed);
         s.resident_peak_bytes = sh.peak.load(Ordering::Relaxed);
         s.budget_bytes = sh.budget;
+        s.evicted_markers = crate::marker::count_markers(sh.table.all().iter());
         s
     }
 

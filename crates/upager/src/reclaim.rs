@@ -248,7 +248,9 @@ impl Shared {
             let mut span: Option<(usize, usize)> = None;
             for v in group.iter().filter(|v| v.old.kind() == Kind::Dirty) {
                 span = match span {
-                    Some((s, e)) if ((v.idx - e) as u64) * r.folio <= WP_SPAN_GAP_BYTES => Some((s, v.idx)),
+                    Some((s, e)) if ((v.idx - e) as u64) * r.folio <= WP_SPAN_GAP_BYTES => {
+                        Some((s, v.idx))
+                    }
                     Some((s, e)) => {
                         self.write_protect(r, s, e);
                         Some((v.idx, v.idx))
@@ -282,11 +284,12 @@ impl Shared {
                     }
                     j += 1;
                 }
-                let slots = r
-                    .slots
-                    .as_ref()
-                    .expect("anonymous region has slots")
-                    .alloc(need.len(), self.cfg.batched_removal);
+                let pool = r.slots.as_ref().expect("anonymous region has slots");
+                let before = pool.acquisitions();
+                let slots = pool.alloc(need.len(), self.cfg.batched_removal);
+                self.counters
+                    .reclaim_lock_acquisitions
+                    .add(pool.acquisitions() - before);
                 for (k, s) in need.into_iter().zip(slots) {
                     new_slots[k] = Some(s);
                 }

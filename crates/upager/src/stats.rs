@@ -111,6 +111,8 @@ counters! {
     discards,
     /// Lock acquisitions by reclaim (LRU isolation and swap-slot allocation): one per batch each when removal is batched.
     reclaim_lock_acquisitions,
+    /// Folios evicted with their contents in the store: the markers of seed 004 (gauge; counted when read).
+    evicted_markers,
 }
 
 /// A relaxed counter on its own cache line.
@@ -127,9 +129,6 @@ impl Padded {
     }
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
-    }
-    pub fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
     }
 }
 

@@ -343,6 +343,7 @@ impl Slots {
     }
 
     /// Slots in use.
+    #[cfg(test)]
     pub fn in_use(&self) -> u64 {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         u64::from(g.next) - g.free.len() as u64

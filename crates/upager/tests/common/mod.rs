@@ -216,3 +216,193 @@ pub fn resident_pages(addr: u64, len: u64) -> u64 {
         .filter(|&&b| b & 1 != 0)
         .count() as u64
 }
+
+// ---- Added for the reliability tests (issue 6). ----
+
+/// A child process running this test binary's `child_main` with
+/// `UPAGER_CHILD=scenario`, whose stdout lines the parent reads as they come
+/// (every wait bounded).
+pub struct ChildProc {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Every stdout line received so far.
+    pub seen: Vec<String>,
+}
+
+impl ChildProc {
+    /// Starts `scenario` with extra environment variables.
+    pub fn spawn(scenario: &str, envs: &[(&str, &str)]) -> ChildProc {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
+            .env("UPAGER_CHILD", scenario)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in io::BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        ChildProc {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stdout line starting with `prefix`; returns it. Panics
+    /// after `timeout` or if the child exits first.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left.max(Duration::from_millis(1))) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.starts_with(prefix) {
+                        return l;
+                    }
+                }
+                Err(e) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    panic!("no line {prefix:?} from the child ({e:?}); saw {:?}", self.seen);
+                }
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("timed out waiting for {prefix:?}; saw {:?}", self.seen);
+            }
+        }
+    }
+
+    /// SIGKILLs the child and reaps it.
+    pub fn kill(&mut self) -> std::process::ExitStatus {
+        let _ = self.child.kill();
+        self.child.wait().unwrap()
+    }
+
+    /// Waits (bounded) for the child to exit; kills it and panics on timeout.
+    pub fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                // Collect the rest of the output.
+                while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(200)) {
+                    self.seen.push(l);
+                }
+                return s;
+            }
+            if start.elapsed() > timeout {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("child did not exit within {timeout:?}; saw {:?}", self.seen);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A private, size-limited tmpfs mounted for one test (root only), so a
+/// test can fill a file system, make it read-only, or measure exactly the
+/// space its files use. Unmounted (lazily) on drop.
+pub struct SmallTmpfs {
+    pub dir: tempfile::TempDir,
+}
+
+impl SmallTmpfs {
+    /// Mounts a tmpfs of `size` bytes; None (with a message) if mounting is
+    /// not allowed here.
+    pub fn mount(size: u64) -> Option<SmallTmpfs> {
+        let dir = tempfile::Builder::new()
+            .prefix("upager-tmpfs")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status();
+        match st {
+            Ok(s) if s.success() => Some(SmallTmpfs { dir }),
+            _ => {
+                eprintln!("skipping part of the test: cannot mount a tmpfs (not root?)");
+                None
+            }
+        }
+    }
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+    /// `mount -o remount,<opts>` (e.g. "size=16m", "ro", "rw").
+    pub fn remount(&self, opts: &str) {
+        let st = Command::new("mount")
+            .args(["-o", &format!("remount,{opts}")])
+            .arg(self.dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "remount {opts} failed");
+    }
+    /// Bytes in use (blocks of the file system, from df's point of view).
+    pub fn used_bytes(&self) -> u64 {
+        let out = Command::new("df")
+            .args(["-B1", "--output=used"])
+            .arg(self.dir.path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// `(fd, link target)` of every open descriptor of process `pid` ("self" for
+/// this one).
+pub fn open_fds(pid: &str) -> Vec<(u32, String)> {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| {
+        let e = e.ok()?;
+        let fd = e.file_name().to_str()?.parse().ok()?;
+        let target = std::fs::read_link(e.path()).ok()?;
+        Some((fd, target.to_string_lossy().into_owned()))
+    })
+    .collect()
+}

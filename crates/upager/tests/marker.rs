@@ -1,0 +1,344 @@
+//! Residency, pageout, prefetch and discard (issue 4), including a
+//! property test against a reference model.
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::*;
+use proptest::prelude::*;
+use upager::{MapOptions, Pager, RangeError, Region, Residency};
+
+const MIB: u64 = 1 << 20;
+const F: u64 = 64 << 10;
+
+fn states(r: &Region) -> Vec<Residency> {
+    let runs = r.residency(0, r.len() as u64).unwrap();
+    let mut out = Vec::new();
+    for (range, s) in runs {
+        for _ in 0..(range.end - range.start).div_ceil(r.folio_size()) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+#[test]
+fn residency_answers_from_state_in_all_three_shapes() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 1);
+    let pager = Pager::new(64 * MIB).unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().writable(true).folio(F))
+        .unwrap();
+    r.words()[0].load(Relaxed); // folio 0 (+ no readahead at 0)
+    r.words()[(10 * F / 8) as usize].store(1, Relaxed); // folio 10 dirty
+    r.words()[(20 * F / 8) as usize].load(Relaxed); // folio 20 clean
+    assert_eq!(r.pageout(20 * F, F).unwrap(), 1);
+    let s = states(&r);
+    assert_eq!(s[0], Residency::ResidentClean);
+    assert_eq!(s[10], Residency::ResidentDirty);
+    assert_eq!(s[20], Residency::Evicted);
+    assert_eq!(s[30], Residency::NeverTouched);
+    let runs = r.residency(4096, 2 * F).unwrap();
+    assert_eq!(
+        runs,
+        vec![
+            (4096..F, Residency::ResidentClean),
+            (F..2 * F + 4096, Residency::NeverTouched)
+        ]
+    );
+    let mc = r.mincore(0, 32 * F).unwrap();
+    assert_eq!(mc.len(), 32 * 16);
+    assert_eq!(
+        (mc[0], mc[15], mc[16], mc[10 * 16 + 3], mc[20 * 16]),
+        (1, 1, 0, 1, 0)
+    );
+    let pm = r.pagemap(0, 32 * F).unwrap();
+    assert_eq!(pm[0] >> 62, 0b10, "present");
+    assert_eq!(
+        pm[20 * 16 + 5] >> 62,
+        0b01,
+        "swapped = contents in the store"
+    );
+    assert_eq!(pm[30 * 16], 0);
+    // Bad ranges are clear errors.
+    assert_eq!(r.residency(0, 0).unwrap_err(), RangeError::Empty);
+    assert_eq!(
+        r.residency(100, 10).unwrap_err().to_string(),
+        "range start 100 is not a multiple of the folio size 4096"
+    );
+    assert_eq!(
+        r.residency(0, 5 * MIB).unwrap_err().to_string(),
+        "range 0+5242880 is outside the region of 4194304 bytes"
+    );
+    assert!(r.pageout(4096, F).is_err());
+    assert!(r.discard(0, F + 1).is_err());
+    assert!(r.prefetch(u64::MAX - 1, 2).is_err());
+}
+
+#[test]
+fn pageout_evicts_in_batches_and_keeps_every_write() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 16 * MIB, 2);
+    let pager = Pager::new(64 * MIB).unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().writable(true).folio(F))
+        .unwrap();
+    for w in (0..r.len() / 8).step_by(512) {
+        r.words()[w].store(w as u64, Relaxed);
+    }
+    let before = pager.stats();
+    assert_eq!(r.pageout(0, r.len() as u64).unwrap(), 256);
+    let s = pager.stats();
+    assert_eq!(s.evict_pageout - before.evict_pageout, 256);
+    assert_eq!(
+        s.evict_batches - before.evict_batches,
+        4,
+        "256 folios of 64 KiB = 4 batches of 4 MiB"
+    );
+    // One write-protect call and one process_madvise per batch.
+    assert_eq!(s.tlb_flush_batches - before.tlb_flush_batches, 8);
+    assert_eq!(s.resident_bytes, 0);
+    assert_eq!(s.evicted_markers, 256);
+    assert!(states(&r).iter().all(|&x| x == Residency::Evicted));
+    let file = std::fs::read(&path).unwrap();
+    for w in (0..r.len() / 8).step_by(512) {
+        assert_eq!(
+            u64::from_le_bytes(file[w * 8..w * 8 + 8].try_into().unwrap()),
+            w as u64
+        );
+        assert_eq!(r.words()[w].load(Relaxed), w as u64);
+    }
+}
+
+#[test]
+fn prefetch_fills_in_the_background_and_later_accesses_do_not_fault() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 8 * MIB, 3);
+    let pager = Pager::new(64 * MIB).unwrap();
+    let r = pager.map_file(&path, &MapOptions::new().folio(F)).unwrap();
+    let t = Instant::now();
+    r.prefetch(MIB, 4 * MIB).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(50),
+        "prefetch must return at once"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while r.mincore(MIB, 4 * MIB).unwrap().iter().any(|&b| b == 0) {
+        assert!(Instant::now() < deadline, "prefetch did not finish");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let faults = pager.stats().faults_missing;
+    for w in ((MIB / 8) as usize..(5 * MIB / 8) as usize).step_by(512) {
+        assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 3));
+    }
+    assert_eq!(
+        pager.stats().faults_missing,
+        faults,
+        "prefetched folios must not fault"
+    );
+    assert_eq!(states(&r)[0], Residency::NeverTouched);
+    // The kernel agrees: the pages are mapped.
+    assert_eq!(resident_pages(r.as_ptr() as u64 + MIB, 4 * MIB), 1024);
+}
+
+fn swap_blocks(dir: &std::path::Path) -> u64 {
+    // The swap file is unlinked; find it through our descriptors.
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            if t.starts_with(dir) {
+                use std::os::unix::fs::MetadataExt;
+                return std::fs::metadata(e.path()).unwrap().blocks();
+            }
+        }
+    }
+    panic!("no swap file open in {}", dir.display());
+}
+
+#[test]
+fn discard_zeroes_anonymous_memory_and_frees_swap() {
+    let swap = ram_dir();
+    let pager = Pager::builder()
+        .budget(8 * MIB)
+        .swap_dir(swap.path())
+        .build()
+        .unwrap();
+    let r = pager
+        .map_anonymous(32 * MIB, &MapOptions::new().folio(F))
+        .unwrap();
+    for w in (0..r.len() / 8).step_by(512) {
+        r.words()[w].store(w as u64 + 1, Relaxed);
+    }
+    r.pageout(0, r.len() as u64).unwrap();
+    let used = swap_blocks(swap.path());
+    assert!(
+        used * 512 >= 24 * MIB,
+        "swap holds the evicted data: {used} blocks"
+    );
+    assert!(pager.stats().evicted_markers > 0);
+    r.discard(0, 16 * MIB).unwrap();
+    let after = swap_blocks(swap.path());
+    assert!(
+        after * 512 <= used * 512 - 15 * MIB,
+        "discard must punch swap: {used} -> {after} blocks"
+    );
+    for w in (0..r.len() / 8).step_by(512) {
+        let want = if (w as u64) < 16 * MIB / 8 {
+            0
+        } else {
+            w as u64 + 1
+        };
+        assert_eq!(r.words()[w].load(Relaxed), want, "word {w}");
+    }
+    r.unmap().unwrap();
+    assert_eq!(pager.stats().evicted_markers, 0, "unmap clears markers");
+}
+
+#[test]
+fn discard_on_a_file_drops_unflushed_writes_and_rereads_the_file() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 2 * MIB, 4);
+    let pager = Pager::new(16 * MIB).unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().writable(true).folio(F))
+        .unwrap();
+    r.words()[0].store(111, Relaxed);
+    r.flush().unwrap();
+    r.words()[0].store(222, Relaxed); // not flushed
+    r.words()[(F / 8) as usize].store(333, Relaxed); // not flushed, other folio
+    r.discard(0, F).unwrap();
+    assert_eq!(states(&r)[0], Residency::NeverTouched);
+    assert_eq!(r.words()[0].load(Relaxed), 111, "reads the file again");
+    assert_eq!(
+        r.words()[(F / 8) as usize].load(Relaxed),
+        333,
+        "outside the range: kept"
+    );
+    assert_eq!(pager.stats().discards, 1);
+}
+
+/// One step of the model test.
+#[derive(Debug, Clone)]
+enum Op {
+    Write(usize, u8),
+    Read(usize),
+    Pageout(usize, usize),
+    Prefetch(usize, usize),
+    Discard(usize, usize),
+    Flush,
+}
+
+const NF: usize = 24;
+const PF: u64 = 4096;
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0..NF).prop_flat_map(|a| (Just(a), 1..=NF - a));
+    prop_oneof![
+        3 => (0..NF, any::<u8>()).prop_map(|(f, v)| Op::Write(f, v)),
+        3 => (0..NF).prop_map(Op::Read),
+        1 => range.clone().prop_map(|(a, n)| Op::Pageout(a, n)),
+        1 => range.clone().prop_map(|(a, n)| Op::Prefetch(a, n)),
+        1 => range.prop_map(|(a, n)| Op::Discard(a, n)),
+        1 => Just(Op::Flush),
+    ]
+}
+
+/// What the model knows about one folio.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum M {
+    Never,
+    /// Written or read since the last pageout/discard; `dirty` since flush.
+    Used {
+        dirty: bool,
+    },
+    Paged,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #[test]
+    fn residency_and_data_follow_a_reference_model(anon in any::<bool>(), ops in proptest::collection::vec(op(), 1..40)) {
+        let dir = ram_dir();
+        // Budget above the region: only pageout evicts, so the model is exact.
+        let pager = Pager::builder().budget(8 * MIB).readahead(0).swap_dir(dir.path()).build().unwrap();
+        let (r, mut store) = if anon {
+            (pager.map_anonymous(NF as u64 * PF, &MapOptions::new().folio(PF)).unwrap(), vec![0u8; NF])
+        } else {
+            let path = dir.path().join("f");
+            std::fs::write(&path, (0..NF).flat_map(|f| vec![f as u8; PF as usize]).collect::<Vec<u8>>()).unwrap();
+            (pager.map_file(&path, &MapOptions::new().writable(true).folio(PF)).unwrap(), (0..NF).map(|f| f as u8).collect())
+        };
+        let mut mem = store.clone();
+        let mut m = vec![M::Never; NF];
+        // Anonymous folios never written since a discard hold zeros and
+        // need no swap: pageout returns them to never-touched.
+        let mut written = vec![false; NF];
+        for o in &ops {
+            match *o {
+                Op::Write(f, v) => { r.bytes()[f * PF as usize + 7].store(v, Relaxed); mem[f] = v; m[f] = M::Used { dirty: true }; written[f] = true; }
+                Op::Read(f) => {
+                    let got = r.bytes()[f * PF as usize + 7].load(Relaxed);
+                    prop_assert_eq!(got, mem[f], "read of folio {} after {:?}", f, ops);
+                    if !matches!(m[f], M::Used { .. }) { m[f] = M::Used { dirty: false }; }
+                }
+                Op::Pageout(a, n) => {
+                    r.pageout(a as u64 * PF, n as u64 * PF).unwrap();
+                    for f in a..a + n {
+                        match m[f] {
+                            M::Used { .. } => {
+                                store[f] = mem[f];
+                                m[f] = if anon && !written[f] { M::Never } else { M::Paged };
+                            }
+                            M::Never | M::Paged => {}
+                        }
+                    }
+                }
+                Op::Prefetch(a, n) => {
+                    r.prefetch(a as u64 * PF, n as u64 * PF).unwrap();
+                    // Prefetch is asynchronous: wait (bounded) until it landed,
+                    // so the rest of the model stays exact.
+                    prop_assert!(r.wait_prefetch(Duration::from_secs(10)), "prefetch did not finish");
+                    for f in a..a + n {
+                        if matches!(m[f], M::Never | M::Paged) { m[f] = M::Used { dirty: false }; }
+                    }
+                }
+                Op::Discard(a, n) => {
+                    r.discard(a as u64 * PF, n as u64 * PF).unwrap();
+                    for f in a..a + n {
+                        if anon { store[f] = 0; }
+                        mem[f] = store[f];
+                        m[f] = M::Never;
+                        written[f] = false;
+                    }
+                }
+                Op::Flush => {
+                    r.flush().unwrap();
+                    // Anonymous memory has nothing durable to flush.
+                    for f in (0..NF).filter(|_| !anon) {
+                        if let M::Used { dirty: true } = m[f] { store[f] = mem[f]; m[f] = M::Used { dirty: false }; }
+                    }
+                }
+            }
+            let got = states(&r);
+            for f in 0..NF {
+                let ok = match (m[f], got[f]) {
+                    (M::Never, Residency::NeverTouched) => true,
+                    (M::Paged, Residency::Evicted) => true,
+                    (M::Used { dirty: true }, Residency::ResidentDirty) => true,
+                    // A file folio read is clean; anonymous folios read clean too.
+                    (M::Used { dirty: false }, Residency::ResidentClean) => true,
+                    // The COPY wakes the accessing thread just before the
+                    // filler publishes the state: "fill in flight".
+                    (M::Used { .. }, Residency::Busy) => true,
+                    _ => false,
+                };
+                prop_assert!(ok, "folio {} model {:?} upager {:?} after {:?}", f, m[f], got[f], o);
+            }
+        }
+        for f in 0..NF {
+            prop_assert_eq!(r.bytes()[f * PF as usize + 7].load(Relaxed), mem[f]);
+        }
+    }
+}
