@@ -8,6 +8,7 @@
 //! - `upager stat`: residency picture of a mapped file after a workload.
 
 mod demo;
+mod stat;
 
 use clap::{Parser, Subcommand};
 
@@ -25,12 +26,16 @@ struct Cli {
 enum Cmd {
     /// Page a dataset larger than the budget through upager and verify it.
     Demo(demo::DemoArgs),
+    /// Show a region's residency map (resident, evicted markers, never
+    /// touched) after each step of a short workload.
+    Stat(stat::StatArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Demo(a) => demo::run(&a),
+        Cmd::Stat(a) => stat::run(&a),
     };
     if let Err(e) = res {
         eprintln!("upager: {e}");

@@ -1,0 +1,115 @@
+//! `upager stat`: a region's residency as a picture, after each step of a
+//! short workload (scan, writes, pageout, prefetch, discard), with the
+//! markers counted. One character per group of folios; the character is
+//! the group's most urgent state: `#` dirty, `+` clean, `~` busy,
+//! `.` evicted (contents in the store: the marker), space never touched.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use upager::{format_size, MapOptions, Pager, Region, Residency};
+
+use crate::size_arg;
+
+/// Options of `upager stat`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct StatArgs {
+    /// Size of the anonymous region shown.
+    #[arg(long, default_value = "256M", value_parser = size_arg)]
+    pub size: u64,
+    /// Memory budget.
+    #[arg(long, default_value = "64M", value_parser = size_arg)]
+    pub budget: u64,
+    /// Folio size.
+    #[arg(long, default_value = "64K", value_parser = size_arg)]
+    pub folio: u64,
+    /// Characters per picture line.
+    #[arg(long, default_value_t = 64)]
+    pub width: usize,
+    /// Picture lines.
+    #[arg(long, default_value_t = 4)]
+    pub lines: usize,
+}
+
+/// Renders residency runs as `cells` characters.
+pub fn picture(r: &Region, cells: usize) -> Result<String, upager::RangeError> {
+    let len = r.len() as u64;
+    let runs = r.residency(0, len)?;
+    let per = len.div_ceil(cells as u64).max(1);
+    let rank = |s: Residency| match s {
+        Residency::ResidentDirty => 4,
+        Residency::ResidentClean => 3,
+        Residency::Busy => 2,
+        Residency::Evicted => 1,
+        _ => 0,
+    };
+    let mut best = vec![Residency::NeverTouched; cells];
+    for (range, s) in runs {
+        let (a, b) = (
+            (range.start / per) as usize,
+            ((range.end - 1) / per) as usize,
+        );
+        for cell in best.iter_mut().take(b.min(cells - 1) + 1).skip(a) {
+            if rank(s) > rank(*cell) {
+                *cell = s;
+            }
+        }
+    }
+    Ok(best.into_iter().map(Residency::symbol).collect())
+}
+
+fn show(
+    step: &str,
+    pager: &Pager,
+    r: &Region,
+    a: &StatArgs,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let pic = picture(r, a.width * a.lines)?;
+    let s = pager.stats();
+    println!(
+        "{step}: resident {} of {}, markers {} folios",
+        format_size(s.resident_bytes),
+        format_size(s.budget_bytes),
+        s.evicted_markers
+    );
+    for line in pic.as_bytes().chunks(a.width) {
+        println!("  |{}|", String::from_utf8_lossy(line));
+    }
+    Ok(())
+}
+
+/// Runs `upager stat`.
+pub fn run(a: &StatArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if a.width == 0 || a.lines == 0 {
+        return Err("--width and --lines must be at least 1".into());
+    }
+    let pager = Pager::builder().budget(a.budget).build()?;
+    let r = pager.map_anonymous(a.size, &MapOptions::new().folio(a.folio))?;
+    let len = r.len() as u64;
+    println!(
+        "anonymous region of {}, {} folios; each character = {} ('#' dirty, '+' clean, '~' busy, '.' evicted, ' ' never touched)",
+        format_size(len),
+        format_size(a.folio),
+        format_size(len.div_ceil((a.width * a.lines) as u64))
+    );
+    show("start", &pager, &r, a)?;
+    let words = r.words();
+    for w in (0..words.len() / 2).step_by(512) {
+        words[w].store(w as u64, Relaxed);
+    }
+    show("wrote the first half", &pager, &r, a)?;
+    for w in (words.len() / 2..words.len() * 3 / 4).step_by(512) {
+        words[w].load(Relaxed);
+    }
+    show("read the third quarter", &pager, &r, a)?;
+    let f = a.folio;
+    let q = (len / 4) / f * f;
+    r.pageout(2 * q, q)?;
+    show("pageout of the third quarter", &pager, &r, a)?;
+    r.prefetch(0, q.min(a.budget / 2 / f * f).max(f))?;
+    r.wait_prefetch(Duration::from_secs(30));
+    show("prefetch of the start", &pager, &r, a)?;
+    r.discard(q, q)?;
+    show("discard of the second quarter", &pager, &r, a)?;
+    Ok(())
+}
