@@ -338,17 +338,40 @@ fn run_undo(u: &Undo) -> Result<(), String> {
         Undo::Unmount(dir) => {
             let d = dir.to_string_lossy();
             let r = if is_mounted(dir) {
-                run_tool("umount", &[&d], t).map(|_| ())
+                // Busy (e.g. Ctrl-C while the main thread still writes a data
+                // file): detach lazily; the file system goes when the last
+                // file closes, at the latest when this process exits.
+                run_tool("umount", &[&d], t)
+                    .or_else(|_| run_tool("umount", &["-l", &d], t))
+                    .map(|_| ())
             } else {
                 Ok(())
             };
             let _ = fs::remove_dir(dir);
             r.map_err(|e| e.to_string())
         }
-        Undo::ResetZram(i) => write_knob(format!("/sys/block/zram{i}/reset"), "1")
-            .map_err(|e| format!("reset zram{i}: {e}")),
-        Undo::HotRemoveZram(i) => write_knob("/sys/class/zram-control/hot_remove", &i.to_string())
-            .map_err(|e| format!("hot_remove zram{i}: {e}")),
+        Undo::ResetZram(i) => {
+            let p = format!("/sys/block/zram{i}/reset");
+            match write_knob(&p, "1") {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    defer_until_ok(&format!("echo 1 > {p}"));
+                    Ok(())
+                }
+                r => r.map_err(|e| format!("reset zram{i}: {e}")),
+            }
+        }
+        Undo::HotRemoveZram(i) => {
+            let p = "/sys/class/zram-control/hot_remove";
+            match write_knob(p, &i.to_string()) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    defer_until_ok(&format!(
+                        "echo 1 > /sys/block/zram{i}/reset; echo {i} > {p}"
+                    ));
+                    Ok(())
+                }
+                r => r.map_err(|e| format!("hot_remove zram{i}: {e}")),
+            }
+        }
         Undo::Swapoff(dev) => {
             if swap_active(dev) {
                 run_tool(
@@ -378,6 +401,12 @@ fn run_undo(u: &Undo) -> Result<(), String> {
             let _ = write_knob(p.join("tracing_on"), "0");
             let _ = write_knob(p.join("events/tlb/tlb_flush/enable"), "0");
             match fs::remove_dir(p) {
+                // Busy while this process's drain thread holds trace_pipe
+                // open (Ctrl-C path): remove it once the process has exited.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    defer_until_ok(&format!("rmdir '{}'", p.display()));
+                    Ok(())
+                }
                 Err(e) if e.kind() != io::ErrorKind::NotFound => {
                     Err(format!("rmdir {}: {e}", p.display()))
                 }
@@ -389,6 +418,23 @@ fn run_undo(u: &Undo) -> Result<(), String> {
         eprintln!("upager-bench: cleanup {u:?} failed: {e}");
     }
     r
+}
+
+/// A device still busy because this process holds a file open on it (the
+/// signal handler runs while the main thread is mid-write): retry the step
+/// from a detached shell for up to 60 s, which outlives this process.
+fn defer_until_ok(step: &str) {
+    eprintln!("upager-bench: device busy; `{step}` will be retried after exit");
+    let script = format!(
+        "i=0; while [ $i -lt 600 ]; do ({step}) 2>/dev/null && exit 0; i=$((i+1)); sleep 0.1; done; exit 1"
+    );
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
 }
 
 /// Run every pending undo action, newest first. Called by the signal handler;

@@ -492,18 +492,22 @@ pub struct Measurement {
 
 /// Pages the kernel evicted during a worker run, counted per page (the
 /// cgroup's `pgpgout` counts folios, and file folios are large on 6.18's
-/// ext4): file pages = bytes the worker read from the device − growth of the
+/// ext4): file pages = pages the worker read from block devices (its
+/// `read_bytes`, which includes swap-ins) − `pswpin` − growth of the
 /// cgroup's page cache; anonymous pages = `pswpout` (system-wide, but only
 /// the benchmark swaps here). `None` when neither could be measured.
 pub fn evicted_pages(run: &WorkerRun) -> Option<u64> {
+    let swapin = run.vmstat.get("pswpin").copied().unwrap_or(0);
     let file = match (
         run.result.extra.get("read_bytes"),
         run.cgroup_stat.get("cache_start"),
         run.cgroup_stat.get("cache_end"),
     ) {
-        (Some(&read), Some(&c0), Some(&c1)) => {
-            Some((read as u64).saturating_sub(c1.saturating_sub(c0)) / 4096)
-        }
+        (Some(&read), Some(&c0), Some(&c1)) => Some(
+            ((read as u64) / 4096)
+                .saturating_sub(swapin)
+                .saturating_sub(c1.saturating_sub(c0) / 4096),
+        ),
         _ => None,
     };
     let anon = run.vmstat.get("pswpout").copied();
