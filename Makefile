@@ -1,0 +1,55 @@
+# upager: install and test the C and Python faces.
+#
+#   make install-c [PREFIX=DIR]   C library and headers into DIR (default ./out/c;
+#                                 never the system unless you say so)
+#   make test-c                   install into a scratch prefix, build the C tests
+#                                 against it with gcc, run them
+#   make python                   pip install the Python package (maturin) with
+#                                 numpy and pytest
+#   make test-python              run its pytest suite
+#
+# Cargo builds go to $(CARGO_TARGET_DIR) (default ./target).
+
+CARGO            ?= cargo
+PYTHON           ?= python3
+PREFIX           ?= out/c
+CARGO_TARGET_DIR ?= $(CURDIR)/target
+export CARGO_TARGET_DIR
+
+ABS_PREFIX := $(abspath $(PREFIX))
+VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+REL        := $(CARGO_TARGET_DIR)/release
+# From `rustc --print native-static-libs` for a std staticlib on Linux.
+STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+TEST_PREFIX ?= $(CARGO_TARGET_DIR)/c-test-prefix
+
+.PHONY: all install-c test-c python test-python
+
+all: install-c
+
+install-c:
+	$(CARGO) build --release -p upager-capi
+	install -d "$(ABS_PREFIX)/include/umap" "$(ABS_PREFIX)/lib/pkgconfig"
+	install -m 644 crates/capi/include/upager.h "$(ABS_PREFIX)/include/upager.h"
+	install -m 644 crates/capi/include/umap/umap.h "$(ABS_PREFIX)/include/umap/umap.h"
+	install -m 755 "$(REL)/libupager.so" "$(ABS_PREFIX)/lib/libupager.so.$(VERSION)"
+	ln -sfn "libupager.so.$(VERSION)" "$(ABS_PREFIX)/lib/libupager.so.0"
+	ln -sfn "libupager.so.0" "$(ABS_PREFIX)/lib/libupager.so"
+	ln -sfn "libupager.so.0" "$(ABS_PREFIX)/lib/libumap.so"
+	install -m 644 "$(REL)/libupager.a" "$(ABS_PREFIX)/lib/libupager.a"
+	ln -sfn "libupager.a" "$(ABS_PREFIX)/lib/libumap.a"
+	sed -e 's|@PREFIX@|$(ABS_PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@STATIC_LIBS@|$(STATIC_LIBS)|g' \
+	    crates/capi/upager.pc.in > "$(ABS_PREFIX)/lib/pkgconfig/upager.pc"
+	@echo "installed upager $(VERSION) C library into $(ABS_PREFIX)"
+
+test-c:
+	$(MAKE) --no-print-directory install-c PREFIX="$(TEST_PREFIX)"
+	sh crates/capi/tests/run.sh "$(TEST_PREFIX)"
+
+python:
+	$(PYTHON) -m pip install -r python/requirements-dev.txt
+	$(PYTHON) -m pip install ./python
+
+test-python:
+	$(PYTHON) -m pytest -q python/tests

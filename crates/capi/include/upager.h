@@ -1,0 +1,259 @@
+/*
+ * upager.h - C API of upager, a user-space demand pager for Linux.
+ *
+ * A pager owns a hard memory budget. Regions mapped through it are ordinary
+ * memory: pages arrive on first touch (userfaultfd) and leave again in
+ * batches (one TLB shootdown per batch) when the budget is full; dirty
+ * pages are written back to their file first. Use region memory from any
+ * thread, from any code, from system calls (read(fd, addr, n) works).
+ *
+ *     #include <upager.h>
+ *
+ *     struct upager_options po;
+ *     upager_options_init(&po);
+ *     po.budget = 256 << 20;                      // 256 MiB, hard
+ *     upager_t *pg;
+ *     int rc = upager_create(&po, &pg);
+ *     if (rc < 0) { fprintf(stderr, "%s\n", upager_last_error()); exit(1); }
+ *
+ *     struct upager_map_options mo;
+ *     upager_map_options_init(&mo);
+ *     mo.flags = UPAGER_MAP_WRITE;                // read-write, 64 KiB folios
+ *     upager_region_t *r;
+ *     rc = upager_map_file(pg, "data.bin", &mo, &r);
+ *     double *a = upager_region_addr(r);          // ordinary memory
+ *     a[12345] += 1.0;
+ *     rc = upager_flush(r);                       // durable when it returns 0
+ *     rc = upager_unmap(r, 0);
+ *     upager_destroy(pg);
+ *
+ * Build: cc prog.c $(pkg-config --cflags --libs upager) -pthread
+ *        (installed by `make install-c PREFIX=DIR`; pkg-config needs
+ *        PKG_CONFIG_PATH=DIR/lib/pkgconfig and the program DIR/lib in its
+ *        run-time search path, e.g. -Wl,-rpath,DIR/lib).
+ *
+ * Requirements: Linux 6.16 or later, access to /dev/userfaultfd (root, or
+ * the device's permissions). Regions are not inherited by fork() children.
+ *
+ * Errors: functions returning int return 0 (or a count) on success and a
+ * NEGATIVE errno on failure, e.g. -ENOENT, -EINVAL, -EACCES, -EPERM (no
+ * userfaultfd access), -ENOSYS (kernel too old), -EIO. The full message of
+ * the last failure on the calling thread, saying what to do, is returned by
+ * upager_last_error(); upager_strerror() gives the errno's short text.
+ *
+ * Threads: all functions are thread-safe, except that a handle must not be
+ * used by another thread while upager_unmap() or upager_destroy() frees it.
+ *
+ * Memory errors: touching a region after it is unmapped raises SIGSEGV like
+ * any unmapped memory; a read fault that cannot be served (the file cannot
+ * be read) raises SIGBUS in the faulting thread (EFAULT inside a system
+ * call); writing to a read-only region raises SIGSEGV like PROT_READ.
+ */
+#ifndef UPAGER_H
+#define UPAGER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opaque handles. */
+typedef struct upager upager_t;               /* a pager: budget + threads */
+typedef struct upager_region upager_region_t; /* one mapped region */
+
+/* ------------------------------------------------------------------------
+ * Pager
+ * ------------------------------------------------------------------------ */
+
+/* Pager options. Always initialise with upager_options_init() and then set
+ * the fields you want: `size` lets later versions add fields. */
+struct upager_options {
+    size_t size;              /* sizeof(struct upager_options); set by init */
+    uint64_t budget;          /* most bytes resident at once, over all the
+                                 pager's regions. Default 256 MiB. At least
+                                 one eviction batch of the folio size used
+                                 (batch x folio; with defaults 4 MiB). */
+    uint32_t batch;           /* folios evicted per batch (one TLB shootdown
+                                 each), 1..1024. 0 = default: as many as
+                                 cover 4 MiB. */
+    uint32_t handler_threads; /* fault-handler threads, 1..64. 0 = default:
+                                 the number of CPUs, at most 4. */
+    int64_t readahead;        /* largest readahead in bytes on sequential
+                                 faults. -1 = default (2 MiB); 0 = off. */
+    const char *swap_dir;     /* directory for anonymous regions' private
+                                 swap files (created 0600, unlinked at once).
+                                 NULL = default (TMPDIR or /tmp). Copied. */
+    int direct_io;            /* O_DIRECT store I/O where the file system
+                                 allows it, so the page cache holds no second
+                                 copy outside the budget. -1 = default (on),
+                                 0 = off, 1 = on. */
+    int background_reclaim;   /* a reclaimer thread evicting between the
+                                 watermarks. -1 = default (on), 0 = off (only
+                                 faults reclaim, when the budget is full). */
+};
+
+/* Fills *opts with the defaults (including opts->size). NULL is ignored. */
+void upager_options_init(struct upager_options *opts);
+
+/* Creates a pager and stores its handle in *out. opts may be NULL for all
+ * defaults. Starts the fault-handler and reclaimer threads.
+ * Returns 0, or -EINVAL (bad option), -EPERM / -EACCES (no access to
+ * /dev/userfaultfd: run as root or give your user the device), -ENOSYS
+ * (kernel lacks a needed userfaultfd feature: Linux 6.16+ needed), or the
+ * errno of a failed thread/eventfd creation. */
+int upager_create(const struct upager_options *opts, upager_t **out);
+
+/* Releases the pager handle. Regions already mapped stay valid (they keep
+ * the pager's threads alive until the last of them is unmapped). NULL is
+ * ignored. */
+void upager_destroy(upager_t *pager);
+
+/* ------------------------------------------------------------------------
+ * Regions
+ * ------------------------------------------------------------------------ */
+
+/* Map flags. */
+#define UPAGER_MAP_WRITE 1u /* read-write: writes reach the file on eviction
+                               and on upager_flush(). Default read-only
+                               (writes raise SIGSEGV). */
+
+/* Region options. Always initialise with upager_map_options_init(). */
+struct upager_map_options {
+    size_t size;     /* sizeof(struct upager_map_options); set by init */
+    uint64_t offset; /* start in the file, a multiple of the folio size.
+                        Default 0. Must be 0 for anonymous regions. */
+    uint64_t length; /* bytes to map. 0 = default: to the end of the file.
+                        offset + length must not pass the end of the file
+                        (extend it first with ftruncate). Must be 0 for
+                        upager_map_anonymous (the length is an argument). */
+    uint64_t folio;  /* unit of fill, eviction and accounting: a power of
+                        two from 4096 to 2 MiB. 0 = default (64 KiB). */
+    uint32_t flags;  /* UPAGER_MAP_* */
+};
+
+/* Fills *opts with the defaults (including opts->size). NULL is ignored. */
+void upager_map_options_init(struct upager_map_options *opts);
+
+/* Maps the file at `path` (opened read-only, or read-write with
+ * UPAGER_MAP_WRITE). opts may be NULL for defaults (whole file, read-only,
+ * 64 KiB folios). Stores the region handle in *out.
+ * Returns 0, or -ENOENT (no such file), -EACCES (permission denied, or a
+ * read-only file mapped for writing), -EINVAL (zero length, bad folio size,
+ * unaligned offset, range past the end of the file, budget smaller than one
+ * eviction batch of this folio size), -ENOMEM (no address space), or the
+ * errno of a failed open/registration. */
+int upager_map_file(upager_t *pager, const char *path,
+                    const struct upager_map_options *opts,
+                    upager_region_t **out);
+
+/* Like upager_map_file() for an open file descriptor. The descriptor is
+ * duplicated: close yours whenever you like. It must be open for reading,
+ * and O_RDWR for UPAGER_MAP_WRITE (else -EACCES); -EBADF if not open.
+ * O_DIRECT is not used for regions mapped from a descriptor. */
+int upager_map_fd(upager_t *pager, int fd,
+                  const struct upager_map_options *opts,
+                  upager_region_t **out);
+
+/* Maps `length` bytes of anonymous memory: zero on first touch, always
+ * writable, swapped to a private swap file in the pager's swap_dir when
+ * evicted. opts may be NULL; only opts->folio is used (offset and length
+ * must be 0, flags may include UPAGER_MAP_WRITE). Returns as
+ * upager_map_file(). */
+int upager_map_anonymous(upager_t *pager, uint64_t length,
+                         const struct upager_map_options *opts,
+                         upager_region_t **out);
+
+/* First byte of the region (aligned to the folio size); NULL for NULL. */
+void *upager_region_addr(const upager_region_t *region);
+
+/* Length in bytes as requested (the mapping is rounded up to whole folios;
+ * bytes past the end of the file read as zero); 0 for NULL. */
+uint64_t upager_region_length(const upager_region_t *region);
+
+/* The region's folio size in bytes; 0 for NULL. */
+uint64_t upager_region_folio(const upager_region_t *region);
+
+/* 1 if the region is writable, 0 if read-only (or NULL). */
+int upager_region_writable(const upager_region_t *region);
+
+/* Writes every dirty folio back and makes the file durable (fdatasync):
+ * when this returns 0, the file holds every write made before the call.
+ * Writes racing with the flush are kept (they land after the copy and the
+ * folio is dirty again). Nothing to do for read-only and anonymous regions.
+ * Returns 0 or the errno of the failed write / fdatasync (the data stays in
+ * memory, dirty; flush again once the file system is fixed). */
+int upager_flush(const upager_region_t *region);
+
+/* Unmap flags. */
+#define UPAGER_UNMAP_FORCE 1u /* unmap and free even if writing dirty data
+                                 back fails (that data is lost); the error
+                                 is still returned. */
+
+/* Writes dirty data back (as upager_flush) and unmaps the region, releasing
+ * its memory (nothing stays resident) and swap space; frees the handle.
+ * On a write-back error returns its negative errno and, without
+ * UPAGER_UNMAP_FORCE, leaves the region mapped and the handle valid.
+ * NULL returns 0. No other thread may use the handle during the call; other
+ * threads' accesses to the memory afterwards raise SIGSEGV. */
+int upager_unmap(upager_region_t *region, unsigned flags);
+
+/* ------------------------------------------------------------------------
+ * Counters
+ *
+ * Stable snake_case names, the same in the Rust API (Stats::NAMES), the
+ * Python package (Pager.stats()) and the `upager stat` command; new names
+ * are only ever added at the end. Examples: faults_missing, faults_wp,
+ * fills, bytes_read, bytes_written, evictions, evict_batches,
+ * tlb_flush_batches, writebacks, resident_bytes, resident_peak_bytes
+ * (never above the budget), budget_bytes, flushes.
+ * ------------------------------------------------------------------------ */
+
+/* Number of counters. */
+size_t upager_stat_count(void);
+
+/* Name of counter i (0 <= i < upager_stat_count()), a static string; NULL
+ * past the end. */
+const char *upager_stat_name(size_t i);
+
+/* Stores the pager's counter `name` in *value. Returns 0, or -ENOENT for an
+ * unknown name (the message lists the names), -EINVAL for NULL arguments. */
+int upager_stat(const upager_t *pager, const char *name, uint64_t *value);
+
+/* Same, for the pager a region belongs to (also after upager_destroy). */
+int upager_region_stat(const upager_region_t *region, const char *name,
+                       uint64_t *value);
+
+/* Stores up to n counters in name order (values[i] is the counter named
+ * upager_stat_name(i)); returns the number of counters (which may be more
+ * than n), or a negative errno. */
+int upager_stats(const upager_t *pager, uint64_t *values, size_t n);
+
+/* Counter `name` of the process-wide pager behind umap() (umap/umap.h),
+ * creating it from the UMAP_* environment variables if no umap() call has
+ * yet. Returns as upager_stat(). */
+int upager_umap_stat(const char *name, uint64_t *value);
+
+/* ------------------------------------------------------------------------
+ * Errors and version
+ * ------------------------------------------------------------------------ */
+
+/* Short static text for an errno value, positive or negative
+ * ("No such file or directory"). Thread-safe. */
+const char *upager_strerror(int err);
+
+/* Full message of the last failed upager call (native or umap face) on the
+ * calling thread, e.g. "data.bin: no such file (create it first, or map
+ * anonymous memory)"; "" if none failed yet. Valid until the next failing
+ * call on this thread. */
+const char *upager_last_error(void);
+
+/* Library version, like "0.1.0". */
+const char *upager_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UPAGER_H */

@@ -1,0 +1,229 @@
+//! Errors across the C boundary: every failing call returns a negative errno
+//! (or sets `errno`, on the UMap face) and leaves its full message, the
+//! engine error's rendered chain, in a per-thread slot read by
+//! `upager_last_error()`.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CString};
+use std::io;
+
+use engine::{AdviseError, FlushError, MapError, PagerError, RangeError, UnmapError};
+
+thread_local! {
+    /// Message of the last failed call on this thread (NUL-terminated).
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// A failed call: errno (positive) plus the message for `upager_last_error`.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub errno: c_int,
+    pub msg: String,
+}
+
+impl Failure {
+    pub fn new(errno: c_int, msg: impl Into<String>) -> Failure {
+        Failure {
+            errno,
+            msg: msg.into(),
+        }
+    }
+    pub fn inval(msg: impl Into<String>) -> Failure {
+        Failure::new(libc::EINVAL, msg)
+    }
+    /// Records the message on this thread and returns `-errno`.
+    pub fn record(self) -> c_int {
+        set_last(&self.msg);
+        -self.errno
+    }
+}
+
+/// Stores `msg` as this thread's last error message.
+pub(crate) fn set_last(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST.with(|l| *l.borrow_mut() = c);
+}
+
+/// Pointer to this thread's last message; valid until the next failing call
+/// on this thread.
+pub(crate) fn last_ptr() -> *const c_char {
+    LAST.with(|l| l.borrow().as_ptr())
+}
+
+fn io_errno(e: &io::Error) -> c_int {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Renders an error with its chain of causes ("a: b: c"), skipping causes
+/// that the message already quotes (displaydoc messages embed `{0}`).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl From<PagerError> for Failure {
+    fn from(e: PagerError) -> Failure {
+        let errno = match &e {
+            PagerError::NoUserfaultfd { device, .. } => match device.raw_os_error() {
+                Some(libc::ENOENT) | None => libc::EPERM,
+                Some(n) => n,
+            },
+            PagerError::MissingFeature(_) => libc::ENOSYS,
+            PagerError::BudgetTooSmall(_)
+            | PagerError::HandlerThreads(_)
+            | PagerError::Batch(_) => libc::EINVAL,
+            PagerError::Api(s)
+            | PagerError::Pidfd(s)
+            | PagerError::Spawn(s)
+            | PagerError::EventFd(s) => io_errno(s),
+            _ => libc::EIO,
+        };
+        Failure::new(errno, chain(&e))
+    }
+}
+
+impl From<MapError> for Failure {
+    fn from(e: MapError) -> Failure {
+        let errno = match &e {
+            MapError::ZeroSize
+            | MapError::FolioSize(_)
+            | MapError::BudgetBelowBatch { .. }
+            | MapError::OffsetNotAligned { .. }
+            | MapError::BeyondEnd { .. } => libc::EINVAL,
+            MapError::NotFound { .. } => libc::ENOENT,
+            MapError::PermissionDenied { .. } | MapError::ReadOnlyFile { .. } => libc::EACCES,
+            // A descriptor opened read-only, mapped for writing: mmap(2)
+            // says EACCES for this too.
+            MapError::StoreReadOnly => libc::EACCES,
+            MapError::Open { source, .. } | MapError::SwapFile { source, .. } => io_errno(source),
+            MapError::Mmap { .. } => libc::ENOMEM,
+            MapError::Register(s) => io_errno(s),
+            _ => libc::EIO,
+        };
+        Failure::new(errno, chain(&e))
+    }
+}
+
+impl From<FlushError> for Failure {
+    fn from(e: FlushError) -> Failure {
+        let errno = match &e {
+            FlushError::Writeback(s) | FlushError::Sync(s) => io_errno(s),
+            _ => libc::EIO,
+        };
+        Failure::new(errno, chain(&e))
+    }
+}
+
+impl From<UnmapError> for Failure {
+    fn from(e: UnmapError) -> Failure {
+        let errno = match &e {
+            UnmapError::Flush(FlushError::Writeback(s) | FlushError::Sync(s)) => io_errno(s),
+            _ => libc::EIO,
+        };
+        Failure::new(errno, chain(&e))
+    }
+}
+
+impl From<RangeError> for Failure {
+    fn from(e: RangeError) -> Failure {
+        Failure::new(libc::EINVAL, chain(&e))
+    }
+}
+
+impl From<AdviseError> for Failure {
+    fn from(e: AdviseError) -> Failure {
+        let errno = match &e {
+            AdviseError::Range(_) => libc::EINVAL,
+            AdviseError::Writeback(s) => io_errno(s),
+            AdviseError::Unsupported(_) => libc::EOPNOTSUPP,
+            _ => libc::EIO,
+        };
+        Failure::new(errno, chain(&e))
+    }
+}
+
+/// Runs `f`, turning a panic into `-EIO` with a message instead of letting
+/// it unwind into C (which would abort the process).
+pub(crate) fn guard(f: impl FnOnce() -> Result<c_int, Failure>) -> c_int {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(fail)) => fail.record(),
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown".into());
+            Failure::new(
+                libc::EIO,
+                format!("internal error in upager (a bug; please report it): {what}"),
+            )
+            .record()
+        }
+    }
+}
+
+/// Text for an errno value, positive or negative (`strerror`'s wording,
+/// owned by the Rust standard library's table, so it is thread-safe).
+pub(crate) fn errno_text(err: c_int) -> String {
+    let n = err.checked_abs().unwrap_or(0);
+    if n == 0 {
+        return "success".into();
+    }
+    let s = io::Error::from_raw_os_error(n).to_string();
+    // "No such file or directory (os error 2)" -> "No such file or directory"
+    match s.rfind(" (os error ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping_and_messages() {
+        let f: Failure = MapError::ZeroSize.into();
+        assert_eq!(f.errno, libc::EINVAL);
+        assert_eq!(
+            f.msg,
+            "region size is 0: give a length of at least one byte"
+        );
+        let f: Failure = MapError::NotFound {
+            path: "/nope".into(),
+        }
+        .into();
+        assert_eq!(f.errno, libc::ENOENT);
+        assert_eq!(f.record(), -libc::ENOENT);
+        // SAFETY: last_ptr() points at this thread's NUL-terminated CString,
+        // which no other call replaces while we read it.
+        let msg = unsafe { std::ffi::CStr::from_ptr(last_ptr()) };
+        assert_eq!(
+            msg.to_str().unwrap(),
+            "/nope: no such file (create it first, or map anonymous memory)"
+        );
+        assert_eq!(errno_text(-libc::ENOENT), "No such file or directory");
+        assert_eq!(errno_text(0), "success");
+        let f: Failure = FlushError::Writeback(io::Error::from_raw_os_error(libc::ENOSPC)).into();
+        assert_eq!(f.errno, libc::ENOSPC);
+    }
+
+    #[test]
+    fn panics_become_eio() {
+        let r = guard(|| panic!("boom"));
+        assert_eq!(r, -libc::EIO);
+        // SAFETY: as above.
+        let msg = unsafe { std::ffi::CStr::from_ptr(last_ptr()) };
+        assert!(msg.to_str().unwrap().ends_with("boom"));
+    }
+}

@@ -1,0 +1,30 @@
+//! upager's C faces: `libupager.so` / `libupager.a`.
+//!
+//! - [`native`]: `include/upager.h`, the native API — pagers with a budget,
+//!   regions over files (by path or descriptor) or anonymous memory, flush,
+//!   unmap, counters by their stable names; negative errno plus a
+//!   per-thread message on failure.
+//! - [`umap`]: `include/umap/umap.h`, LLNL UMap's C API over one
+//!   process-wide pager configured from UMap's environment variables, so a
+//!   program written for UMap builds against upager by changing only the
+//!   include path and `-lumap` (libumap.so is installed as another name of
+//!   this library).
+//!
+//! # unsafe
+//! This crate is the C ABI boundary: its functions take raw pointers from C.
+//! It is the workspace's second unsafe layer (the first is `upager-sys`),
+//! and as thin: every `unsafe` block only turns a C pointer into a Rust
+//! reference (or back) under the contract the header states, or sets
+//! `errno`; each has a `// SAFETY:` comment. Everything else is the safe
+//! engine API. No panic unwinds into C: each entry point runs under
+//! [`error::guard`], which turns a panic into `-EIO`.
+//!
+//! The header files are hand-written (no bindgen/cbindgen step at build
+//! time). The option structs carry their `size`, checked on every call, and
+//! the C tests (`tests/c/`, run by `make test-c`) use every function.
+#![deny(missing_docs)]
+#![allow(non_camel_case_types)]
+
+mod error;
+pub mod native;
+pub mod umap;

@@ -1,0 +1,679 @@
+//! The native C API (`include/upager.h`).
+//!
+//! Handles are boxed engine objects behind opaque pointers:
+//! `upager_t` owns a [`engine::Pager`], `upager_region_t` an
+//! [`engine::Region`]. A region keeps its pager's threads alive, so
+//! `upager_destroy` may come before the regions are unmapped.
+//!
+//! Every function returns 0 (or a count) on success and `-errno` on
+//! failure, and leaves the failure's full message for `upager_last_error()`
+//! on the calling thread.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::os::fd::BorrowedFd;
+use std::sync::{Mutex, OnceLock};
+
+use engine::{MapOptions, Pager, Region, Stats};
+
+use crate::error::{self, guard, Failure};
+
+/// Opaque pager handle (`upager_t` in C).
+#[derive(Debug)]
+pub struct upager_t {
+    pager: Pager,
+}
+
+/// Opaque region handle (`upager_region_t` in C). `None` only while
+/// `upager_unmap` runs.
+#[derive(Debug)]
+pub struct upager_region_t {
+    region: Option<Region>,
+}
+
+/// Pager options (`struct upager_options`); see upager.h.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct upager_options {
+    /// `sizeof(struct upager_options)`, set by `upager_options_init`.
+    pub size: usize,
+    /// Most bytes resident at once, over all regions.
+    pub budget: u64,
+    /// Folios per eviction batch; 0 = default.
+    pub batch: u32,
+    /// Fault-handler threads; 0 = default.
+    pub handler_threads: u32,
+    /// Largest readahead in bytes; -1 = default; 0 = off.
+    pub readahead: i64,
+    /// Directory of anonymous regions' swap files; NULL = default.
+    pub swap_dir: *const c_char,
+    /// O_DIRECT store I/O: -1 default (on), 0 off, 1 on.
+    pub direct_io: c_int,
+    /// Background reclaimer: -1 default (on), 0 off, 1 on.
+    pub background_reclaim: c_int,
+}
+
+/// Region options (`struct upager_map_options`); see upager.h.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct upager_map_options {
+    /// `sizeof(struct upager_map_options)`, set by `upager_map_options_init`.
+    pub size: usize,
+    /// Start in the file; a multiple of the folio size.
+    pub offset: u64,
+    /// Bytes to map; 0 = to the end of the file.
+    pub length: u64,
+    /// Folio size; 0 = default (64 KiB).
+    pub folio: u64,
+    /// `UPAGER_MAP_*` flags.
+    pub flags: u32,
+}
+
+/// `UPAGER_MAP_WRITE`: map read-write (writes reach the file).
+pub const UPAGER_MAP_WRITE: u32 = 1;
+/// `UPAGER_UNMAP_FORCE`: unmap even if writing dirty data back fails.
+pub const UPAGER_UNMAP_FORCE: u32 = 1;
+
+const DEFAULT_BUDGET: u64 = 256 << 20;
+
+fn default_options() -> upager_options {
+    upager_options {
+        size: std::mem::size_of::<upager_options>(),
+        budget: DEFAULT_BUDGET,
+        batch: 0,
+        handler_threads: 0,
+        readahead: -1,
+        swap_dir: std::ptr::null(),
+        direct_io: -1,
+        background_reclaim: -1,
+    }
+}
+
+fn default_map_options() -> upager_map_options {
+    upager_map_options {
+        size: std::mem::size_of::<upager_map_options>(),
+        offset: 0,
+        length: 0,
+        folio: 0,
+        flags: 0,
+    }
+}
+
+/// Reads a C string argument.
+///
+/// # Safety
+/// - `p` is NULL or points to a NUL-terminated string that stays valid and
+///   unchanged for `'a`.
+unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, Failure> {
+    if p.is_null() {
+        return Err(Failure::inval(format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL and, by this function's contract, NUL-terminated and
+    // valid for 'a.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map_err(|_| Failure::inval(format!("{what} is not valid UTF-8")))
+}
+
+/// Borrows a handle.
+///
+/// # Safety
+/// - `p` is NULL or a pointer this library returned that has not been
+///   freed, and no call frees it while the reference lives.
+unsafe fn handle<'a, T>(p: *const T, what: &str) -> Result<&'a T, Failure> {
+    // SAFETY: by this function's contract, a non-NULL `p` points to a live T
+    // allocated by this library; as_ref handles NULL.
+    unsafe { p.as_ref() }.ok_or_else(|| Failure::inval(format!("{what} is NULL")))
+}
+
+/// Stores a new handle through an out-pointer.
+///
+/// # Safety
+/// - `out` is NULL or valid for one pointer-sized write.
+unsafe fn put<T>(out: *mut *mut T, v: T) -> Result<c_int, Failure> {
+    if out.is_null() {
+        return Err(Failure::inval("the output pointer is NULL"));
+    }
+    let p = Box::into_raw(Box::new(v));
+    // SAFETY: `out` is non-NULL and, by this function's contract, writable.
+    unsafe { out.write(p) };
+    Ok(0)
+}
+
+fn checked_size(got: usize, want: usize, what: &str) -> Result<(), Failure> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Failure::inval(format!(
+            "{what}.size is {got}, expected {want}: initialise the struct with {what}_init() (and build against the upager.h of this library version)"
+        )))
+    }
+}
+
+/// `upager_options_init`: fills `o` with the defaults.
+///
+/// # Safety
+/// `o` is NULL or valid for writing one `struct upager_options`.
+#[no_mangle]
+pub unsafe extern "C" fn upager_options_init(o: *mut upager_options) {
+    if !o.is_null() {
+        // SAFETY: non-NULL and writable by this function's contract.
+        unsafe { o.write(default_options()) };
+    }
+}
+
+/// `upager_map_options_init`: fills `o` with the defaults.
+///
+/// # Safety
+/// `o` is NULL or valid for writing one `struct upager_map_options`.
+#[no_mangle]
+pub unsafe extern "C" fn upager_map_options_init(o: *mut upager_map_options) {
+    if !o.is_null() {
+        // SAFETY: non-NULL and writable by this function's contract.
+        unsafe { o.write(default_map_options()) };
+    }
+}
+
+fn tri(v: c_int, what: &str) -> Result<Option<bool>, Failure> {
+    match v {
+        -1 => Ok(None),
+        0 => Ok(Some(false)),
+        1 => Ok(Some(true)),
+        _ => Err(Failure::inval(format!(
+            "{what} must be -1 (default), 0 or 1, got {v}"
+        ))),
+    }
+}
+
+/// `upager_create`: a new pager.
+///
+/// # Safety
+/// `opts` is NULL or points to an initialised `struct upager_options` whose
+/// `swap_dir` is NULL or a NUL-terminated string; `out` is valid for one
+/// pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_create(
+    opts: *const upager_options,
+    out: *mut *mut upager_t,
+) -> c_int {
+    guard(|| {
+        // SAFETY: NULL or a valid struct, by this function's contract.
+        let o = match unsafe { opts.as_ref() } {
+            Some(o) => *o,
+            None => default_options(),
+        };
+        checked_size(
+            o.size,
+            std::mem::size_of::<upager_options>(),
+            "upager_options",
+        )?;
+        let mut b = Pager::builder().budget(o.budget);
+        if o.batch != 0 {
+            b = b.batch(o.batch as usize);
+        }
+        if o.handler_threads != 0 {
+            b = b.handler_threads(o.handler_threads as usize);
+        }
+        match o.readahead {
+            -1 => {}
+            r if r >= 0 => b = b.readahead(r as u64),
+            r => {
+                return Err(Failure::inval(format!(
+                    "readahead must be -1 (default) or a byte count, got {r}"
+                )))
+            }
+        }
+        if !o.swap_dir.is_null() {
+            // SAFETY: a non-NULL swap_dir is a NUL-terminated string valid
+            // for this call, by this function's contract.
+            b = b.swap_dir(unsafe { c_str(o.swap_dir, "swap_dir") }?);
+        }
+        if let Some(on) = tri(o.direct_io, "direct_io")? {
+            b = b.direct_io(on);
+        }
+        if let Some(on) = tri(o.background_reclaim, "background_reclaim")? {
+            b = b.background_reclaim(on);
+        }
+        let pager = b.build()?;
+        // SAFETY: `out` is writable by this function's contract.
+        unsafe { put(out, upager_t { pager }) }
+    })
+}
+
+/// `upager_destroy`: releases the pager handle.
+///
+/// # Safety
+/// `p` is NULL or a live handle from `upager_create`, not used afterwards
+/// and not in use by another thread.
+#[no_mangle]
+pub unsafe extern "C" fn upager_destroy(p: *mut upager_t) {
+    if !p.is_null() {
+        // SAFETY: `p` came from Box::into_raw in upager_create and is
+        // released once, by this function's contract.
+        let b = unsafe { Box::from_raw(p) };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(b)));
+    }
+}
+
+/// Reads the map options (NULL: defaults).
+///
+/// # Safety
+/// `o` is NULL or points to an initialised `struct upager_map_options`.
+unsafe fn map_opts(
+    o: *const upager_map_options,
+) -> Result<(MapOptions, upager_map_options), Failure> {
+    // SAFETY: NULL or valid, by this function's contract.
+    let o = match unsafe { o.as_ref() } {
+        Some(o) => *o,
+        None => default_map_options(),
+    };
+    checked_size(
+        o.size,
+        std::mem::size_of::<upager_map_options>(),
+        "upager_map_options",
+    )?;
+    if o.flags & !UPAGER_MAP_WRITE != 0 {
+        return Err(Failure::inval(format!(
+            "unknown map flags {:#x}",
+            o.flags & !UPAGER_MAP_WRITE
+        )));
+    }
+    let mut m = MapOptions::new()
+        .writable(o.flags & UPAGER_MAP_WRITE != 0)
+        .offset(o.offset);
+    if o.folio != 0 {
+        m = m.folio(o.folio);
+    }
+    if o.length != 0 {
+        m = m.len(o.length);
+    }
+    Ok((m, o))
+}
+
+/// `upager_map_file`: maps a file by path.
+///
+/// # Safety
+/// `p` is a live pager handle; `path` a NUL-terminated string; `opts` NULL
+/// or initialised; `out` valid for one pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_map_file(
+    p: *const upager_t,
+    path: *const c_char,
+    opts: *const upager_map_options,
+    out: *mut *mut upager_region_t,
+) -> c_int {
+    guard(|| {
+        // SAFETY: all four pointers meet the contract stated above.
+        let (h, path, (m, _)) =
+            unsafe { (handle(p, "pager")?, c_str(path, "path")?, map_opts(opts)?) };
+        let region = h.pager.map_file(path, &m)?;
+        // SAFETY: as above.
+        unsafe {
+            put(
+                out,
+                upager_region_t {
+                    region: Some(region),
+                },
+            )
+        }
+    })
+}
+
+/// Access mode of a descriptor (O_RDONLY / O_WRONLY / O_RDWR), or EBADF.
+pub(crate) fn fd_access_mode(fd: c_int) -> Result<c_int, Failure> {
+    // SAFETY: F_GETFL takes no pointer argument and only reads the
+    // descriptor table; any integer is safe to pass (EBADF if not open).
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(Failure::new(
+            libc::EBADF,
+            format!("file descriptor {fd} is not open"),
+        ));
+    }
+    Ok(fl & libc::O_ACCMODE)
+}
+
+/// Duplicates `fd` into a `File` the region owns, after checking that it
+/// allows the access asked for.
+pub(crate) fn dup_fd(fd: c_int, writable: bool) -> Result<std::fs::File, Failure> {
+    let mode = fd_access_mode(fd)?;
+    if mode == libc::O_WRONLY {
+        return Err(Failure::new(libc::EACCES, format!("file descriptor {fd} is open write-only: upager needs to read it (open it O_RDONLY or O_RDWR)")));
+    }
+    if writable && mode != libc::O_RDWR {
+        return Err(Failure::new(libc::EACCES, format!("file descriptor {fd} is open read-only but a writable mapping was asked for: open it O_RDWR, or map it read-only")));
+    }
+    // SAFETY: fcntl(F_GETFL) just succeeded, so `fd` is open; the borrow
+    // lasts only for the duplication below, during which the caller keeps
+    // it open (upager.h: the descriptor must stay open during the call).
+    let b = unsafe { BorrowedFd::borrow_raw(fd) };
+    let owned = b.try_clone_to_owned().map_err(|e| {
+        Failure::new(
+            e.raw_os_error().unwrap_or(libc::EBADF),
+            format!("duplicating file descriptor {fd}: {e}"),
+        )
+    })?;
+    Ok(std::fs::File::from(owned))
+}
+
+/// `upager_map_fd`: maps an open file (the descriptor is duplicated).
+///
+/// # Safety
+/// `p` is a live pager handle; `opts` NULL or initialised; `out` valid for
+/// one pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_map_fd(
+    p: *const upager_t,
+    fd: c_int,
+    opts: *const upager_map_options,
+    out: *mut *mut upager_region_t,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the pointers meet the contract stated above.
+        let (h, (m, o)) = unsafe { (handle(p, "pager")?, map_opts(opts)?) };
+        let file = dup_fd(fd, o.flags & UPAGER_MAP_WRITE != 0)?;
+        let region = h.pager.map_open_file(file, &m)?;
+        // SAFETY: as above.
+        unsafe {
+            put(
+                out,
+                upager_region_t {
+                    region: Some(region),
+                },
+            )
+        }
+    })
+}
+
+/// `upager_map_anonymous`: maps zero-filled memory backed by private swap.
+///
+/// # Safety
+/// `p` is a live pager handle; `opts` NULL or initialised; `out` valid for
+/// one pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_map_anonymous(
+    p: *const upager_t,
+    length: u64,
+    opts: *const upager_map_options,
+    out: *mut *mut upager_region_t,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the pointers meet the contract stated above.
+        let (h, (m, o)) = unsafe { (handle(p, "pager")?, map_opts(opts)?) };
+        if o.length != 0 {
+            return Err(Failure::inval(
+                "upager_map_anonymous takes its length as an argument: leave opts.length 0",
+            ));
+        }
+        let region = h.pager.map_anonymous(length, &m)?;
+        // SAFETY: as above.
+        unsafe {
+            put(
+                out,
+                upager_region_t {
+                    region: Some(region),
+                },
+            )
+        }
+    })
+}
+
+/// Borrows the live region of a handle.
+///
+/// # Safety
+/// As [`handle`].
+unsafe fn region<'a>(r: *const upager_region_t) -> Result<&'a Region, Failure> {
+    // SAFETY: forwarded contract.
+    let h = unsafe { handle(r, "region") }?;
+    h.region
+        .as_ref()
+        .ok_or_else(|| Failure::inval("region is being unmapped by another thread"))
+}
+
+/// `upager_region_addr`: first byte of the region (NULL for NULL).
+///
+/// # Safety
+/// `r` is NULL or a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_region_addr(r: *const upager_region_t) -> *mut c_void {
+    // SAFETY: by this function's contract.
+    match unsafe { region(r) } {
+        Ok(r) => r.as_ptr().cast(),
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+/// `upager_region_length`: bytes mapped (0 for NULL).
+///
+/// # Safety
+/// `r` is NULL or a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_region_length(r: *const upager_region_t) -> u64 {
+    // SAFETY: by this function's contract.
+    unsafe { region(r) }.map_or(0, |r| r.len() as u64)
+}
+
+/// `upager_region_folio`: folio size (0 for NULL).
+///
+/// # Safety
+/// `r` is NULL or a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_region_folio(r: *const upager_region_t) -> u64 {
+    // SAFETY: by this function's contract.
+    unsafe { region(r) }.map_or(0, |r| r.folio_size())
+}
+
+/// `upager_region_writable`: 1 if writable, 0 if read-only or NULL.
+///
+/// # Safety
+/// `r` is NULL or a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_region_writable(r: *const upager_region_t) -> c_int {
+    // SAFETY: by this function's contract.
+    unsafe { region(r) }.map_or(0, |r| c_int::from(r.is_writable()))
+}
+
+/// `upager_flush`: writes dirty data back and fdatasyncs.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_flush(r: *const upager_region_t) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        r.flush()?;
+        Ok(0)
+    })
+}
+
+/// `upager_unmap`: flushes, unmaps and frees the handle.
+///
+/// # Safety
+/// `r` is NULL or a live region handle that no other thread uses during the
+/// call; on success (and with `UPAGER_UNMAP_FORCE`, always) it is freed.
+#[no_mangle]
+pub unsafe extern "C" fn upager_unmap(r: *mut upager_region_t, flags: u32) -> c_int {
+    guard(|| {
+        if r.is_null() {
+            return Ok(0);
+        }
+        if flags & !UPAGER_UNMAP_FORCE != 0 {
+            return Err(Failure::inval(format!(
+                "unknown unmap flags {:#x}",
+                flags & !UPAGER_UNMAP_FORCE
+            )));
+        }
+        // SAFETY: `r` is a live handle used by no other thread now, by this
+        // function's contract, so a unique reference is sound.
+        let h = unsafe { &mut *r };
+        let Some(reg) = h.region.take() else {
+            return Err(Failure::inval("region is being unmapped by another thread"));
+        };
+        let result = match reg.unmap() {
+            Ok(()) => Ok(0),
+            Err((e, reg)) => {
+                let fail = Failure::from(e);
+                if flags & UPAGER_UNMAP_FORCE == 0 {
+                    h.region = Some(reg);
+                    return Err(fail);
+                }
+                // Dropping unmaps; the unwritten data is lost, as asked.
+                drop(reg);
+                Err(fail)
+            }
+        };
+        // SAFETY: `r` came from Box::into_raw in a map function and its
+        // region is gone; it is freed once, here.
+        drop(unsafe { Box::from_raw(r) });
+        result
+    })
+}
+
+fn c_names() -> &'static [CString] {
+    static NAMES: OnceLock<Vec<CString>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        Stats::NAMES
+            .iter()
+            .map(|n| CString::new(*n).unwrap_or_default())
+            .collect()
+    })
+}
+
+/// `upager_stat_count`: number of counters.
+#[no_mangle]
+pub extern "C" fn upager_stat_count() -> usize {
+    Stats::NAMES.len()
+}
+
+/// `upager_stat_name`: name of counter `i` (NULL past the end); static.
+#[no_mangle]
+pub extern "C" fn upager_stat_name(i: usize) -> *const c_char {
+    c_names().get(i).map_or(std::ptr::null(), |c| c.as_ptr())
+}
+
+/// Looks one counter up by name and stores it.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `value` is valid for one u64 write.
+pub(crate) unsafe fn stat_by_name(
+    stats: &Stats,
+    name: *const c_char,
+    value: *mut u64,
+) -> Result<c_int, Failure> {
+    // SAFETY: forwarded contract.
+    let name = unsafe { c_str(name, "name") }?;
+    let v = stats.get(name).ok_or_else(|| {
+        Failure::new(
+            libc::ENOENT,
+            format!(
+                "no counter called {name:?}; the names are: {}",
+                Stats::NAMES.join(", ")
+            ),
+        )
+    })?;
+    if value.is_null() {
+        return Err(Failure::inval("value is NULL"));
+    }
+    // SAFETY: non-NULL and writable by this function's contract.
+    unsafe { value.write(v) };
+    Ok(0)
+}
+
+/// `upager_stat`: one counter of a pager, by name.
+///
+/// # Safety
+/// `p` is a live pager handle; `name` a NUL-terminated string; `value`
+/// valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_stat(
+    p: *const upager_t,
+    name: *const c_char,
+    value: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let h = unsafe { handle(p, "pager") }?;
+        // SAFETY: by this function's contract.
+        unsafe { stat_by_name(&h.pager.stats(), name, value) }
+    })
+}
+
+/// `upager_region_stat`: one counter of the pager a region belongs to.
+///
+/// # Safety
+/// `r` is a live region handle; `name` a NUL-terminated string; `value`
+/// valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_region_stat(
+    r: *const upager_region_t,
+    name: *const c_char,
+    value: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        // SAFETY: by this function's contract.
+        unsafe { stat_by_name(&r.pager_stats(), name, value) }
+    })
+}
+
+/// `upager_stats`: all counters in name order; returns how many exist.
+///
+/// # Safety
+/// `p` is a live pager handle; `values` is valid for `n` u64 writes (or
+/// NULL with `n == 0`).
+#[no_mangle]
+pub unsafe extern "C" fn upager_stats(p: *const upager_t, values: *mut u64, n: usize) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let h = unsafe { handle(p, "pager") }?;
+        if values.is_null() && n != 0 {
+            return Err(Failure::inval("values is NULL"));
+        }
+        let s = h.pager.stats();
+        for (i, (_, v)) in s.iter().take(n).enumerate() {
+            // SAFETY: i < n and `values` has room for n u64s, by contract.
+            unsafe { values.add(i).write(v) };
+        }
+        Ok(Stats::NAMES.len() as c_int)
+    })
+}
+
+/// `upager_strerror`: static text for an errno (either sign).
+#[no_mangle]
+pub extern "C" fn upager_strerror(err: c_int) -> *const c_char {
+    static CACHE: OnceLock<Mutex<HashMap<c_int, &'static CStr>>> = OnceLock::new();
+    let mut m = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let key = err.checked_abs().unwrap_or(0);
+    let s: &'static CStr = m.entry(key).or_insert_with(|| {
+        // Leaked once per distinct errno value (a few dozen at most): the
+        // pointer must stay valid forever.
+        Box::leak(
+            CString::new(error::errno_text(key))
+                .unwrap_or_default()
+                .into_boxed_c_str(),
+        )
+    });
+    s.as_ptr()
+}
+
+/// `upager_last_error`: message of the last failed call on this thread.
+#[no_mangle]
+pub extern "C" fn upager_last_error() -> *const c_char {
+    error::last_ptr()
+}
+
+/// `upager_version`: the library version, like "0.1.0".
+#[no_mangle]
+pub extern "C" fn upager_version() -> *const c_char {
+    static V: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(c) => c,
+            Err(_) => c"unknown",
+        };
+    V.as_ptr()
+}

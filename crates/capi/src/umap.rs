@@ -1,0 +1,587 @@
+//! LLNL UMap's C API (`include/umap/umap.h`) over one process-wide pager.
+//!
+//! Configuration comes from UMap's environment variables, read once at the
+//! first call of any `umap*` function (as UMap reads them when its
+//! singleton is created):
+//!
+//! | variable | UMap meaning, default | upager |
+//! |---|---|---|
+//! | `UMAP_PAGESIZE` | page size in bytes, system page size | the folio size (power of two, 4 KiB..2 MiB) |
+//! | `UMAP_BUFSIZE` | buffer size in pages, 90 % of available memory | the hard budget: pages × page size; any size works |
+//! | `UMAP_PAGE_FILLERS` | filler threads, CPUs | fault-handler threads (1..64) |
+//! | `UMAP_PAGE_EVICTORS` | evictor threads, CPUs | reported only: one reclaimer thread plus direct reclaim |
+//! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` / `_LOW_` | % of the buffer where eviction starts / stops, 90 / 70 | their difference sets the eviction batch (capped at 4 MiB and 1024 pages: one TLB shootdown per batch) |
+//! | `UMAP_MAX_FAULT_EVENTS` | fault messages read at once, 256 | reported only |
+//! | `UMAP_READ_AHEAD` | pages read ahead of every fault, 0 | largest readahead (pages) on sequential faults; unset = upager's adaptive 2 MiB |
+//! | `UMAP_LOG_LEVEL` | ERROR/WARNING/INFO/DEBUG, INFO (on stdout) | same names, default WARNING, on stderr |
+//!
+//! Regions live in a table keyed by their address; `uunmap` writes dirty
+//! data back and releases the memory; regions still mapped at `exit()` are
+//! flushed by an `atexit` handler (file writes persist, as with
+//! `MAP_SHARED`).
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_long, c_void};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use engine::{MapOptions, Pager, Region};
+
+use crate::error::{self, Failure};
+use crate::native;
+
+/// `struct umap_prefetch_item`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct umap_prefetch_item {
+    /// Address of a page (any address inside it works).
+    pub page_base_addr: *mut c_void,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Error = 0,
+    Warning = 1,
+    Info = 2,
+    Debug = 3,
+}
+
+/// The UMap knobs, as read from the environment.
+#[derive(Debug)]
+struct Config {
+    page_size: u64,
+    buf_pages: u64,
+    fillers: u64,
+    evictors: u64,
+    high: c_int,
+    low: c_int,
+    max_fault_events: u64,
+    /// UMAP_READ_AHEAD in pages; None = upager's adaptive default.
+    read_ahead: Option<u64>,
+    level: Level,
+}
+
+const SYS_PAGE: u64 = 4096;
+/// upager's default largest readahead (bytes) when UMAP_READ_AHEAD is unset.
+const DEFAULT_READAHEAD: u64 = 2 << 20;
+/// Largest eviction batch in bytes (engine default: 1024 base pages).
+const MAX_BATCH_BYTES: u64 = 4 << 20;
+
+fn cpus() -> u64 {
+    std::thread::available_parallelism().map_or(16, |n| n.get() as u64)
+}
+
+/// 90 % of MemAvailable (UMap: 90 % of available memory), in bytes.
+fn default_buffer_bytes() -> u64 {
+    let avail_kb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|v| v.parse::<u64>().ok())
+                })
+        })
+        .unwrap_or(1 << 20);
+    avail_kb * 1024 / 10 * 9
+}
+
+fn read_env(name: &str, warnings: &mut Vec<String>) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    let t = v.trim();
+    match t.parse::<u64>() {
+        Ok(n) => Some(n),
+        Err(_) => match engine::parse_size(t) {
+            // Sizes like "64K" are accepted too (an upager extension).
+            Ok(n) => Some(n),
+            Err(_) => {
+                warnings.push(format!("{name}={v:?} is not a number; using the default"));
+                None
+            }
+        },
+    }
+}
+
+impl Config {
+    fn from_env() -> (Config, Vec<String>) {
+        let mut w = Vec::new();
+        let level = match std::env::var("UMAP_LOG_LEVEL") {
+            Err(_) => Level::Warning,
+            Ok(v) => match v.trim().to_ascii_uppercase().as_str() {
+                "ERROR" => Level::Error,
+                "WARNING" => Level::Warning,
+                "INFO" => Level::Info,
+                "DEBUG" => Level::Debug,
+                _ => {
+                    w.push(format!("UMAP_LOG_LEVEL={v:?} is not one of ERROR, WARNING, INFO, DEBUG; using WARNING"));
+                    Level::Warning
+                }
+            },
+        };
+        let page_size = read_env("UMAP_PAGESIZE", &mut w).unwrap_or(SYS_PAGE);
+        let buf_pages = match read_env("UMAP_BUFSIZE", &mut w) {
+            Some(0) => {
+                w.push("UMAP_BUFSIZE=0: using 1 page".into());
+                1
+            }
+            Some(n) => n,
+            None => (default_buffer_bytes() / page_size.max(1)).max(1),
+        };
+        let fillers = read_env("UMAP_PAGE_FILLERS", &mut w).unwrap_or_else(cpus);
+        let evictors = read_env("UMAP_PAGE_EVICTORS", &mut w).unwrap_or_else(cpus);
+        let mut pct = |name: &str, default: c_int| match read_env(name, &mut w) {
+            Some(n) if n <= 100 => n as c_int,
+            Some(n) => {
+                w.push(format!(
+                    "{name}={n} is not a percentage (0..100); using {default}"
+                ));
+                default
+            }
+            None => default,
+        };
+        let mut high = pct("UMAP_EVICT_HIGH_WATER_THRESHOLD", 90);
+        let mut low = pct("UMAP_EVICT_LOW_WATER_THRESHOLD", 70);
+        if low > high {
+            w.push(format!("UMAP_EVICT_LOW_WATER_THRESHOLD ({low}) is above UMAP_EVICT_HIGH_WATER_THRESHOLD ({high}); using 70 and 90"));
+            (high, low) = (90, 70);
+        }
+        let max_fault_events = read_env("UMAP_MAX_FAULT_EVENTS", &mut w).unwrap_or(256);
+        let read_ahead = read_env("UMAP_READ_AHEAD", &mut w);
+        (
+            Config {
+                page_size,
+                buf_pages,
+                fillers,
+                evictors,
+                high,
+                low,
+                max_fault_events,
+                read_ahead,
+                level,
+            },
+            w,
+        )
+    }
+
+    /// Folios per eviction batch: the pages between the watermarks, at
+    /// least 1, at most 4 MiB worth and 1024.
+    fn batch(&self) -> usize {
+        let between = self.buf_pages * (self.high - self.low).max(0) as u64 / 100;
+        let cap = (MAX_BATCH_BYTES / self.page_size.max(1)).clamp(1, 1024);
+        between.clamp(1, cap) as usize
+    }
+
+    fn read_ahead_pages(&self) -> u64 {
+        self.read_ahead
+            .unwrap_or(DEFAULT_READAHEAD / self.page_size.max(1))
+    }
+}
+
+fn cfg() -> &'static Config {
+    static CFG: OnceLock<Config> = OnceLock::new();
+    CFG.get_or_init(|| {
+        let (c, warnings) = Config::from_env();
+        for w in warnings {
+            log_at(c.level, Level::Warning, &w);
+        }
+        c
+    })
+}
+
+fn log_at(cur: Level, level: Level, msg: &str) {
+    if level <= cur {
+        let tag = match level {
+            Level::Error => "ERROR",
+            Level::Warning => "WARNING",
+            Level::Info => "INFO",
+            Level::Debug => "DEBUG",
+        };
+        eprintln!("upager(umap) [{tag}] {msg}");
+    }
+}
+
+fn log(level: Level, msg: &str) {
+    log_at(cfg().level, level, msg);
+}
+
+/// The process-wide pager, created at the first `umap()`.
+fn pager() -> Result<&'static Pager, Failure> {
+    static PAGER: OnceLock<Result<Pager, (c_int, String)>> = OnceLock::new();
+    let r = PAGER.get_or_init(|| {
+        let c = cfg();
+        let mut b = Pager::builder()
+            .budget(c.buf_pages.saturating_mul(c.page_size))
+            .batch(c.batch())
+            .handler_threads(c.fillers.clamp(1, 64) as usize);
+        if let Some(pages) = c.read_ahead {
+            b = b.readahead(pages.saturating_mul(c.page_size));
+        }
+        match b.build() {
+            Ok(p) => {
+                log(Level::Info, &format!("pager: budget {} pages of {} bytes, eviction batch {} pages, {} fault-handler threads", c.buf_pages, c.page_size, c.batch(), c.fillers.clamp(1, 64)));
+                register_atexit();
+                Ok(p)
+            }
+            Err(e) => {
+                let f = Failure::from(e);
+                Err((f.errno, f.msg))
+            }
+        }
+    });
+    r.as_ref().map_err(|(n, m)| Failure::new(*n, m.clone()))
+}
+
+/// Mapped regions by base address.
+fn regions() -> MutexGuard<'static, BTreeMap<usize, Arc<Region>>> {
+    static REGIONS: OnceLock<Mutex<BTreeMap<usize, Arc<Region>>>> = OnceLock::new();
+    REGIONS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// The region containing `addr`, and the offset of `addr` in it.
+fn containing(addr: usize) -> Option<(Arc<Region>, usize)> {
+    let t = regions();
+    let (base, r) = t.range(..=addr).next_back()?;
+    let off = addr - base;
+    (off < r.len()).then(|| (Arc::clone(r), off))
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot, always
+    // valid and writable by this thread.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Records a failure of the UMap face: log, last-error message, errno.
+fn fail(what: &str, f: Failure) {
+    let msg = format!("{what}: {}", f.msg);
+    log(Level::Error, &msg);
+    error::set_last(&msg);
+    set_errno(f.errno);
+}
+
+fn catch<T>(what: &str, on_err: T, f: impl FnOnce() -> Result<T, Failure>) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            fail(what, e);
+            on_err
+        }
+        Err(_) => {
+            fail(
+                what,
+                Failure::new(
+                    libc::EIO,
+                    "internal error in upager (a bug; please report it)",
+                ),
+            );
+            on_err
+        }
+    }
+}
+
+const UMAP_FAILED: *mut c_void = usize::MAX as *mut c_void;
+
+fn umap_inner(
+    addr: *mut c_void,
+    length: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: libc::off_t,
+) -> Result<*mut c_void, Failure> {
+    let c = cfg();
+    if prot & !(libc::PROT_READ | libc::PROT_WRITE) != 0 {
+        return Err(Failure::inval(format!(
+            "prot {prot:#x}: only PROT_READ and PROT_WRITE are supported"
+        )));
+    }
+    if flags & libc::MAP_PRIVATE == 0 || flags & !(libc::MAP_PRIVATE | libc::MAP_FIXED) != 0 {
+        return Err(Failure::inval(format!(
+            "flags {flags:#x}: give UMAP_PRIVATE (optionally with UMAP_FIXED) and nothing else"
+        )));
+    }
+    if flags & libc::MAP_FIXED != 0 {
+        return Err(Failure::new(libc::ENOTSUP, format!("UMAP_FIXED (address {addr:p}) is not supported by upager: leave it out and use the returned address")));
+    }
+    if length == 0 {
+        return Err(Failure::inval("length is 0"));
+    }
+    if offset < 0 {
+        return Err(Failure::inval(format!("offset {offset} is negative")));
+    }
+    if !c.page_size.is_power_of_two() || !(SYS_PAGE..=(2 << 20)).contains(&c.page_size) {
+        return Err(Failure::inval(format!(
+            "UMAP_PAGESIZE={} is not supported: upager needs a power of two from 4096 to 2097152",
+            c.page_size
+        )));
+    }
+    let writable = prot & libc::PROT_WRITE != 0;
+    let file = native::dup_fd(fd, writable)?;
+    let opts = MapOptions::new()
+        .writable(writable)
+        .folio(c.page_size)
+        .offset(offset as u64)
+        .len(length as u64);
+    let region = pager()?.map_open_file(file, &opts)?;
+    let base = region.as_ptr();
+    log(
+        Level::Debug,
+        &format!("umap(fd {fd}, offset {offset}, length {length}, prot {prot:#x}) = {base:p}"),
+    );
+    regions().insert(base as usize, Arc::new(region));
+    Ok(base.cast())
+}
+
+/// `umap`: maps `length` bytes of `fd` from `offset`; UMAP_FAILED and errno
+/// on failure.
+#[no_mangle]
+pub extern "C" fn umap(
+    addr: *mut c_void,
+    length: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: libc::off_t,
+) -> *mut c_void {
+    catch("umap", UMAP_FAILED, || {
+        umap_inner(addr, length, prot, flags, fd, offset)
+    })
+}
+
+/// `uunmap`: writes the region's dirty data back and unmaps it; 0, or -1
+/// and errno (the region then stays mapped).
+#[no_mangle]
+pub extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
+    catch("uunmap", -1, || {
+        let key = addr as usize;
+        let Some(mut r) = regions().remove(&key) else {
+            return Err(Failure::inval(format!(
+                "{addr:p} is not an address returned by umap()"
+            )));
+        };
+        let rlen = r.len();
+        if length > rlen.next_multiple_of(r.folio_size() as usize) {
+            regions().insert(key, r);
+            return Err(Failure::inval(format!(
+                "length {length} is beyond the region's {rlen} bytes (upager unmaps whole regions)"
+            )));
+        }
+        // Another thread may hold the region for a moment (umap_flush,
+        // prefetch): wait for it to finish.
+        let region = loop {
+            match Arc::try_unwrap(r) {
+                Ok(region) => break region,
+                Err(again) => {
+                    r = again;
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            }
+        };
+        match region.unmap() {
+            Ok(()) => Ok(0),
+            Err((e, region)) => {
+                regions().insert(key, Arc::new(region));
+                Err(e.into())
+            }
+        }
+    })
+}
+
+/// Flushes every umap region; the first error wins.
+fn flush_all() -> Result<(), Failure> {
+    let all: Vec<Arc<Region>> = regions().values().cloned().collect();
+    let mut first = None;
+    for r in all {
+        if let Err(e) = r.flush() {
+            first.get_or_insert(Failure::from(e));
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// `umap_flush`: writes every region's dirty data back (fdatasync); 0, or
+/// -1 and errno.
+#[no_mangle]
+pub extern "C" fn umap_flush() -> c_int {
+    catch("umap_flush", -1, || flush_all().map(|()| 0))
+}
+
+extern "C" fn flush_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Err(e) = flush_all() {
+            log(Level::Error, &format!("at exit: {}", e.msg));
+        }
+    });
+}
+
+fn register_atexit() {
+    // SAFETY: atexit stores a function pointer; `flush_at_exit` is a plain
+    // extern "C" fn with no arguments that never unwinds.
+    if unsafe { libc::atexit(flush_at_exit) } != 0 {
+        log(
+            Level::Warning,
+            "atexit registration failed: regions still mapped at exit are not flushed",
+        );
+    }
+}
+
+/// Brings `[off, off+len)` of `r` in: touches one byte per folio from the
+/// calling thread, so the handler threads fill the folios (with readahead
+/// on sequential runs). Touching never changes data.
+fn fetch(r: &Region, off: usize, len: usize) {
+    let folio = r.folio_size() as usize;
+    let bytes = r.bytes();
+    let end = off.saturating_add(len).min(r.len());
+    let mut a = off - off % folio;
+    while a < end {
+        let _ = bytes[a].load(std::sync::atomic::Ordering::Relaxed);
+        a += folio;
+    }
+}
+
+/// `umap_prefetch`: brings the listed pages in.
+///
+/// # Safety
+/// `page_array` is valid for reading `npages` items (or NULL with
+/// `npages <= 0`).
+#[no_mangle]
+pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_prefetch_item) {
+    if npages <= 0 {
+        return;
+    }
+    if page_array.is_null() {
+        fail("umap_prefetch", Failure::inval("page_array is NULL"));
+        return;
+    }
+    // SAFETY: non-NULL and valid for `npages` items by this function's
+    // contract; only read while the call lasts.
+    let items = unsafe { std::slice::from_raw_parts(page_array, npages as usize) };
+    let ps = cfg().page_size as usize;
+    catch("umap_prefetch", (), || {
+        for it in items {
+            let a = it.page_base_addr as usize;
+            let Some((r, off)) = containing(a) else {
+                return Err(Failure::inval(format!(
+                    "{a:#x} is not inside a region mapped by umap()"
+                )));
+            };
+            fetch(&r, off, ps);
+        }
+        Ok(())
+    });
+}
+
+/// `umap_fetch_and_pin`: brings `[paddr, paddr+size)` in (capped at the
+/// region's end). upager does not pin: see umap.h.
+#[no_mangle]
+pub extern "C" fn umap_fetch_and_pin(paddr: *mut c_char, size: u64) {
+    catch("umap_fetch_and_pin", (), || {
+        let a = paddr as usize;
+        let Some((r, off)) = containing(a) else {
+            return Err(Failure::inval(format!(
+                "{paddr:p} is not inside a region mapped by umap()"
+            )));
+        };
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| log(Level::Warning, "umap_fetch_and_pin: upager fetches the pages but does not pin them; they count against UMAP_BUFSIZE and may be evicted later"));
+        fetch(&r, off, size as usize);
+        Ok(())
+    });
+}
+
+/// `umap_has_write_support`: 1 (regions mapped with PROT_WRITE write back).
+#[no_mangle]
+pub extern "C" fn umap_has_write_support() -> c_int {
+    1
+}
+
+/// `umapcfg_get_system_page_size`.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_system_page_size() -> c_long {
+    SYS_PAGE as c_long
+}
+/// `umapcfg_get_umap_page_size`: UMAP_PAGESIZE.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_umap_page_size() -> u64 {
+    cfg().page_size
+}
+/// `umapcfg_get_max_fault_events`: UMAP_MAX_FAULT_EVENTS.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_max_fault_events() -> u64 {
+    cfg().max_fault_events
+}
+/// `umapcfg_get_num_fillers`: UMAP_PAGE_FILLERS.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_num_fillers() -> u64 {
+    cfg().fillers
+}
+/// `umapcfg_get_num_evictors`: UMAP_PAGE_EVICTORS.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_num_evictors() -> u64 {
+    cfg().evictors
+}
+/// `umapcfg_get_max_pages_in_buffer`: UMAP_BUFSIZE (pages).
+#[no_mangle]
+pub extern "C" fn umapcfg_get_max_pages_in_buffer() -> u64 {
+    cfg().buf_pages
+}
+/// `umapcfg_get_read_ahead`: UMAP_READ_AHEAD (pages).
+#[no_mangle]
+pub extern "C" fn umapcfg_get_read_ahead() -> u64 {
+    cfg().read_ahead_pages()
+}
+/// `umapcfg_get_evict_low_water_threshold`: percent.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_evict_low_water_threshold() -> c_int {
+    cfg().low
+}
+/// `umapcfg_get_evict_high_water_threshold`: percent.
+#[no_mangle]
+pub extern "C" fn umapcfg_get_evict_high_water_threshold() -> c_int {
+    cfg().high
+}
+
+/// `upager_umap_stat`: a counter of the pager behind umap().
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `value` valid for one u64 write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_umap_stat(name: *const c_char, value: *mut u64) -> c_int {
+    error::guard(|| {
+        let p = pager()?;
+        // SAFETY: forwarded contract.
+        unsafe { native::stat_by_name(&p.stats(), name, value) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_follows_the_watermarks() {
+        let mut c = Config {
+            page_size: 4096,
+            buf_pages: 100,
+            fillers: 2,
+            evictors: 2,
+            high: 90,
+            low: 70,
+            max_fault_events: 256,
+            read_ahead: None,
+            level: Level::Warning,
+        };
+        assert_eq!(c.batch(), 20);
+        c.buf_pages = 2;
+        assert_eq!(c.batch(), 1);
+        c.buf_pages = 1 << 30;
+        assert_eq!(c.batch(), 1024);
+        c.page_size = 64 << 10;
+        assert_eq!(c.batch(), 64);
+        assert_eq!(c.read_ahead_pages(), 32);
+    }
+}

@@ -1,0 +1,104 @@
+/* upager.h: threads read and write a file 8x the budget through a region,
+ * flush, unmap, and the file is verified with plain reads; then a range of
+ * it is mapped by descriptor with an offset, and anonymous memory 4x the
+ * budget is written and read back through its swap file. */
+#include "common.h" /* first: it sets _GNU_SOURCE */
+
+#include <upager.h>
+
+
+#define TRY(call)                                                          \
+    do {                                                                   \
+        int rc_ = (call);                                                  \
+        CHECK(rc_ == 0, "%s = %d (%s): %s", #call, rc_,                    \
+              upager_strerror(rc_), upager_last_error());                  \
+    } while (0)
+
+static uint64_t counter(const upager_t *p, const char *name) {
+    uint64_t v = 0;
+    TRY(upager_stat(p, name, &v));
+    return v;
+}
+
+int main(void) {
+    const uint64_t budget = 8 * MIB, size = 8 * budget;
+    char path[256];
+    snprintf(path, sizeof path, "%s/upager-capi-native-%d", scratch_dir(),
+             (int)getpid());
+    make_file(path, size);
+
+    struct upager_options po;
+    upager_options_init(&po);
+    po.budget = budget;
+    upager_t *pg = NULL;
+    TRY(upager_create(&po, &pg));
+
+    /* 1. Whole file, read-write, by path: 4 threads verify and write. */
+    struct upager_map_options mo;
+    upager_map_options_init(&mo);
+    mo.flags = UPAGER_MAP_WRITE;
+    upager_region_t *r = NULL;
+    TRY(upager_map_file(pg, path, &mo, &r));
+    CHECK(upager_region_length(r) == size, "length");
+    CHECK(upager_region_writable(r) == 1, "writable");
+    CHECK(upager_region_folio(r) == 64 * 1024, "default folio");
+    run_workers(upager_region_addr(r), 0, size / 8, 4, WRITE);
+    TRY(upager_flush(r));
+    CHECK(counter(pg, "resident_peak_bytes") <= budget, "peak %" PRIu64
+          " above the budget", counter(pg, "resident_peak_bytes"));
+    CHECK(counter(pg, "evictions") > 0, "no evictions over 8x the budget");
+    CHECK(counter(pg, "writebacks") > 0, "no write-backs");
+    CHECK(counter(pg, "flushes") == 1, "flushes");
+    verify_file(path, size, 1); /* after flush, before unmap */
+    TRY(upager_unmap(r, 0));
+    CHECK(counter(pg, "resident_bytes") == 0, "unmap left %" PRIu64
+          " bytes resident", counter(pg, "resident_bytes"));
+
+    /* 2. A range by descriptor, with an offset, read-only, 4 KiB folios. */
+    int fd = open(path, O_RDONLY);
+    CHECK(fd >= 0, "open");
+    upager_map_options_init(&mo);
+    mo.offset = 24 * MIB;
+    mo.length = 16 * MIB + 8; /* not a multiple of the folio */
+    mo.folio = 4096;
+    TRY(upager_map_fd(pg, fd, &mo, &r));
+    close(fd); /* the region has its own descriptor */
+    CHECK(upager_region_writable(r) == 0, "read-only");
+    run_workers(upager_region_addr(r), mo.offset / 8, mo.length / 8, 3,
+                READ_WRITTEN);
+    TRY(upager_unmap(r, 0));
+
+    /* 3. Anonymous memory, 4x the budget, through the private swap file. */
+    TRY(upager_map_anonymous(pg, 4 * budget, NULL, &r));
+    uint64_t *a = upager_region_addr(r), n = 4 * budget / 8;
+    for (uint64_t i = 0; i < n; i += 512) CHECK(a[i] == 0, "not zero");
+    for (uint64_t i = 0; i < n; i++) a[i] = pattern(i);
+    for (uint64_t i = 0; i < n; i++)
+        CHECK(a[i] == pattern(i), "anonymous word %" PRIu64, i);
+    TRY(upager_unmap(r, 0));
+
+    /* Counters: names, bulk read, the same values by name. */
+    size_t count = upager_stat_count();
+    CHECK(count >= 20, "counters");
+    CHECK(strcmp(upager_stat_name(0), "faults_missing") == 0, "first name");
+    CHECK(upager_stat_name(count) == NULL, "past the end");
+    uint64_t vals[128];
+    CHECK(upager_stats(pg, vals, 128) == (int)count, "upager_stats");
+    for (size_t i = 0; i < count; i++) {
+        const char *nm = upager_stat_name(i);
+        if (strstr(nm, "resident") || strstr(nm, "budget")) continue;
+        CHECK(counter(pg, nm) == vals[i], "counter %s", nm);
+    }
+    CHECK(counter(pg, "budget_bytes") == budget, "budget_bytes");
+    CHECK(counter(pg, "resident_peak_bytes") <= budget, "peak");
+    printf("native_rw: ok (file %" PRIu64 " MiB, budget %" PRIu64
+           " MiB, peak %" PRIu64 " KiB, %" PRIu64 " evictions in %" PRIu64
+           " batches, %" PRIu64 " TLB flush calls, %" PRIu64
+           " write-backs)\n", size / MIB, budget / MIB,
+           counter(pg, "resident_peak_bytes") / 1024, counter(pg, "evictions"),
+           counter(pg, "evict_batches"), counter(pg, "tlb_flush_batches"),
+           counter(pg, "writebacks"));
+    upager_destroy(pg);
+    unlink(path);
+    return 0;
+}

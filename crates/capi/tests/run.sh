@@ -1,0 +1,48 @@
+#!/bin/sh
+# Builds the C tests against an INSTALLED upager (make install-c
+# PREFIX=DIR) with gcc, the way users build them, and runs them.
+#   sh crates/capi/tests/run.sh DIR
+# Scratch files go to $UPAGER_TEST_DIR (default /dev/shm).
+set -eu
+PREFIX=$(cd "$1" && pwd)
+SRC=$(cd "$(dirname "$0")/c" && pwd)
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/upager-ctest.XXXXXX")
+trap 'rm -rf "$OUT"' EXIT
+CC=${CC:-gcc}
+CFLAGS="-O2 -g -Wall -Wextra -Werror -std=c11 -pthread"
+export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
+RPATH="-Wl,-rpath,$PREFIX/lib"
+
+build() { # name source link-flags...
+    name=$1; src=$2; shift 2
+    echo "cc $name: $*"
+    $CC $CFLAGS -I"$SRC" "$src" -o "$OUT/$name" "$@"
+}
+
+# Native API through pkg-config, shared and static.
+build native_rw "$SRC/native_rw.c" $(pkg-config --cflags --libs upager) $RPATH
+build native_rw_static "$SRC/native_rw.c" $(pkg-config --cflags upager) \
+    "$PREFIX/lib/libupager.a" $(pkg-config --libs-only-other --static upager) \
+    $(pkg-config --static --libs-only-l upager | sed 's/-lupager//')
+# UMap programs: only the include path and -lumap change.
+build umap_rw "$SRC/umap_rw.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
+build errors "$SRC/errors.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lupager $RPATH
+
+# -lumap records the soname of the one library.
+readelf -d "$OUT/umap_rw" | grep -q 'NEEDED.*libupager.so.0' ||
+    { echo "umap_rw does not need libupager.so.0"; exit 1; }
+if readelf -d "$OUT/native_rw_static" | grep -q 'NEEDED.*libupager'; then
+    echo "native_rw_static links libupager dynamically"; exit 1
+fi
+
+run() { echo "run $*"; "$@"; }
+run "$OUT/native_rw"
+run "$OUT/native_rw_static"
+# 64 MiB file, buffer of 2048 pages of 4 KiB = 8 MiB (UMap's default page).
+run env UMAP_BUFSIZE=2048 UMAP_PAGE_FILLERS=2 "$OUT/umap_rw" 64 4
+# 64 KiB pages, with readahead pinned to 4 pages.
+run env UMAP_PAGESIZE=65536 UMAP_BUFSIZE=128 UMAP_READ_AHEAD=4 "$OUT/umap_rw" 64 4
+# A buffer of 4 pages (16 KiB), which crashes UMap: still correct, in budget.
+run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
+run env UMAP_BUFSIZE=256 "$OUT/errors"
+echo "C tests passed"
