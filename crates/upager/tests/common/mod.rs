@@ -260,8 +260,9 @@ impl ChildProc {
         }
     }
 
-    /// Waits for a stdout line starting with `prefix`; returns it. Panics
-    /// after `timeout` or if the child exits first.
+    /// Waits for a stdout line containing `prefix` (the test harness may
+    /// print "test child_main ... " before it on the same line); returns it.
+    /// Panics after `timeout` or if the child exits first.
     pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
@@ -269,7 +270,7 @@ impl ChildProc {
             match self.lines.recv_timeout(left.max(Duration::from_millis(1))) {
                 Ok(l) => {
                     self.seen.push(l.clone());
-                    if l.starts_with(prefix) {
+                    if l.contains(prefix) {
                         return l;
                     }
                 }
