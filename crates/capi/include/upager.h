@@ -200,6 +200,69 @@ int upager_flush(const upager_region_t *region);
 int upager_unmap(upager_region_t *region, unsigned flags);
 
 /* ------------------------------------------------------------------------
+ * Residency and advice
+ *
+ * Ranges are in bytes from the region's start and must lie inside the
+ * region (-EINVAL otherwise, also for length 0). Residency queries need a
+ * 4 KiB-aligned offset; pageout, prefetch and discard a folio-aligned
+ * offset and a length that is a multiple of the folio size or reaches the
+ * region's end.
+ * ------------------------------------------------------------------------ */
+
+/* Residency states (struct upager_extent.state). */
+#define UPAGER_RESIDENT_CLEAN 0 /* in memory, same as the file */
+#define UPAGER_RESIDENT_DIRTY 1 /* in memory, written since last written back */
+#define UPAGER_EVICTED        2 /* evicted: the contents are in the store */
+#define UPAGER_NEVER_TOUCHED  3 /* never filled (or discarded) */
+#define UPAGER_BUSY           4 /* a fill, eviction or write-back in flight */
+
+/* A run of pages with the same state. */
+struct upager_extent {
+    uint64_t offset; /* bytes from the region's start */
+    uint64_t length; /* bytes */
+    int state;       /* UPAGER_RESIDENT_CLEAN .. UPAGER_BUSY */
+};
+
+/* Residency of [offset, offset + length) as runs of equal state, adjacent
+ * runs merged, answered from upager's per-folio state words (no I/O, no
+ * system call; "evicted" vs "never touched" is known without touching the
+ * store). Stores the first `cap` runs in out[] and returns the number of
+ * runs (call with cap 0 to size the array), or a negative errno. */
+int upager_residency(const upager_region_t *region, uint64_t offset,
+                     uint64_t length, struct upager_extent *out, size_t cap);
+
+/* mincore(2)-shaped residency: vec[i] (one byte per 4 KiB page of the
+ * range, (length + 4095) / 4096 bytes) gets bit 0 set if the page is in
+ * memory. Returns 0 or a negative errno. */
+int upager_mincore(const upager_region_t *region, uint64_t offset,
+                   uint64_t length, unsigned char *vec);
+
+/* Writes back (if dirty) and evicts the resident folios of the range now,
+ * in batches (one TLB shootdown per batch), like MADV_PAGEOUT. Returns the
+ * number of folios evicted, or a negative errno (-EIO etc. when a
+ * write-back failed: that data stays in memory, dirty). */
+int64_t upager_pageout(const upager_region_t *region, uint64_t offset,
+                       uint64_t length);
+
+/* Starts filling the range in the background, like MADV_WILLNEED, and
+ * returns at once. Prefetch stops early rather than evict more than one
+ * batch to make room. Returns 0 or a negative errno. */
+int upager_prefetch(const upager_region_t *region, uint64_t offset,
+                    uint64_t length);
+
+/* Waits until every prefetch queued so far on the region's pager has
+ * finished: 0, or -ETIMEDOUT after timeout_ms milliseconds. */
+int upager_prefetch_wait(const upager_region_t *region, uint32_t timeout_ms);
+
+/* Drops the contents of the range, like MADV_DONTNEED on private memory:
+ * anonymous memory reads as zero again and its swap space is freed; a
+ * file-backed range is read from the file again on the next access.
+ * WRITES IN THE RANGE NOT YET FLUSHED OR EVICTED ARE LOST. Returns 0 or a
+ * negative errno (-EOPNOTSUPP where the region cannot drop data). */
+int upager_discard(const upager_region_t *region, uint64_t offset,
+                   uint64_t length);
+
+/* ------------------------------------------------------------------------
  * Counters
  *
  * Stable snake_case names, the same in the Rust API (Stats::NAMES), the

@@ -677,3 +677,167 @@ pub extern "C" fn upager_version() -> *const c_char {
         };
     V.as_ptr()
 }
+
+/// One run of equal residency (`struct upager_extent`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct upager_extent {
+    /// Start, in bytes from the region's start.
+    pub offset: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// `UPAGER_RESIDENT_CLEAN` .. `UPAGER_BUSY`.
+    pub state: c_int,
+}
+
+/// The C value of a residency state (upager.h `UPAGER_*`).
+fn residency_code(s: engine::Residency) -> c_int {
+    match s {
+        engine::Residency::ResidentClean => 0,
+        engine::Residency::ResidentDirty => 1,
+        engine::Residency::Evicted => 2,
+        engine::Residency::NeverTouched => 3,
+        // Busy, and any state a later engine adds.
+        _ => 4,
+    }
+}
+
+/// `upager_residency`: runs of equal residency over a range.
+///
+/// # Safety
+/// `r` is a live region handle; `out` is valid for `cap` writes (or NULL
+/// with `cap == 0`).
+#[no_mangle]
+pub unsafe extern "C" fn upager_residency(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+    out: *mut upager_extent,
+    cap: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        if out.is_null() && cap != 0 {
+            return Err(Failure::inval("out is NULL"));
+        }
+        let runs = r.residency(offset, length)?;
+        for (i, (range, s)) in runs.iter().take(cap).enumerate() {
+            let e = upager_extent {
+                offset: range.start,
+                length: range.end - range.start,
+                state: residency_code(*s),
+            };
+            // SAFETY: i < cap and `out` has room for cap extents.
+            unsafe { out.add(i).write(e) };
+        }
+        c_int::try_from(runs.len()).map_err(|_| Failure::new(libc::EOVERFLOW, "too many extents"))
+    })
+}
+
+/// `upager_mincore`: one byte per 4 KiB page, bit 0 = resident.
+///
+/// # Safety
+/// `r` is a live region handle; `vec` is valid for `(length + 4095) / 4096`
+/// byte writes.
+#[no_mangle]
+pub unsafe extern "C" fn upager_mincore(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+    vec: *mut u8,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        if vec.is_null() {
+            return Err(Failure::inval("vec is NULL"));
+        }
+        let v = r.mincore(offset, length)?;
+        // SAFETY: the engine returns one byte per page of the range, which
+        // is the size the caller provides by this function's contract; the
+        // buffers cannot overlap (`v` is freshly allocated).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), vec, v.len()) };
+        Ok(0)
+    })
+}
+
+/// `upager_pageout`: evicts the range now; returns folios evicted.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_pageout(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+) -> i64 {
+    let mut n = 0u64;
+    let rc = guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        n = r.pageout(offset, length)?;
+        Ok(0)
+    });
+    if rc < 0 {
+        i64::from(rc)
+    } else {
+        n as i64
+    }
+}
+
+/// `upager_prefetch`: starts filling the range in the background.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_prefetch(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        r.prefetch(offset, length)?;
+        Ok(0)
+    })
+}
+
+/// `upager_prefetch_wait`: waits for queued prefetches.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_prefetch_wait(r: *const upager_region_t, timeout_ms: u32) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        if r.wait_prefetch(std::time::Duration::from_millis(u64::from(timeout_ms))) {
+            Ok(0)
+        } else {
+            Err(Failure::new(
+                libc::ETIMEDOUT,
+                format!("prefetches still running after {timeout_ms} ms"),
+            ))
+        }
+    })
+}
+
+/// `upager_discard`: drops the range's contents.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_discard(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        r.discard(offset, length)?;
+        Ok(0)
+    })
+}

@@ -429,19 +429,39 @@ fn register_atexit() {
     }
 }
 
-/// Brings `[off, off+len)` of `r` in: touches one byte per folio from the
-/// calling thread, so the handler threads fill the folios (with readahead
-/// on sequential runs). Touching never changes data.
-fn fetch(r: &Region, off: usize, len: usize) {
-    let folio = r.folio_size() as usize;
+/// The folio-aligned part of `[off, off+len)` inside `r`, as (start, len).
+fn folio_span(r: &Region, off: usize, len: usize) -> (u64, u64) {
+    let folio = r.folio_size();
+    let start = off as u64 - off as u64 % folio;
+    let end = (off as u64).saturating_add(len as u64).min(r.len() as u64);
+    (start, end.saturating_sub(start))
+}
+
+/// Queues `[off, off+len)` of `r` for the pager's prefetch thread (one
+/// large read per run of folios).
+fn queue(r: &Region, off: usize, len: usize) -> Result<(), Failure> {
+    let (start, n) = folio_span(r, off, len);
+    if n > 0 {
+        r.prefetch(start, n)?;
+    }
+    Ok(())
+}
+
+/// Makes sure `[off, off+len)` of `r` is in: touches one byte per folio
+/// (no fault where the prefetch already filled it; a normal fault where
+/// it stopped early to respect the budget). Touching never changes data.
+fn touch(r: &Region, off: usize, len: usize) {
+    let (start, n) = folio_span(r, off, len);
     let bytes = r.bytes();
-    let end = off.saturating_add(len).min(r.len());
-    let mut a = off - off % folio;
-    while a < end {
-        let _ = bytes[a].load(std::sync::atomic::Ordering::Relaxed);
-        a += folio;
+    let mut a = start;
+    while a < start + n {
+        let _ = bytes[a as usize].load(std::sync::atomic::Ordering::Relaxed);
+        a += r.folio_size();
     }
 }
+
+/// How long prefetch waits for the prefetch thread before touching.
+const PREFETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `umap_prefetch`: brings the listed pages in.
 ///
@@ -462,6 +482,7 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
     let items = unsafe { std::slice::from_raw_parts(page_array, npages as usize) };
     let ps = cfg().page_size as usize;
     catch("umap_prefetch", (), || {
+        let mut found = Vec::with_capacity(items.len());
         for it in items {
             let a = it.page_base_addr as usize;
             let Some((r, off)) = containing(a) else {
@@ -469,7 +490,14 @@ pub unsafe extern "C" fn umap_prefetch(npages: c_int, page_array: *mut umap_pref
                     "{a:#x} is not inside a region mapped by umap()"
                 )));
             };
-            fetch(&r, off, ps);
+            queue(&r, off, ps)?;
+            found.push((r, off));
+        }
+        if let Some((r, _)) = found.first() {
+            r.wait_prefetch(PREFETCH_WAIT);
+        }
+        for (r, off) in &found {
+            touch(r, *off, ps);
         }
         Ok(())
     });
@@ -488,7 +516,9 @@ pub extern "C" fn umap_fetch_and_pin(paddr: *mut c_char, size: u64) {
         };
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| log(Level::Warning, "umap_fetch_and_pin: upager fetches the pages but does not pin them; they count against UMAP_BUFSIZE and may be evicted later"));
-        fetch(&r, off, size as usize);
+        queue(&r, off, size as usize)?;
+        r.wait_prefetch(PREFETCH_WAIT);
+        touch(&r, off, size as usize);
         Ok(())
     });
 }

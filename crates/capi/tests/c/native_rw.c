@@ -77,6 +77,58 @@ int main(void) {
         CHECK(a[i] == pattern(i), "anonymous word %" PRIu64, i);
     TRY(upager_unmap(r, 0));
 
+    /* 4. Residency, pageout, prefetch, discard. */
+    upager_map_options_init(&mo);
+    mo.flags = UPAGER_MAP_WRITE;
+    mo.length = 4 * MIB;
+    TRY(upager_map_file(pg, path, &mo, &r));
+    struct upager_extent ext[64];
+    CHECK(upager_residency(r, 0, 4 * MIB, ext, 64) == 1 &&
+          ext[0].state == UPAGER_NEVER_TOUCHED && ext[0].length == 4 * MIB,
+          "fresh region not never-touched");
+    volatile uint64_t *w = upager_region_addr(r);
+    CHECK(w[0] == written(0), "word 0");
+    w[2 * MIB / 8 + 1] = 42; /* one dirty folio at 2 MiB */
+    /* The engine marks a folio resident just after the faulting access
+     * resumes: wait until no run is busy before looking. */
+    for (int tries = 0; tries < 2000; tries++) {
+        int k = upager_residency(r, 0, 4 * MIB, ext, 64), busy = 0;
+        for (int i = 0; i < k && i < 64; i++)
+            busy |= ext[i].state == UPAGER_BUSY;
+        if (!busy) break;
+        usleep(1000);
+    }
+    unsigned char vec[1024];
+    TRY(upager_mincore(r, 0, 4 * MIB, vec));
+    CHECK(vec[0] == 1 && vec[2 * MIB / 4096] == 1, "mincore %d %d", vec[0],
+          vec[2 * MIB / 4096]);
+    int nrun = upager_residency(r, 2 * MIB, 64 * 1024, ext, 64);
+    CHECK(nrun == 1 && ext[0].state == UPAGER_RESIDENT_DIRTY, "dirty run");
+    int64_t out = upager_pageout(r, 0, 4 * MIB);
+    CHECK(out >= 2, "pageout evicted %" PRId64, out);
+    CHECK(upager_residency(r, 0, 4096, ext, 64) == 1 &&
+          ext[0].state == UPAGER_EVICTED, "evicted marker");
+    CHECK(counter(pg, "resident_bytes") == 0, "resident after pageout");
+    {   /* pageout wrote the dirty folio back */
+        int f = open(path, O_RDONLY);
+        uint64_t v = 0;
+        CHECK(pread(f, &v, 8, 2 * MIB + 8) == 8 && v == 42, "written back");
+        close(f);
+    }
+    TRY(upager_prefetch(r, 0, 1 * MIB));
+    TRY(upager_prefetch_wait(r, 10000));
+    TRY(upager_mincore(r, 0, 1 * MIB, vec));
+    for (int i = 0; i < 256; i++) CHECK(vec[i] == 1, "prefetched page %d", i);
+    CHECK(upager_pageout(r, 1000, 4096) == -EINVAL, "unaligned pageout");
+    CHECK(upager_residency(r, 0, 8 * MIB, ext, 64) == -EINVAL, "out of range");
+    TRY(upager_unmap(r, 0));
+    TRY(upager_map_anonymous(pg, 1 * MIB, NULL, &r));
+    w = upager_region_addr(r);
+    w[0] = 7;
+    TRY(upager_discard(r, 0, 1 * MIB));
+    CHECK(w[0] == 0, "discarded anonymous memory reads zero");
+    TRY(upager_unmap(r, 0));
+
     /* Counters: names, bulk read, the same values by name. */
     size_t count = upager_stat_count();
     CHECK(count >= 20, "counters");
