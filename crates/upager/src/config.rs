@@ -37,6 +37,7 @@ pub struct PagerBuilder {
     pub(crate) readahead: u64,
     pub(crate) swap_dir: PathBuf,
     pub(crate) direct_io: bool,
+    pub(crate) handler_spin: std::time::Duration,
 }
 
 impl Default for PagerBuilder {
@@ -51,6 +52,7 @@ impl Default for PagerBuilder {
             readahead: 2 << 20,
             swap_dir: std::env::temp_dir(),
             direct_io: true,
+            handler_spin: std::time::Duration::ZERO,
         }
     }
 }
@@ -107,6 +109,16 @@ impl PagerBuilder {
     /// budget. Default on.
     pub fn direct_io(mut self, on: bool) -> Self {
         self.direct_io = on;
+        self
+    }
+    /// After serving faults, a handler keeps checking for the next one (yielding
+    /// the CPU between checks) for this long before it blocks, which can save
+    /// the cross-CPU wakeup of a blocked handler. Default: zero (block at
+    /// once). Measured here (2 vCPU KVM, random 4 KiB reads, 2 threads,
+    /// 5 interleaved rounds, load from other builds): 20 µs gave a median of
+    /// ~135K reads/s against ~123K with zero, within the noise (61K-167K).
+    pub fn handler_spin(mut self, d: std::time::Duration) -> Self {
+        self.handler_spin = d;
         self
     }
     /// Creates the pager.

@@ -108,7 +108,12 @@ fn file_words(path: &Path) -> Vec<u64> {
 /// Copies `len` bytes of region memory at `off` through write(2) (the
 /// kernel faults them in; a poisoned folio gives EFAULT, not SIGBUS) and
 /// returns them, or the error.
-fn read_by_syscall(sink: &std::fs::File, r: &Region, off: u64, len: u64) -> std::io::Result<Vec<u64>> {
+fn read_by_syscall(
+    sink: &std::fs::File,
+    r: &Region,
+    off: u64,
+    len: u64,
+) -> std::io::Result<Vec<u64>> {
     use std::os::unix::fs::FileExt;
     let n = upager_sys::io::pwrite_from(sink, r.as_ptr() as u64 + off, len, 0)?;
     let mut buf = vec![0u8; n as usize];
@@ -185,7 +190,11 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
                     match read_by_syscall(&sink, bad, off, 16 * 4096) {
                         Ok(words) => {
                             for (k, &v) in words.iter().enumerate() {
-                                assert_eq!(v, word(off + 8 * k as u64, 31), "offset {off} word {k}");
+                                assert_eq!(
+                                    v,
+                                    word(off + 8 * k as u64, 31),
+                                    "offset {off} word {k}"
+                                );
                             }
                             verified.fetch_add(1, Relaxed);
                         }
@@ -240,7 +249,10 @@ fn failed_and_short_writebacks_keep_the_data_until_the_store_recovers() {
     let pager = pager(budget);
     let store = flaky(&path, true);
     let r = pager
-        .map_store(store.clone(), &MapOptions::new().writable(true).folio(16 << 10))
+        .map_store(
+            store.clone(),
+            &MapOptions::new().writable(true).folio(16 << 10),
+        )
         .unwrap();
     let watch = Watch::new(budget, &[&r]);
     let mut expect: Vec<u64> = (0..r.len() as u64 / 8).map(|w| word(w * 8, 33)).collect();
@@ -258,7 +270,11 @@ fn failed_and_short_writebacks_keep_the_data_until_the_store_recovers() {
             expect[w] = v(w);
         }
         let e = r.flush().unwrap_err().to_string();
-        let want = if mode == "eio" { "Input/output error" } else { "No space left on device" };
+        let want = if mode == "eio" {
+            "Input/output error"
+        } else {
+            "No space left on device"
+        };
         assert!(
             e.starts_with("writing dirty data back to the store failed:") && e.contains(want),
             "{mode}: {e}"
@@ -274,7 +290,10 @@ fn failed_and_short_writebacks_keep_the_data_until_the_store_recovers() {
         assert_eq!(file_words(&path), expect, "{mode}: file after recovery");
     }
     let s = pager.stats();
-    eprintln!("{} write faults injected; {s:?}", store.injected_write_errors.load(SeqCst));
+    eprintln!(
+        "{} write faults injected; {s:?}",
+        store.injected_write_errors.load(SeqCst)
+    );
     assert!(s.writeback_errors > 0);
     watch.finish();
     r.unmap().unwrap();
@@ -293,7 +312,10 @@ fn random_writeback_failures_under_eviction_lose_nothing() {
     store.delay_ppm.store(50_000, SeqCst);
     let r = Arc::new(
         pager
-            .map_store(store.clone(), &MapOptions::new().writable(true).folio(32 << 10))
+            .map_store(
+                store.clone(),
+                &MapOptions::new().writable(true).folio(32 << 10),
+            )
             .unwrap(),
     );
     let watch = Watch::new(budget, &[&r]);
@@ -321,7 +343,11 @@ fn random_writeback_failures_under_eviction_lose_nothing() {
     r.flush().unwrap();
     let file = file_words(&path);
     for (w, &got) in file.iter().enumerate() {
-        let want = if w % (3 * 61) < 3 { 3 << 56 | w as u64 } else { word(w as u64 * 8, 34) };
+        let want = if w % (3 * 61) < 3 {
+            3 << 56 | w as u64
+        } else {
+            word(w as u64 * 8, 34)
+        };
         assert_eq!(got, want, "word {w}");
     }
     let s = pager.stats();
@@ -397,7 +423,10 @@ fn a_folio_whose_eviction_write_back_failed_stays_evictable() {
     }
     let t0 = Instant::now();
     while pager.stats().writeback_errors < 16 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "reclaimer never tried");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "reclaimer never tried"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     store.heal();
@@ -408,8 +437,16 @@ fn a_folio_whose_eviction_write_back_failed_stays_evictable() {
     let sink = sink(dir.path(), "sink");
     let t1 = Instant::now();
     let res = read_by_syscall(&sink, &r, 8 * MIB, 4 * MIB);
-    eprintln!("read after recovery: {:?} in {:?}; {:?}", res.as_ref().map(|v| v.len()), t1.elapsed(), pager.stats());
-    assert!(res.is_ok(), "fault failed: clean folios could not be evicted");
+    eprintln!(
+        "read after recovery: {:?} in {:?}; {:?}",
+        res.as_ref().map(|v| v.len()),
+        t1.elapsed(),
+        pager.stats()
+    );
+    assert!(
+        res.is_ok(),
+        "fault failed: clean folios could not be evicted"
+    );
     assert!(t1.elapsed() < Duration::from_secs(2));
     watch.finish();
 }
@@ -439,7 +476,10 @@ fn a_full_file_system_reports_enospc_and_a_later_flush_writes_everything() {
     fs.remount("size=32m");
     r.flush().unwrap();
     let file = file_words(&path);
-    assert!(file.iter().enumerate().all(|(w, &x)| x == workload::mix(w as u64)));
+    assert!(file
+        .iter()
+        .enumerate()
+        .all(|(w, &x)| x == workload::mix(w as u64)));
     watch.finish();
     r.unmap().unwrap();
 }
@@ -487,7 +527,10 @@ fn a_read_only_file_can_never_be_written_through_upager() {
         .map_file(&path, &MapOptions::new().writable(true))
         .unwrap_err();
     assert!(matches!(e, MapError::ReadOnlyFile { .. }), "{e}");
-    assert!(e.to_string().contains("can only be opened read-only"), "{e}");
+    assert!(
+        e.to_string().contains("can only be opened read-only"),
+        "{e}"
+    );
     // A read-only mapping refuses writes from system calls (EFAULT) and from
     // the safe API (panic); a raw store gets SIGSEGV (tests/child.rs).
     let r = pager.map_file(&path, &MapOptions::new()).unwrap();
@@ -529,7 +572,10 @@ fn mapping_a_file_opened_read_only_as_writable_is_refused() {
 fn swap_files_are_private_unlinked_and_freed_on_unmap() {
     let fs = SmallTmpfs::mount(256 * MIB);
     let fallback = ram_dir();
-    let swap_dir = fs.as_ref().map_or(fallback.path(), |f| f.path()).to_path_buf();
+    let swap_dir = fs
+        .as_ref()
+        .map_or(fallback.path(), |f| f.path())
+        .to_path_buf();
     let used0 = fs.as_ref().map(|f| f.used_bytes());
     let budget = 4 * MIB;
     let pager = Pager::builder()
@@ -550,7 +596,11 @@ fn swap_files_are_private_unlinked_and_freed_on_unmap() {
             .unwrap();
         let watch = Watch::new(budget, &[&r]);
         write_words(&r, 512, |w| w as u64 ^ cycle);
-        assert_eq!(std::fs::read_dir(&swap_dir).unwrap().count(), 0, "swap file has a name");
+        assert_eq!(
+            std::fs::read_dir(&swap_dir).unwrap().count(),
+            0,
+            "swap file has a name"
+        );
         let fds = swap_fds();
         assert!(!fds.is_empty(), "no swap descriptor found");
         for (fd, target) in &fds {
@@ -560,7 +610,10 @@ fn swap_files_are_private_unlinked_and_freed_on_unmap() {
             assert_eq!(meta.nlink(), 0, "{target} has a link");
         }
         if let (Some(fs), Some(u0)) = (&fs, used0) {
-            assert!(fs.used_bytes() >= u0 + 16 * MIB, "evicted data is in the swap file");
+            assert!(
+                fs.used_bytes() >= u0 + 16 * MIB,
+                "evicted data is in the swap file"
+            );
         }
         for w in (0..r.len() / 8).step_by(512) {
             assert_eq!(r.words()[w].load(Relaxed), w as u64 ^ cycle);
@@ -568,7 +621,10 @@ fn swap_files_are_private_unlinked_and_freed_on_unmap() {
         watch.forget(&r);
         watch.finish();
         r.unmap().unwrap();
-        assert!(swap_fds().is_empty(), "cycle {cycle}: swap descriptor left open");
+        assert!(
+            swap_fds().is_empty(),
+            "cycle {cycle}: swap descriptor left open"
+        );
         if let (Some(fs), Some(u0)) = (&fs, used0) {
             assert_eq!(fs.used_bytes(), u0, "cycle {cycle}: swap space not freed");
         }
@@ -595,7 +651,10 @@ fn dropping_a_region_and_its_pager_with_a_fault_in_flight_does_not_hang() {
     let syscall = std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
     let t0 = Instant::now();
     while store.reads_blocked.load(SeqCst) == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "fault never reached the store");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "fault never reached the store"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     // The pager handle goes first: the region keeps the engine alive.
@@ -607,7 +666,10 @@ fn dropping_a_region_and_its_pager_with_a_fault_in_flight_does_not_hang() {
         Instant::now()
     });
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!dropper.is_finished(), "the drop waits for the fault in flight");
+    assert!(
+        !dropper.is_finished(),
+        "the drop waits for the fault in flight"
+    );
     let opened = Instant::now();
     store.set_gate(false);
     let t1 = Instant::now();
@@ -617,7 +679,10 @@ fn dropping_a_region_and_its_pager_with_a_fault_in_flight_does_not_hang() {
     }
     assert!(dropper.join().unwrap() >= opened);
     while !syscall.is_finished() {
-        assert!(t1.elapsed() < Duration::from_secs(10), "the faulting system call hangs");
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "the faulting system call hangs"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     match syscall.join().unwrap() {
@@ -659,7 +724,11 @@ fn a_process_exits_promptly_with_faults_in_flight() {
     let t0 = Instant::now();
     let st = c.wait(Duration::from_secs(10));
     assert!(st.success(), "{st:?}");
-    assert!(t0.elapsed() < Duration::from_secs(5), "exit took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "exit took {:?}",
+        t0.elapsed()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -733,7 +802,10 @@ fn after_sigkill_every_flushed_write_is_in_the_file_and_nothing_else_changed() {
     let data = pattern_file(dir.path(), "data", CRASH_LEN, CRASH_SEED);
     let fs = SmallTmpfs::mount(256 * MIB);
     let fallback = ram_dir();
-    let swap = fs.as_ref().map_or(fallback.path(), |f| f.path()).to_path_buf();
+    let swap = fs
+        .as_ref()
+        .map_or(fallback.path(), |f| f.path())
+        .to_path_buf();
     let used0 = fs.as_ref().map(|f| f.used_bytes());
     let mut c = ChildProc::spawn(
         "crash",
@@ -769,7 +841,10 @@ fn after_sigkill_every_flushed_write_is_in_the_file_and_nothing_else_changed() {
     if let (Some(fs), Some(u0)) = (&fs, used0) {
         let t0 = Instant::now();
         while fs.used_bytes() != u0 {
-            assert!(t0.elapsed() < Duration::from_secs(5), "swap space not freed after the kill");
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "swap space not freed after the kill"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -277,7 +277,10 @@ impl ChildProc {
                 Err(e) => {
                     let _ = self.child.kill();
                     let _ = self.child.wait();
-                    panic!("no line {prefix:?} from the child ({e:?}); saw {:?}", self.seen);
+                    panic!(
+                        "no line {prefix:?} from the child ({e:?}); saw {:?}",
+                        self.seen
+                    );
                 }
             }
             if Instant::now() > deadline {
@@ -345,7 +348,13 @@ impl SmallTmpfs {
             .tempdir_in("/tmp")
             .unwrap();
         let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .stderr(Stdio::null())
             .status();
