@@ -145,7 +145,7 @@ impl Drop for TempDir {
 
 /// Runs the demo.
 pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if a.size < 8 || a.size % 8 != 0 {
+    if a.size < 8 || !a.size.is_multiple_of(8) {
         return Err(format!(
             "--size must be a positive multiple of 8 bytes, got {}",
             a.size

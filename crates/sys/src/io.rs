@@ -106,9 +106,8 @@ impl EventFd {
         // SAFETY: eventfd takes integers and returns a fresh fd or -1.
         let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) }.into())?;
         // SAFETY: a fresh fd owned by nobody else.
-        Ok(EventFd {
-            file: unsafe { File::from_raw_fd(fd as i32) },
-        })
+        let owned = unsafe { File::from_raw_fd(fd as i32) };
+        Ok(EventFd { file: owned })
     }
 
     /// Makes the eventfd readable (wakes every poller; it stays readable).

@@ -34,7 +34,12 @@ impl Mapping {
     /// `MAP_NORESERVE` memory at an address aligned to `align` (a power of
     /// two ≥ the page size), readable and, if `writable`, writable.
     pub fn anonymous(len: usize, align: usize, writable: bool) -> io::Result<Mapping> {
-        assert!(len > 0 && len % PAGE_SIZE == 0 && align.is_power_of_two() && align >= PAGE_SIZE);
+        assert!(
+            len > 0
+                && len.is_multiple_of(PAGE_SIZE)
+                && align.is_power_of_two()
+                && align >= PAGE_SIZE
+        );
         let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         let total = len
@@ -90,10 +95,9 @@ impl Mapping {
         // SAFETY: the range lies inside this mapping; the advice values used
         // (NOHUGEPAGE, DONTFORK, DONTNEED) never touch Rust-owned memory, and
         // no Rust reference to plain bytes of the mapping exists.
-        cvt(
-            unsafe { libc::madvise(self.addr.as_ptr().add(offset).cast(), len, advice as i32) }
-                .into(),
-        )?;
+        let ret =
+            unsafe { libc::madvise(self.addr.as_ptr().add(offset).cast(), len, advice as i32) };
+        cvt(ret.into())?;
         Ok(())
     }
 
@@ -187,9 +191,8 @@ impl SelfPidfd {
         // SAFETY: getpid and pidfd_open take integers and return an fd or -1.
         let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) })?;
         // SAFETY: a fresh fd owned by nobody else.
-        Ok(SelfPidfd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
-        })
+        let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(SelfPidfd { fd: owned })
     }
 
     /// One `process_madvise(MADV_DONTNEED)` over up to [`MAX_IOV`] ranges
@@ -229,9 +232,8 @@ pub fn mincore(addr: u64, len: u64) -> io::Result<Vec<u8>> {
     let mut vec = vec![0u8; pages];
     // SAFETY: the kernel writes `pages` bytes into `vec` and only inspects
     // page tables of the given range.
-    cvt(
-        unsafe { libc::mincore(addr as *mut libc::c_void, len as usize, vec.as_mut_ptr()) }.into(),
-    )?;
+    let ret = unsafe { libc::mincore(addr as *mut libc::c_void, len as usize, vec.as_mut_ptr()) };
+    cvt(ret.into())?;
     Ok(vec)
 }
 

@@ -137,9 +137,8 @@ impl Uffd {
                 let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
                 if fd >= 0 {
                     // SAFETY: the ioctl returned a fresh fd that nothing else owns.
-                    return Ok(Uffd {
-                        fd: unsafe { File::from_raw_fd(fd) },
-                    });
+                    let owned = unsafe { File::from_raw_fd(fd) };
+                    return Ok(Uffd { fd: owned });
                 }
                 last_err()
             }
@@ -148,10 +147,11 @@ impl Uffd {
         // SAFETY: userfaultfd(2) takes flags by value and returns an fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
         match cvt(fd) {
-            // SAFETY: a fresh fd that nothing else owns.
-            Ok(fd) => Ok(Uffd {
-                fd: unsafe { File::from_raw_fd(fd as i32) },
-            }),
+            Ok(fd) => {
+                // SAFETY: a fresh fd that nothing else owns.
+                let owned = unsafe { File::from_raw_fd(fd as i32) };
+                Ok(Uffd { fd: owned })
+            }
             Err(syscall) => Err(OpenFailure { device, syscall }),
         }
     }
@@ -185,9 +185,8 @@ impl Uffd {
             ioctls: 0,
         };
         // SAFETY: `reg` is a valid uffdio_register; the kernel checks the range.
-        cvt(
-            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_REGISTER as _, &mut reg) }.into(),
-        )?;
+        let ret = unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_REGISTER as _, &mut reg) };
+        cvt(ret.into())?;
         Ok(reg.ioctls)
     }
 
@@ -195,10 +194,9 @@ impl Uffd {
     pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
         let mut range = k::uffdio_range { start, len };
         // SAFETY: `range` is a valid uffdio_range.
-        cvt(
-            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_UNREGISTER as _, &mut range) }
-                .into(),
-        )?;
+        let ret =
+            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_UNREGISTER as _, &mut range) };
+        cvt(ret.into())?;
         Ok(())
     }
 
@@ -238,10 +236,9 @@ impl Uffd {
             mode,
         };
         // SAFETY: `wp` is a valid uffdio_writeprotect; the kernel checks the range.
-        cvt(
-            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_WRITEPROTECT as _, &mut wp) }
-                .into(),
-        )?;
+        let ret =
+            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_WRITEPROTECT as _, &mut wp) };
+        cvt(ret.into())?;
         Ok(())
     }
 

@@ -130,12 +130,11 @@ impl Shared {
                 if self.stopping() {
                     return;
                 }
-                if !self.try_reserve(r.folio) {
-                    if self.evict_batch(crate::reclaim::Mode::Background) == 0
-                        || !self.try_reserve(r.folio)
-                    {
-                        break;
-                    }
+                if !self.try_reserve(r.folio)
+                    && (self.evict_batch(crate::reclaim::Mode::Background) == 0
+                        || !self.try_reserve(r.folio))
+                {
+                    break;
                 }
                 match folio::try_claim(r.state(idx), |s| {
                     matches!(s.kind(), Kind::Never | Kind::Evicted)

@@ -109,7 +109,7 @@ impl RegionInner {
                 region_len: self.len,
             });
         }
-        if offset % align != 0 {
+        if !offset.is_multiple_of(align) {
             return Err(RangeError::Unaligned {
                 offset,
                 folio: align,
@@ -125,7 +125,7 @@ impl RegionInner {
     fn whole_folios(&self, offset: u64, len: u64) -> Result<Range<usize>, RangeError> {
         let r = self.folio_range(offset, len, self.folio)?;
         let end = offset + len;
-        if end % self.folio != 0 && end != self.len {
+        if !end.is_multiple_of(self.folio) && end != self.len {
             return Err(RangeError::Unaligned {
                 offset: end,
                 folio: self.folio,

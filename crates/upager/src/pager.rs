@@ -284,7 +284,7 @@ impl Pager {
         if opts.writable && !store.writable() {
             return Err(MapError::StoreReadOnly);
         }
-        if opts.offset % opts.folio != 0 {
+        if !opts.offset.is_multiple_of(opts.folio) {
             return Err(MapError::OffsetNotAligned {
                 offset: opts.offset,
                 folio: opts.folio,

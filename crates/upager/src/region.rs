@@ -73,7 +73,7 @@ impl RegionInner {
     pub fn src(&self, idx: usize, bytes: u64) -> Src<'_> {
         Src {
             map: &self.map,
-            off: (idx << self.shift) as usize,
+            off: (idx << self.shift),
             len: bytes as usize,
         }
     }

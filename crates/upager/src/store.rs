@@ -140,8 +140,9 @@ impl FileStore {
     }
 
     fn pick(&self, addr: u64, len: usize, offset: u64) -> &File {
-        let aligned =
-            addr % PAGE_SIZE as u64 == 0 && len % PAGE_SIZE == 0 && offset % PAGE_SIZE as u64 == 0;
+        let aligned = addr.is_multiple_of(PAGE_SIZE as u64)
+            && len.is_multiple_of(PAGE_SIZE)
+            && offset.is_multiple_of(PAGE_SIZE as u64);
         match &self.direct {
             Some(d) if aligned => d,
             _ => &self.buffered,

@@ -3,6 +3,10 @@
 //! read-only region, the error without userfaultfd access, exit with
 //! regions mapped.
 
+// Integration tests sit at the top level of their file, which the workspace
+// lint `tests_outside_test_module` (meant for src/) would flag.
+#![allow(clippy::tests_outside_test_module)]
+
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
