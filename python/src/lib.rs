@@ -1,0 +1,639 @@
+//! `upager._upager`: the Python face of upager (pyo3).
+//!
+//! Classes `Pager` and `Region`; the pure-Python part of the package
+//! (`upager/__init__.py`) adds `open_array` and `PagedArray`.
+//!
+//! - Regions export their memory through the buffer protocol, so
+//!   `numpy.frombuffer(region, dtype)` and `memoryview(region)` are
+//!   zero-copy. Faults taken by numpy code are served by the pager's handler
+//!   threads and never need the GIL.
+//! - Blocking calls (map, flush, close/unmap, pageout, discard, waiting for
+//!   prefetch) release the GIL.
+//! - Closing: `Region.close()` refuses (BufferError) while buffer exports
+//!   (numpy arrays, memoryviews) are alive, like the standard library's
+//!   `mmap.close()`; it is idempotent, and a closed region raises
+//!   ValueError instead of touching unmapped memory.
+//!
+//! unsafe: only the buffer protocol (`__getbuffer__`, which pyo3 declares
+//! unsafe, and one `PyBuffer_FillInfo` call); everything else is safe pyo3.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyBufferError, PyOSError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use pyo3::{ffi, IntoPyObjectExt};
+
+use upager::{
+    AdviseError, FlushError, MapError, MapOptions, Pager, PagerError, RangeError, Region,
+    Residency, Stats, UnmapError,
+};
+
+// ---------------------------------------------------------------------------
+// Errors: invalid arguments are ValueError; system failures OSError with
+// errno (so Python picks FileNotFoundError, PermissionError, ...).
+// ---------------------------------------------------------------------------
+
+/// Renders an error and its causes, skipping causes already quoted.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+fn os_error(errno: i32, msg: String) -> PyErr {
+    PyOSError::new_err((errno, msg))
+}
+
+fn io_errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(5) // EIO
+}
+
+fn pager_err(e: PagerError) -> PyErr {
+    let msg = chain(&e);
+    match &e {
+        PagerError::BudgetTooSmall(_) | PagerError::HandlerThreads(_) | PagerError::Batch(_) => {
+            PyValueError::new_err(msg)
+        }
+        PagerError::NoUserfaultfd { .. } => os_error(1, msg), // EPERM -> PermissionError
+        PagerError::MissingFeature(_) => os_error(38, msg),   // ENOSYS
+        PagerError::Api(s) | PagerError::Pidfd(s) | PagerError::Spawn(s) | PagerError::EventFd(s) => {
+            os_error(io_errno(s), msg)
+        }
+        _ => os_error(5, msg),
+    }
+}
+
+fn map_err(e: MapError) -> PyErr {
+    let msg = chain(&e);
+    match &e {
+        MapError::ZeroSize
+        | MapError::FolioSize(_)
+        | MapError::BudgetBelowBatch { .. }
+        | MapError::OffsetNotAligned { .. }
+        | MapError::BeyondEnd { .. } => PyValueError::new_err(msg),
+        MapError::NotFound { .. } => os_error(2, msg), // FileNotFoundError
+        MapError::PermissionDenied { .. } | MapError::ReadOnlyFile { .. } | MapError::StoreReadOnly => {
+            os_error(13, msg) // PermissionError
+        }
+        MapError::Open { source, .. } | MapError::SwapFile { source, .. } => {
+            os_error(io_errno(source), msg)
+        }
+        MapError::Mmap { .. } => os_error(12, msg),
+        MapError::Register(s) => os_error(io_errno(s), msg),
+        _ => os_error(5, msg),
+    }
+}
+
+fn flush_err(e: FlushError) -> PyErr {
+    let msg = chain(&e);
+    match &e {
+        FlushError::Writeback(s) | FlushError::Sync(s) => os_error(io_errno(s), msg),
+        _ => os_error(5, msg),
+    }
+}
+
+fn unmap_err(e: UnmapError) -> PyErr {
+    let msg = chain(&e);
+    match &e {
+        UnmapError::Flush(FlushError::Writeback(s) | FlushError::Sync(s)) => os_error(io_errno(s), msg),
+        _ => os_error(5, msg),
+    }
+}
+
+fn range_err(e: RangeError) -> PyErr {
+    PyValueError::new_err(chain(&e))
+}
+
+fn advise_err(e: AdviseError) -> PyErr {
+    let msg = chain(&e);
+    match &e {
+        AdviseError::Range(_) => PyValueError::new_err(msg),
+        AdviseError::Writeback(s) => os_error(io_errno(s), msg),
+        AdviseError::Unsupported(_) => os_error(95, msg), // EOPNOTSUPP
+        _ => os_error(5, msg),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Arguments
+// ---------------------------------------------------------------------------
+
+/// A size given as an int (bytes) or a string like "64KiB", "8M", "1.5G".
+fn size_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if v.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(PyTypeError::new_err(format!("{what} must be an int or a size string like \"64KiB\", not bool")));
+    }
+    if let Ok(s) = v.downcast::<PyString>() {
+        let s = s.to_str()?;
+        return upager::parse_size(s).map_err(|e| PyValueError::new_err(format!("{what}: {e}")));
+    }
+    match v.extract::<i128>() {
+        Ok(n) if n >= 0 && n <= i128::from(u64::MAX) => Ok(n as u64),
+        Ok(n) => Err(PyValueError::new_err(format!("{what} must be at least 0, got {n}"))),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{what} must be an int or a size string like \"64KiB\", got {}",
+            v.get_type().name()?
+        ))),
+    }
+}
+
+fn opt_size(v: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
+    match v {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => size_arg(v, what).map(Some),
+    }
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (name, v) in s.iter() {
+        d.set_item(name, v)?;
+    }
+    Ok(d)
+}
+
+// ---------------------------------------------------------------------------
+// Pager
+// ---------------------------------------------------------------------------
+
+/// A demand pager with a hard memory budget.
+///
+/// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
+///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True)
+///
+/// Sizes are ints (bytes) or strings like "64KiB", "512M", "1.5G".
+/// `folio` is the default folio size of the regions this pager maps.
+/// Regions keep the pager's threads alive: closing the pager only stops
+/// new mappings.
+#[pyclass(module = "upager", name = "Pager", frozen)]
+struct PyPager {
+    pager: Mutex<Option<Arc<Pager>>>,
+    folio: u64,
+    budget: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl PyPager {
+    fn get(&self) -> PyResult<Arc<Pager>> {
+        lock(&self.pager)
+            .clone()
+            .ok_or_else(|| PyValueError::new_err("the pager is closed"))
+    }
+    fn opts(&self, folio: Option<&Bound<'_, PyAny>>) -> PyResult<MapOptions> {
+        let f = opt_size(folio, "folio")?.unwrap_or(self.folio);
+        Ok(MapOptions::new().folio(f))
+    }
+}
+
+#[pymethods]
+impl PyPager {
+    #[new]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        budget: Option<&Bound<'_, PyAny>>,
+        folio: Option<&Bound<'_, PyAny>>,
+        batch: Option<usize>,
+        handler_threads: Option<usize>,
+        readahead: Option<&Bound<'_, PyAny>>,
+        swap_dir: Option<std::path::PathBuf>,
+        direct_io: bool,
+        background_reclaim: bool,
+    ) -> PyResult<Self> {
+        let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
+        let folio = opt_size(folio, "folio")?.unwrap_or(upager::DEFAULT_FOLIO);
+        if !(folio.is_power_of_two() && (upager::MIN_FOLIO..=upager::MAX_FOLIO).contains(&folio)) {
+            return Err(PyValueError::new_err(format!(
+                "folio size {folio} is not a power of two between 4 KiB and 2 MiB"
+            )));
+        }
+        let mut b = Pager::builder()
+            .budget(budget)
+            .direct_io(direct_io)
+            .background_reclaim(background_reclaim);
+        if let Some(n) = batch {
+            b = b.batch(n);
+        }
+        if let Some(n) = handler_threads {
+            b = b.handler_threads(n);
+        }
+        if let Some(r) = opt_size(readahead, "readahead")? {
+            b = b.readahead(r);
+        }
+        if let Some(d) = swap_dir {
+            b = b.swap_dir(d);
+        }
+        let pager = py.allow_threads(|| b.build()).map_err(pager_err)?;
+        Ok(PyPager {
+            pager: Mutex::new(Some(Arc::new(pager))),
+            folio,
+            budget,
+        })
+    }
+
+    /// Maps a file: mode "r" (read-only, the default) or "r+" (read-write;
+    /// writes reach the file on eviction, flush() and close()). `offset`
+    /// must be a multiple of the folio size; `length` defaults to the rest
+    /// of the file.
+    #[pyo3(signature = (path, mode="r", offset=0, length=None, *, folio=None))]
+    fn map_file(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        mode: &str,
+        offset: u64,
+        length: Option<&Bound<'_, PyAny>>,
+        folio: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyRegion> {
+        let writable = match mode {
+            "r" => false,
+            "r+" => true,
+            m => {
+                return Err(PyValueError::new_err(format!(
+                    "mode must be \"r\" (read-only) or \"r+\" (read-write), got {m:?}"
+                )))
+            }
+        };
+        let mut opts = self.opts(folio)?.writable(writable).offset(offset);
+        if let Some(l) = opt_size(length, "length")? {
+            opts = opts.len(l);
+        }
+        let pager = self.get()?;
+        let region = py
+            .allow_threads(move || pager.map_file(&path, &opts))
+            .map_err(map_err)?;
+        Ok(PyRegion::new(region, format!("file, mode {mode:?}")))
+    }
+
+    /// Maps `size` bytes of anonymous memory: zero-filled, writable, swapped
+    /// to a private swap file when evicted.
+    #[pyo3(signature = (size, *, folio=None))]
+    fn anonymous(&self, py: Python<'_>, size: &Bound<'_, PyAny>, folio: Option<&Bound<'_, PyAny>>) -> PyResult<PyRegion> {
+        let size = size_arg(size, "size")?;
+        let opts = self.opts(folio)?;
+        let pager = self.get()?;
+        let region = py
+            .allow_threads(move || pager.map_anonymous(size, &opts))
+            .map_err(map_err)?;
+        Ok(PyRegion::new(region, "anonymous".into()))
+    }
+
+    /// Counters as a dict, with the stable names shared by the C API and
+    /// the `upager stat` command.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, &self.get()?.stats())
+    }
+
+    /// The budget in bytes.
+    #[getter]
+    fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The default folio size of this pager's regions.
+    #[getter]
+    fn folio(&self) -> u64 {
+        self.folio
+    }
+
+    /// True after close().
+    #[getter]
+    fn closed(&self) -> bool {
+        lock(&self.pager).is_none()
+    }
+
+    /// Releases this handle (idempotent). Regions stay usable: they keep
+    /// the pager's threads alive until the last one is closed.
+    fn close(&self) {
+        lock(&self.pager).take();
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close();
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<upager.Pager budget={} folio={}{}>",
+            upager::format_size(self.budget),
+            upager::format_size(self.folio),
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Region
+// ---------------------------------------------------------------------------
+
+/// A mapped region: `len(region)` bytes that fault in on first touch.
+///
+/// Supports the buffer protocol (`numpy.frombuffer(region, dtype)`,
+/// `memoryview(region)`), writable for "r+" and anonymous regions.
+/// close() refuses with BufferError while arrays or memoryviews over the
+/// region exist; delete them (or let them go) first.
+#[pyclass(module = "upager", name = "Region", frozen)]
+struct PyRegion {
+    region: Mutex<Option<Arc<Region>>>,
+    /// Live buffer exports (numpy arrays, memoryviews).
+    exports: AtomicUsize,
+    len: u64,
+    folio: u64,
+    writable: bool,
+    kind: String,
+}
+
+impl PyRegion {
+    fn new(region: Region, kind: String) -> PyRegion {
+        PyRegion {
+            len: region.len() as u64,
+            folio: region.folio_size(),
+            writable: region.is_writable(),
+            region: Mutex::new(Some(Arc::new(region))),
+            exports: AtomicUsize::new(0),
+            kind,
+        }
+    }
+    fn get(&self) -> PyResult<Arc<Region>> {
+        lock(&self.region)
+            .clone()
+            .ok_or_else(|| PyValueError::new_err("the region is closed"))
+    }
+    /// `(offset, length)` with the length defaulting to the rest.
+    fn span(&self, offset: u64, length: Option<u64>) -> PyResult<(u64, u64)> {
+        let len = match length {
+            Some(l) => l,
+            None => self.len.checked_sub(offset).ok_or_else(|| {
+                PyValueError::new_err(format!("offset {offset} is beyond the region's {} bytes", self.len))
+            })?,
+        };
+        Ok((offset, len))
+    }
+}
+
+fn residency_name(s: Residency) -> &'static str {
+    match s {
+        Residency::ResidentClean => "resident_clean",
+        Residency::ResidentDirty => "resident_dirty",
+        Residency::Evicted => "evicted",
+        Residency::NeverTouched => "never_touched",
+        _ => "busy",
+    }
+}
+
+#[pymethods]
+impl PyRegion {
+    fn __len__(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Length in bytes.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.len
+    }
+
+    /// Folio size in bytes.
+    #[getter]
+    fn folio(&self) -> u64 {
+        self.folio
+    }
+
+    /// True for "r+" and anonymous regions.
+    #[getter]
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// True after close().
+    #[getter]
+    fn closed(&self) -> bool {
+        lock(&self.region).is_none()
+    }
+
+    /// Address of the first byte (for ctypes/cffi users).
+    #[getter]
+    fn address(&self) -> PyResult<usize> {
+        Ok(self.get()?.as_ptr() as usize)
+    }
+
+    /// Number of live buffer exports (arrays, memoryviews) over the region.
+    #[getter]
+    fn exports(&self) -> usize {
+        self.exports.load(Ordering::SeqCst)
+    }
+
+    /// Writes dirty data back and makes the file durable (fdatasync): when
+    /// this returns, the file holds every write made before the call.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let r = self.get()?;
+        py.allow_threads(move || {
+            let res = r.flush();
+            drop(r);
+            res
+        })
+        .map_err(flush_err)
+    }
+
+    /// Flushes and unmaps, releasing all memory. Idempotent. Raises
+    /// BufferError (and leaves the region open) while numpy arrays or
+    /// memoryviews over it exist; OSError if writing back fails (the region
+    /// stays open: fix the cause and close again).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let mut r = {
+            let mut g = lock(&self.region);
+            let n = self.exports.load(Ordering::SeqCst);
+            if n > 0 && g.is_some() {
+                return Err(PyBufferError::new_err(format!(
+                    "cannot close the region: {n} buffer export(s) (numpy arrays or memoryviews) still use it; delete them first"
+                )));
+            }
+            match g.take() {
+                Some(r) => r,
+                None => return Ok(()),
+            }
+        };
+        // A flush or advice call on another thread may hold the region for
+        // a moment: wait for it, without the GIL.
+        let res = py.allow_threads(move || loop {
+            match Arc::try_unwrap(r) {
+                Ok(region) => break region.unmap().map_err(|(e, region)| (e, Arc::new(region))),
+                Err(again) => {
+                    r = again;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        });
+        match res {
+            Ok(()) => Ok(()),
+            Err((e, region)) => {
+                *lock(&self.region) = Some(region);
+                Err(unmap_err(e))
+            }
+        }
+    }
+
+    /// Counters of the region's pager (dict).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, &self.get()?.pager_stats())
+    }
+
+    /// Runs of equal residency over [offset, offset+length) as a list of
+    /// (start, end, state) with state one of "resident_clean",
+    /// "resident_dirty", "evicted", "never_touched", "busy". No I/O.
+    #[pyo3(signature = (offset=0, length=None))]
+    fn residency(&self, offset: u64, length: Option<u64>) -> PyResult<Vec<(u64, u64, &'static str)>> {
+        let (o, l) = self.span(offset, length)?;
+        let runs = self.get()?.residency(o, l).map_err(range_err)?;
+        Ok(runs
+            .into_iter()
+            .map(|(r, s)| (r.start, r.end, residency_name(s)))
+            .collect())
+    }
+
+    /// mincore(2)-shaped residency: bytes, one per 4 KiB page, 1 = resident.
+    #[pyo3(signature = (offset=0, length=None))]
+    fn mincore<'py>(&self, py: Python<'py>, offset: u64, length: Option<u64>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let (o, l) = self.span(offset, length)?;
+        let v = self.get()?.mincore(o, l).map_err(range_err)?;
+        Ok(pyo3::types::PyBytes::new(py, &v))
+    }
+
+    /// Writes back and evicts the range now (like MADV_PAGEOUT); returns the
+    /// number of folios evicted.
+    #[pyo3(signature = (offset=0, length=None))]
+    fn pageout(&self, py: Python<'_>, offset: u64, length: Option<u64>) -> PyResult<u64> {
+        let (o, l) = self.span(offset, length)?;
+        let r = self.get()?;
+        py.allow_threads(move || r.pageout(o, l)).map_err(advise_err)
+    }
+
+    /// Starts filling the range in the background (like MADV_WILLNEED);
+    /// with wait=True, returns when the prefetch has finished.
+    #[pyo3(signature = (offset=0, length=None, *, wait=false))]
+    fn prefetch(&self, py: Python<'_>, offset: u64, length: Option<u64>, wait: bool) -> PyResult<()> {
+        let (o, l) = self.span(offset, length)?;
+        let r = self.get()?;
+        r.prefetch(o, l).map_err(range_err)?;
+        if wait {
+            let done = py.allow_threads(move || r.wait_prefetch(Duration::from_secs(60)));
+            if !done {
+                return Err(PyOSError::new_err((110, "prefetch still running after 60 s")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the range's contents (like MADV_DONTNEED): anonymous memory
+    /// reads as zero again; a file range is read from the file again.
+    /// Writes not yet flushed or evicted in the range are lost.
+    #[pyo3(signature = (offset=0, length=None))]
+    fn discard(&self, py: Python<'_>, offset: u64, length: Option<u64>) -> PyResult<()> {
+        let (o, l) = self.span(offset, length)?;
+        let r = self.get()?;
+        py.allow_threads(move || r.discard(o, l)).map_err(advise_err)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<upager.Region {} {} folio={}{}>",
+            self.kind,
+            upager::format_size(self.len),
+            upager::format_size(self.folio),
+            if self.closed() { " closed" } else { "" }
+        )
+    }
+
+    /// Buffer protocol: exports the region's memory, one-dimensional
+    /// unsigned bytes, read-only unless the region is writable.
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        let this = slf.get();
+        let g = lock(&this.region);
+        let Some(r) = g.as_ref() else {
+            return Err(PyValueError::new_err("the region is closed"));
+        };
+        if flags & ffi::PyBUF_WRITABLE != 0 && !r.is_writable() {
+            return Err(PyBufferError::new_err(
+                "the region is read-only (mapped with mode=\"r\"); map it with mode=\"r+\" to write",
+            ));
+        }
+        let len = isize::try_from(r.len()).map_err(|_| PyBufferError::new_err("region too large"))?;
+        // SAFETY: `view` is the Py_buffer CPython passed to bf_getbuffer,
+        // valid for writes; `slf` is a live object (FillInfo takes a new
+        // reference to it in view->obj, released by PyBuffer_Release).
+        // The memory is the region's mapping of `len` bytes, which stays
+        // mapped while exports > 0: close() refuses until
+        // __releasebuffer__ has brought the count back to 0, and the region
+        // is never unmapped elsewhere while this object holds it.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                r.as_ptr().cast(),
+                len,
+                c_int::from(!r.is_writable()),
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        this.exports.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Parses a size string ("64KiB", "8M", "1.5G") or int into bytes.
+#[pyfunction]
+fn parse_size(v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    size_arg(v, "size")
+}
+
+/// The module.
+#[pymodule]
+fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPager>()?;
+    m.add_class::<PyRegion>()?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
+    m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION").into_py_any(m.py())?)?;
+    Ok(())
+}
