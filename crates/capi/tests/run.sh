@@ -26,6 +26,7 @@ build native_rw_static "$SRC/native_rw.c" $(pkg-config --cflags upager) \
     $(pkg-config --static --libs-only-l upager | sed 's/-lupager//')
 # UMap programs: only the include path and -lumap change.
 build umap_rw "$SRC/umap_rw.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
+build umap_atexit "$SRC/umap_atexit.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build errors "$SRC/errors.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lupager $RPATH
 
 # -lumap records the soname of the one library.
@@ -44,5 +45,7 @@ run env UMAP_BUFSIZE=2048 UMAP_PAGE_FILLERS=2 "$OUT/umap_rw" 64 4
 run env UMAP_PAGESIZE=65536 UMAP_BUFSIZE=128 UMAP_READ_AHEAD=4 "$OUT/umap_rw" 64 4
 # A buffer of 4 pages (16 KiB), which crashes UMap: still correct, in budget.
 run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
+# Whole file in the buffer (nothing evicted): only the atexit flush saves it.
+run env UMAP_BUFSIZE=4096 "$OUT/umap_atexit"
 run env UMAP_BUFSIZE=256 "$OUT/errors"
 echo "C tests passed"

@@ -66,6 +66,10 @@
  *     hint `addr` without UMAP_FIXED is ignored, as UMap's mmap would).
  *   - umap_fetch_and_pin() fetches but does not pin (see below).
  *
+ * fork(): regions are not inherited by children, and a child of a process
+ * that has called umap() cannot use umap() (the pager's threads stay in
+ * the parent); fork before the first umap() call, or exec.
+ *
  * Requirements: Linux 6.16 or later and access to /dev/userfaultfd (root,
  * or the device's permissions); see <upager.h>.
  */
