@@ -111,7 +111,7 @@ pub fn check_record(salt: u64, idx: u64, w: &[u64]) -> Result<u64, String> {
         return Ok(0);
     }
     let version = w[0] / 2;
-    if w[0] % 2 != 0 || w != record_words(salt, idx, version) {
+    if !w[0].is_multiple_of(2) || w != record_words(salt, idx, version) {
         return Err(format!(
             "record {idx} (salt {salt}) is corrupt: {w:016x?}, expected {:016x?}",
             record_words(salt, idx, version)
@@ -247,7 +247,12 @@ impl FlakyStore {
 
     fn maybe_delay(&self) {
         if self.roll(&self.delay_ppm) {
-            let us = 200 + self.rng.lock().unwrap_or_else(|e| e.into_inner()).below(1800);
+            let us = 200
+                + self
+                    .rng
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .below(1800);
             std::thread::sleep(Duration::from_micros(us));
             self.injected.fetch_add(1, Relaxed);
             self.injected_delays.fetch_add(1, Relaxed);
@@ -443,6 +448,14 @@ pub struct Summary {
     pub syscall_efaults: u64,
     /// write(2) calls from the flaky region whose data was checked.
     pub syscall_ok: u64,
+    /// pageout() calls that succeeded / reported an (injected) write error.
+    pub pageouts_ok: u64,
+    /// See `pageouts_ok`.
+    pub pageout_errors: u64,
+    /// prefetch() + residency() checks.
+    pub prefetches: u64,
+    /// discard() calls in the churn regions (then verified).
+    pub discards: u64,
     /// Budget.
     pub budget: u64,
     /// One eviction batch in bytes (the allowed overshoot).
@@ -483,8 +496,8 @@ impl std::fmt::Display for Summary {
         )?;
         writeln!(
             f,
-            "flushes            {} ok, {} reported an injected error",
-            self.flushes_ok, self.flush_errors
+            "flushes            {} ok, {} reported an injected error; pageouts {} ok, {} write errors; {} prefetch+residency; {} discards",
+            self.flushes_ok, self.flush_errors, self.pageouts_ok, self.pageout_errors, self.prefetches, self.discards
         )?;
         writeln!(
             f,
@@ -550,6 +563,10 @@ struct World {
     churn_cycles: AtomicU64,
     syscall_ok: AtomicU64,
     syscall_efaults: AtomicU64,
+    pageouts_ok: AtomicU64,
+    pageout_errors: AtomicU64,
+    prefetches: AtomicU64,
+    discards: AtomicU64,
 }
 
 impl World {
@@ -674,6 +691,10 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
         churn_cycles: AtomicU64::new(0),
         syscall_ok: AtomicU64::new(0),
         syscall_efaults: AtomicU64::new(0),
+        pageouts_ok: AtomicU64::new(0),
+        pageout_errors: AtomicU64::new(0),
+        prefetches: AtomicU64::new(0),
+        discards: AtomicU64::new(0),
     });
     for s in &world.shared {
         world.sampler.add(&s.region);
@@ -740,7 +761,12 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
         w.stop.store(true, SeqCst);
     });
     let elapsed = start.elapsed();
-    if let Some(f) = world.failure.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    if let Some(f) = world
+        .failure
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
         return Err(f);
     }
     let (faults_injected, wr, rd, dl) = injected(&world, &sys_store);
@@ -768,11 +794,11 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
                 // error is sticky until one flush reports it, like fsync's);
                 // the data itself stayed dirty. The next flush must succeed.
                 if s.region.flush().is_err() {
-                    s.region.flush().map_err(|e| err("second final flush", &e))?;
+                    s.region
+                        .flush()
+                        .map_err(|e| err("second final flush", &e))?;
                 }
-                s.region
-                    .unmap()
-                    .map_err(|(e, _)| err("final unmap", &e))?;
+                s.region.unmap().map_err(|(e, _)| err("final unmap", &e))?;
                 let data = std::fs::read(path).map_err(|e| err("read back", &e))?;
                 for i in 0..s.records {
                     let w: Vec<u64> = data[(i * RECORD) as usize..][..RECORD as usize]
@@ -813,11 +839,17 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
         .unwrap_or_default();
     if !leftovers.is_empty() {
-        return Err(format!("files left behind in {}: {leftovers:?}", cfg.dir.display()));
+        return Err(format!(
+            "files left behind in {}: {leftovers:?}",
+            cfg.dir.display()
+        ));
     }
     let end = world.pager.stats();
     if end.resident_bytes != 0 {
-        return Err(format!("{} bytes still resident after unmapping everything", end.resident_bytes));
+        return Err(format!(
+            "{} bytes still resident after unmapping everything",
+            end.resident_bytes
+        ));
     }
     Ok(Summary {
         elapsed,
@@ -835,6 +867,10 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
         churn_cycles: world.churn_cycles.load(Relaxed),
         syscall_efaults: world.syscall_efaults.load(Relaxed),
         syscall_ok: world.syscall_ok.load(Relaxed),
+        pageouts_ok: world.pageouts_ok.load(Relaxed),
+        pageout_errors: world.pageout_errors.load(Relaxed),
+        prefetches: world.prefetches.load(Relaxed),
+        discards: world.discards.load(Relaxed),
         budget: cfg.budget,
         batch_bytes,
         max_mapped: world.sampler.max_mapped.load(Relaxed),
@@ -846,7 +882,11 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
 }
 
 fn injected(w: &World, sys: &FlakyStore) -> (u64, u64, u64, u64) {
-    let stores = w.shared.iter().filter_map(|s| s.store.as_deref()).chain([sys]);
+    let stores = w
+        .shared
+        .iter()
+        .filter_map(|s| s.store.as_deref())
+        .chain([sys]);
     let mut t = (0, 0, 0, 0);
     for s in stores {
         t.0 += s.injected.load(Relaxed);
@@ -858,7 +898,7 @@ fn injected(w: &World, sys: &FlakyStore) -> (u64, u64, u64, u64) {
 }
 
 fn worker(w: &World, t: usize) {
-    let mut rng = Rng::new(w.cfg.seed ^ (t as u64 + 1) * 0x1000_0001);
+    let mut rng = Rng::new(w.cfg.seed ^ ((t as u64 + 1) * 0x1000_0001));
     let n = w.cfg.workers as u64;
     let mut writes = 0;
     let mut reads = 0;
@@ -868,7 +908,11 @@ fn worker(w: &World, t: usize) {
             let s = &w.shared[rng.below(w.shared.len() as u64) as usize];
             let mine = |i: u64| i - i % n + t as u64;
             // A hot quarter gets half the accesses, so reclaim sees reuse.
-            let span = if rng.chance(500_000) { s.records / 4 } else { s.records };
+            let span = if rng.chance(500_000) {
+                s.records / 4
+            } else {
+                s.records
+            };
             let mut i = mine(rng.below(span));
             if i >= s.records {
                 i -= n;
@@ -921,17 +965,71 @@ fn worker(w: &World, t: usize) {
     }
 }
 
+/// Flushes, and pages out / prefetches random ranges of the shared regions
+/// (issue 4's explicit residency control) while the workers run.
 fn flusher(w: &World) {
     let mut rng = Rng::new(w.cfg.seed ^ 0xF1);
     while !w.stopped() {
-        std::thread::sleep(Duration::from_millis(10 + rng.below(60)));
-        let files: Vec<&Shared> = w.shared.iter().filter(|s| s.path.is_some()).collect();
-        let s = files[rng.below(files.len() as u64) as usize];
-        match s.region.flush() {
-            Ok(()) => w.flushes_ok.fetch_add(1, Relaxed),
-            Err(_) => w.flush_errors.fetch_add(1, Relaxed),
+        std::thread::sleep(Duration::from_millis(5 + rng.below(30)));
+        let s = &w.shared[rng.below(w.shared.len() as u64) as usize];
+        match rng.below(3) {
+            0 if s.path.is_some() => {
+                match s.region.flush() {
+                    Ok(()) => w.flushes_ok.fetch_add(1, Relaxed),
+                    Err(_) => w.flush_errors.fetch_add(1, Relaxed),
+                };
+            }
+            1 => {
+                let (off, len) = folio_range(&mut rng, &s.region);
+                match s.region.pageout(off, len) {
+                    Ok(_) => w.pageouts_ok.fetch_add(1, Relaxed),
+                    Err(upager::AdviseError::Writeback(_)) => {
+                        w.pageout_errors.fetch_add(1, Relaxed)
+                    }
+                    Err(e) => return w.fail(format!("pageout {off}+{len}: {e}")),
+                };
+            }
+            _ => {
+                let (off, len) = folio_range(&mut rng, &s.region);
+                if let Err(e) = s.region.prefetch(off, len) {
+                    return w.fail(format!("prefetch {off}+{len}: {e}"));
+                }
+                // Residency answers from the folio states: never more
+                // resident than the budget.
+                match s.region.residency(0, s.region.len() as u64) {
+                    Ok(runs) => {
+                        let resident: u64 = runs
+                            .iter()
+                            .filter(|(_, st)| {
+                                matches!(
+                                    st,
+                                    upager::Residency::ResidentClean
+                                        | upager::Residency::ResidentDirty
+                                )
+                            })
+                            .map(|(r, _)| r.end - r.start)
+                            .sum();
+                        if resident > w.cfg.budget + s.region.folio_size() {
+                            return w
+                                .fail(format!("residency() reports {resident} bytes resident"));
+                        }
+                    }
+                    Err(e) => return w.fail(format!("residency: {e}")),
+                }
+                w.prefetches.fetch_add(1, Relaxed);
+            }
         };
     }
+}
+
+/// A random whole-folio range of `r` (up to 64 folios).
+fn folio_range(rng: &mut Rng, r: &Region) -> (u64, u64) {
+    let f = r.folio_size();
+    let nf = (r.len() as u64).div_ceil(f);
+    let a = rng.below(nf);
+    let end = (a + 1 + rng.below(64)).min(nf);
+    let off = a * f;
+    ((off), (end * f).min(r.len() as u64) - off)
 }
 
 fn churn(w: &World) {
@@ -948,7 +1046,10 @@ fn churn(w: &World) {
     while !w.stopped() {
         cycle += 1;
         let folio = 4096u64 << rng.below(6); // 4 KiB .. 128 KiB
-        let r = match w.pager.map_file(&path, &MapOptions::new().writable(true).folio(folio)) {
+        let r = match w
+            .pager
+            .map_file(&path, &MapOptions::new().writable(true).folio(folio))
+        {
             Ok(r) => r,
             Err(e) => return w.fail(format!("churn map: {e}")),
         };
@@ -959,9 +1060,9 @@ fn churn(w: &World) {
                 Ok(v) if v == u64::from(versions[i as usize]) => {}
                 Ok(v) => {
                     return w.fail(format!(
-                        "churn cycle {cycle}: record {i} has version {v}, last written {} before unmap",
-                        versions[i as usize]
-                    ))
+                    "churn cycle {cycle}: record {i} has version {v}, last written {} before unmap",
+                    versions[i as usize]
+                ))
                 }
                 Err(e) => return w.fail(format!("churn cycle {cycle}: {e}")),
             }
@@ -975,6 +1076,23 @@ fn churn(w: &World) {
         if rng.chance(300_000) {
             if let Err(e) = r.flush() {
                 return w.fail(format!("churn flush: {e}"));
+            }
+            // Flushed: a discard drops only memory, the file reads back.
+            let (off, dlen) = folio_range(&mut rng, &r);
+            if let Err(e) = r.discard(off, dlen) {
+                return w.fail(format!("churn discard: {e}"));
+            }
+            w.discards.fetch_add(1, Relaxed);
+            for i in off / RECORD..(off + dlen) / RECORD {
+                match check_record(salt, i, &read_record(&r, i)) {
+                    Ok(v) if v == u64::from(versions[i as usize]) => {}
+                    other => {
+                        return w.fail(format!(
+                            "churn cycle {cycle}: record {i} after flush + discard: {other:?}, want version {}",
+                            versions[i as usize]
+                        ))
+                    }
+                }
             }
         }
         w.sampler.remove(&r);
@@ -997,11 +1115,28 @@ fn churn(w: &World) {
             a.words()[k].store(mix(k as u64 ^ cycle), Relaxed);
         }
         for k in (0..a.len() / 8).step_by(step / 2) {
-            let want = if k % step == 0 { mix(k as u64 ^ cycle) } else { 0 };
+            let want = if k % step == 0 {
+                mix(k as u64 ^ cycle)
+            } else {
+                0
+            };
             let got = a.words()[k].load(Relaxed);
             if got != want {
                 return w.fail(format!(
                     "churn anonymous cycle {cycle}: word {k} = {got:#x}, want {want:#x}"
+                ));
+            }
+        }
+        let (off, dlen) = folio_range(&mut rng, &a);
+        if let Err(e) = a.discard(off, dlen) {
+            return w.fail(format!("churn discard anonymous: {e}"));
+        }
+        w.discards.fetch_add(1, Relaxed);
+        for k in (off / 8..(off + dlen) / 8).step_by(97) {
+            let got = a.words()[k as usize].load(Relaxed);
+            if got != 0 {
+                return w.fail(format!(
+                    "churn anonymous cycle {cycle}: word {k} = {got:#x} after discard"
                 ));
             }
         }
