@@ -5,7 +5,8 @@
 //! cargo run --release -p upager-stress -- --duration 30s
 //! cargo run --release -p upager-stress -- --duration 4h --progress 60s
 //! ```
-//! Exit status 0: every invariant held; 1: a violation (printed); 2: usage.
+//! Exit status 0: every invariant held; 1: a violation (printed); 2: usage;
+//! 3: no result 5 minutes after the duration (a hang).
 
 mod workload;
 
@@ -90,6 +91,14 @@ fn main() {
         if cfg.inject { "injected" } else { "not injected" },
         cfg.dir.display()
     );
+    // Every wait is bounded: a run that has not finished 5 minutes after its
+    // duration is reported as a hang.
+    let deadline = cfg.duration + std::time::Duration::from_secs(300);
+    std::thread::spawn(move || {
+        std::thread::sleep(deadline);
+        println!("upager-stress: FAIL: no result {deadline:?} after the start (a hang)");
+        std::process::exit(3);
+    });
     match workload::run(cfg) {
         Ok(summary) => {
             println!("upager-stress: PASS\n{summary}");
