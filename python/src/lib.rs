@@ -68,9 +68,10 @@ fn pager_err(e: PagerError) -> PyErr {
         }
         PagerError::NoUserfaultfd { .. } => os_error(1, msg), // EPERM -> PermissionError
         PagerError::MissingFeature(_) => os_error(38, msg),   // ENOSYS
-        PagerError::Api(s) | PagerError::Pidfd(s) | PagerError::Spawn(s) | PagerError::EventFd(s) => {
-            os_error(io_errno(s), msg)
-        }
+        PagerError::Api(s)
+        | PagerError::Pidfd(s)
+        | PagerError::Spawn(s)
+        | PagerError::EventFd(s) => os_error(io_errno(s), msg),
         _ => os_error(5, msg),
     }
 }
@@ -84,7 +85,9 @@ fn map_err(e: MapError) -> PyErr {
         | MapError::OffsetNotAligned { .. }
         | MapError::BeyondEnd { .. } => PyValueError::new_err(msg),
         MapError::NotFound { .. } => os_error(2, msg), // FileNotFoundError
-        MapError::PermissionDenied { .. } | MapError::ReadOnlyFile { .. } | MapError::StoreReadOnly => {
+        MapError::PermissionDenied { .. }
+        | MapError::ReadOnlyFile { .. }
+        | MapError::StoreReadOnly => {
             os_error(13, msg) // PermissionError
         }
         MapError::Open { source, .. } | MapError::SwapFile { source, .. } => {
@@ -107,7 +110,9 @@ fn flush_err(e: FlushError) -> PyErr {
 fn unmap_err(e: UnmapError) -> PyErr {
     let msg = chain(&e);
     match &e {
-        UnmapError::Flush(FlushError::Writeback(s) | FlushError::Sync(s)) => os_error(io_errno(s), msg),
+        UnmapError::Flush(FlushError::Writeback(s) | FlushError::Sync(s)) => {
+            os_error(io_errno(s), msg)
+        }
         _ => os_error(5, msg),
     }
 }
@@ -133,7 +138,9 @@ fn advise_err(e: AdviseError) -> PyErr {
 /// A size given as an int (bytes) or a string like "64KiB", "8M", "1.5G".
 fn size_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if v.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyTypeError::new_err(format!("{what} must be an int or a size string like \"64KiB\", not bool")));
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int or a size string like \"64KiB\", not bool"
+        )));
     }
     if let Ok(s) = v.downcast::<PyString>() {
         let s = s.to_str()?;
@@ -141,7 +148,9 @@ fn size_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     }
     match v.extract::<i128>() {
         Ok(n) if n >= 0 && n <= i128::from(u64::MAX) => Ok(n as u64),
-        Ok(n) => Err(PyValueError::new_err(format!("{what} must be at least 0, got {n}"))),
+        Ok(n) => Err(PyValueError::new_err(format!(
+            "{what} must be at least 0, got {n}"
+        ))),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{what} must be an int or a size string like \"64KiB\", got {}",
             v.get_type().name()?
@@ -285,7 +294,12 @@ impl PyPager {
     /// Maps `size` bytes of anonymous memory: zero-filled, writable, swapped
     /// to a private swap file when evicted.
     #[pyo3(signature = (size, *, folio=None))]
-    fn anonymous(&self, py: Python<'_>, size: &Bound<'_, PyAny>, folio: Option<&Bound<'_, PyAny>>) -> PyResult<PyRegion> {
+    fn anonymous(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        folio: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyRegion> {
         let size = size_arg(size, "size")?;
         let opts = self.opts(folio)?;
         let pager = self.get()?;
@@ -387,7 +401,10 @@ impl PyRegion {
         let len = match length {
             Some(l) => l,
             None => self.len.checked_sub(offset).ok_or_else(|| {
-                PyValueError::new_err(format!("offset {offset} is beyond the region's {} bytes", self.len))
+                PyValueError::new_err(format!(
+                    "offset {offset} is beyond the region's {} bytes",
+                    self.len
+                ))
             })?,
         };
         Ok((offset, len))
@@ -505,7 +522,11 @@ impl PyRegion {
     /// (start, end, state) with state one of "resident_clean",
     /// "resident_dirty", "evicted", "never_touched", "busy". No I/O.
     #[pyo3(signature = (offset=0, length=None))]
-    fn residency(&self, offset: u64, length: Option<u64>) -> PyResult<Vec<(u64, u64, &'static str)>> {
+    fn residency(
+        &self,
+        offset: u64,
+        length: Option<u64>,
+    ) -> PyResult<Vec<(u64, u64, &'static str)>> {
         let (o, l) = self.span(offset, length)?;
         let runs = self.get()?.residency(o, l).map_err(range_err)?;
         Ok(runs
@@ -516,7 +537,12 @@ impl PyRegion {
 
     /// mincore(2)-shaped residency: bytes, one per 4 KiB page, 1 = resident.
     #[pyo3(signature = (offset=0, length=None))]
-    fn mincore<'py>(&self, py: Python<'py>, offset: u64, length: Option<u64>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    fn mincore<'py>(
+        &self,
+        py: Python<'py>,
+        offset: u64,
+        length: Option<u64>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let (o, l) = self.span(offset, length)?;
         let v = self.get()?.mincore(o, l).map_err(range_err)?;
         Ok(pyo3::types::PyBytes::new(py, &v))
@@ -528,20 +554,30 @@ impl PyRegion {
     fn pageout(&self, py: Python<'_>, offset: u64, length: Option<u64>) -> PyResult<u64> {
         let (o, l) = self.span(offset, length)?;
         let r = self.get()?;
-        py.allow_threads(move || r.pageout(o, l)).map_err(advise_err)
+        py.allow_threads(move || r.pageout(o, l))
+            .map_err(advise_err)
     }
 
     /// Starts filling the range in the background (like MADV_WILLNEED);
     /// with wait=True, returns when the prefetch has finished.
     #[pyo3(signature = (offset=0, length=None, *, wait=false))]
-    fn prefetch(&self, py: Python<'_>, offset: u64, length: Option<u64>, wait: bool) -> PyResult<()> {
+    fn prefetch(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        length: Option<u64>,
+        wait: bool,
+    ) -> PyResult<()> {
         let (o, l) = self.span(offset, length)?;
         let r = self.get()?;
         r.prefetch(o, l).map_err(range_err)?;
         if wait {
             let done = py.allow_threads(move || r.wait_prefetch(Duration::from_secs(60)));
             if !done {
-                return Err(PyOSError::new_err((110, "prefetch still running after 60 s")));
+                return Err(PyOSError::new_err((
+                    110,
+                    "prefetch still running after 60 s",
+                )));
             }
         }
         Ok(())
@@ -554,7 +590,8 @@ impl PyRegion {
     fn discard(&self, py: Python<'_>, offset: u64, length: Option<u64>) -> PyResult<()> {
         let (o, l) = self.span(offset, length)?;
         let r = self.get()?;
-        py.allow_threads(move || r.discard(o, l)).map_err(advise_err)
+        py.allow_threads(move || r.discard(o, l))
+            .map_err(advise_err)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -579,7 +616,11 @@ impl PyRegion {
 
     /// Buffer protocol: exports the region's memory, one-dimensional
     /// unsigned bytes, read-only unless the region is writable.
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
         let this = slf.get();
         let g = lock(&this.region);
         let Some(r) = g.as_ref() else {
@@ -590,7 +631,8 @@ impl PyRegion {
                 "the region is read-only (mapped with mode=\"r\"); map it with mode=\"r+\" to write",
             ));
         }
-        let len = isize::try_from(r.len()).map_err(|_| PyBufferError::new_err("region too large"))?;
+        let len =
+            isize::try_from(r.len()).map_err(|_| PyBufferError::new_err("region too large"))?;
         // SAFETY: `view` is the Py_buffer CPython passed to bf_getbuffer,
         // valid for writes; `slf` is a live object (FillInfo takes a new
         // reference to it in view->obj, released by PyBuffer_Release).
@@ -634,6 +676,9 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
     m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;
-    m.add("__version__", env!("CARGO_PKG_VERSION").into_py_any(m.py())?)?;
+    m.add(
+        "__version__",
+        env!("CARGO_PKG_VERSION").into_py_any(m.py())?,
+    )?;
     Ok(())
 }
