@@ -53,6 +53,19 @@ pub fn pread_into(
     Ok(cvt(r as libc::c_long)? as usize)
 }
 
+/// Whether an open file descriptor allows reading and writing
+/// (`fcntl(F_GETFL)` access mode).
+pub fn access_mode(fd: impl AsFd) -> io::Result<(bool, bool)> {
+    // SAFETY: F_GETFL takes no argument and returns the status flags or -1.
+    let flags = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), libc::F_GETFL) };
+    let flags = cvt(flags.into())? as i32;
+    Ok(match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => (true, false),
+        libc::O_WRONLY => (false, true),
+        _ => (true, true),
+    })
+}
+
 /// Frees the blocks of `[offset, offset+len)` of a file (the size is kept):
 /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`.
 pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {

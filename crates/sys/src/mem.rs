@@ -288,22 +288,41 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
-/// A table of `n` atomic words, all zero, allocated with `calloc`-like zeroed
-/// memory so a huge, sparsely used table costs only the pages touched.
-pub fn zeroed_atomic_table(n: usize) -> Box<[AtomicU64]> {
-    if n == 0 {
-        return Box::new([]);
+/// A table of atomic words, all zero at first, backed by anonymous
+/// `MAP_NORESERVE` memory: a huge, sparsely used table costs only the pages
+/// touched, and asking for more address space than exists is an error
+/// (ENOMEM), not an abort.
+#[derive(Debug)]
+pub struct AtomicTable {
+    map: Option<Mapping>,
+    n: usize,
+}
+
+impl AtomicTable {
+    /// A table of `n` zero words.
+    pub fn zeroed(n: usize) -> io::Result<AtomicTable> {
+        if n == 0 {
+            return Ok(AtomicTable { map: None, n });
+        }
+        let bytes = n
+            .checked_mul(8)
+            .and_then(|b| b.checked_next_multiple_of(PAGE_SIZE))
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        Ok(AtomicTable {
+            map: Some(Mapping::anonymous(bytes, PAGE_SIZE, true)?),
+            n,
+        })
     }
-    let layout = Layout::array::<AtomicU64>(n).expect("table size overflows");
-    // SAFETY: non-zero size layout.
-    let ptr = unsafe { alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
-    if ptr.is_null() {
-        alloc::handle_alloc_error(layout);
+}
+
+impl std::ops::Deref for AtomicTable {
+    type Target = [AtomicU64];
+    fn deref(&self) -> &[AtomicU64] {
+        match &self.map {
+            Some(m) => &m.atomic_words()[..self.n],
+            None => &[],
+        }
     }
-    // SAFETY: the allocation holds n AtomicU64 (same layout as u64, zero is a
-    // valid value) and was made with the global allocator and Layout::array,
-    // which is what Box<[T]> frees with.
-    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)) }
 }
 
 #[cfg(test)]
@@ -328,7 +347,9 @@ mod tests {
 
     #[test]
     fn zeroed_table_and_buffer() {
-        let t = zeroed_atomic_table(1000);
+        let t = AtomicTable::zeroed(1000).unwrap();
+        assert_eq!(t.len(), 1000);
+        assert!(AtomicTable::zeroed(usize::MAX / 4).is_err());
         assert!(t
             .iter()
             .all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));

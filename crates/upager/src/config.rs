@@ -6,6 +6,9 @@ use std::path::PathBuf;
 pub const MIN_FOLIO: u64 = 4096;
 /// Largest folio: one PMD.
 pub const MAX_FOLIO: u64 = 2 << 20;
+/// Largest readahead a pager accepts (each handler thread keeps a fill
+/// buffer this large).
+pub const MAX_READAHEAD: u64 = 64 << 20;
 /// Default folio size.
 pub const DEFAULT_FOLIO: u64 = 64 << 10;
 /// Bytes an eviction batch covers by default: 4 MiB = 1024 base pages, so one
@@ -93,7 +96,8 @@ impl PagerBuilder {
         self
     }
     /// Largest readahead on sequential faults, in bytes (the window doubles
-    /// from two folios up to this). Default 2 MiB; 0 disables readahead.
+    /// from two folios up to this). Default 2 MiB; 0 disables readahead; at
+    /// most 64 MiB.
     pub fn readahead(mut self, bytes: u64) -> Self {
         self.readahead = bytes;
         self

@@ -27,6 +27,8 @@ pub enum PagerError {
     HandlerThreads(usize),
     /// the eviction batch must be 1 to 1024 folios, got {0}
     Batch(usize),
+    /// readahead {0} bytes is more than the 64 MiB upager allows (each fault handler keeps a buffer of that size)
+    Readahead(u64),
     /// could not start a pager thread: {0}
     Spawn(#[source] io::Error),
     /// could not create an eventfd: {0}

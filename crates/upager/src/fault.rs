@@ -229,6 +229,11 @@ impl Shared {
         }
         let extras = self.claim_readahead(r, idx);
         let n = 1 + extras.len();
+        // Before anything can see these folios resident (whole-region walks
+        // visit touched chunks only).
+        for k in 0..n {
+            r.mark_touched(idx + k);
+        }
         let total = n * folio as usize;
         let buf = &mut ctx.buf[..total];
         if self.read_folios(r, idx, old, buf).is_err() {
@@ -361,7 +366,21 @@ impl Shared {
             buf.fill(0); // anonymous, never written: zero
             return Ok(());
         };
-        let got = r.store.read_at(buf, off)?;
+        // Read what the store has for this range; a store may return short
+        // reads, so keep reading, and fail (SIGBUS) if it stops early.
+        let want = (buf.len() as u64).min(r.store.len().saturating_sub(off)) as usize;
+        let mut got = 0;
+        while got < want {
+            match r.store.read_at(&mut buf[got..], off + got as u64)? {
+                0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "store returned fewer bytes than its length promises",
+                    ))
+                }
+                n => got += n,
+            }
+        }
         buf[got..].fill(0);
         self.counters.bytes_read.add(got as u64);
         Ok(())

@@ -361,9 +361,8 @@ impl Region {
 pub(crate) fn count_markers<'a>(regions: impl Iterator<Item = &'a Arc<RegionInner>>) -> u64 {
     regions
         .map(|r| {
-            r.states
-                .iter()
-                .filter(|w| folio::State(w.load(Ordering::Relaxed)).kind() == Kind::Evicted)
+            r.touched_folios()
+                .filter(|&i| folio::load(r.state(i)).kind() == Kind::Evicted)
                 .count() as u64
         })
         .sum()

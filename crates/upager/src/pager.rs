@@ -155,6 +155,9 @@ impl Pager {
         if !(1..=64).contains(&cfg.handler_threads) {
             return Err(PagerError::HandlerThreads(cfg.handler_threads));
         }
+        if cfg.readahead > crate::config::MAX_READAHEAD {
+            return Err(PagerError::Readahead(cfg.readahead));
+        }
         if let Some(b) = cfg.batch {
             if !(1..=upager_sys::mem::MAX_IOV).contains(&b) {
                 return Err(PagerError::Batch(b));
@@ -270,10 +273,35 @@ impl Pager {
         opts: &MapOptions,
     ) -> Result<Region, MapError> {
         check_folio(opts.folio)?;
-        let store = FileStore::from_file(file, opts.writable).map_err(|source| MapError::Open {
-            path: "<file descriptor>".into(),
-            source,
-        })?;
+        let fd_path = std::path::PathBuf::from("<file descriptor>");
+        let (readable, writable) =
+            upager_sys::io::access_mode(&file).map_err(|source| MapError::Open {
+                path: fd_path.clone(),
+                source,
+            })?;
+        if !readable {
+            return Err(MapError::Open {
+                path: fd_path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "the file was opened write-only; upager must read it",
+                ),
+            });
+        }
+        if opts.writable && !writable {
+            return Err(MapError::ReadOnlyFile {
+                path: fd_path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "the file was opened read-only",
+                ),
+            });
+        }
+        let store = FileStore::from_file(file, opts.writable, self.shared().cfg.direct_io)
+            .map_err(|source| MapError::Open {
+                path: "<file descriptor>".into(),
+                source,
+            })?;
         self.map_store(Arc::new(store), opts)
     }
 
@@ -387,9 +415,24 @@ impl Pager {
         sh.uffd
             .register(map.addr(), map_len, true, writable)
             .map_err(MapError::Register)?;
+        let states =
+            upager_sys::mem::AtomicTable::zeroed((map_len / folio) as usize).map_err(|source| {
+                MapError::Mmap {
+                    len: map_len / folio * 8,
+                    source,
+                }
+            })?;
+        let nfolios = (map_len / folio) as usize;
+        let touched =
+            upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::region::CHUNK * 64))
+                .map_err(|source| MapError::Mmap {
+                    len: map_len / folio / 64,
+                    source,
+                })?;
         let inner = Arc::new(RegionInner {
+            touched,
             id: sh.next_id.fetch_add(1, Ordering::Relaxed),
-            states: upager_sys::mem::zeroed_atomic_table((map_len / folio) as usize),
+            states,
             map,
             len,
             folio,

@@ -329,15 +329,20 @@ impl Shared {
         let mut kept = Vec::with_capacity(victims.len());
         for (k, v) in victims.into_iter().enumerate() {
             if failed[k] {
-                let slot = new_slots[k].or(v.old.slot());
                 if let Some(s) = new_slots[k] {
                     v.region.slots.as_ref().expect("anon").free(&[s], true);
                 }
+                // Resident and dirty again, and back on the LRU if isolation
+                // took it off, so a later batch retries it.
                 let prev = folio::release(v.region.state(v.idx), |s| {
-                    s.with_kind(Kind::Dirty).with_slot(v.old.slot())
+                    s.with_kind(Kind::Dirty)
+                        .with_slot(v.old.slot())
+                        .set(QUEUED, true)
                 });
-                let _ = slot;
                 self.wake_if_waiter(&v.region, v.idx, prev);
+                if !prev.has(QUEUED) {
+                    self.lru_add(&v.region, &[(v.idx, false)]);
+                }
             } else {
                 kept.push((v, new_slots[k]));
             }

@@ -23,7 +23,11 @@ pub(crate) struct RegionInner {
     pub len: u64,
     pub folio: u64,
     pub shift: u32,
-    pub states: Box<[AtomicU64]>,
+    pub states: upager_sys::mem::AtomicTable,
+    /// One bit per chunk of [`CHUNK`] folios: set once any folio of the chunk
+    /// has left NEVER. Whole-region walks (flush, unmap, marker counts) skip
+    /// untouched chunks, so a huge sparse region costs what it uses.
+    pub touched: upager_sys::mem::AtomicTable,
     pub store: Arc<dyn Store>,
     /// Store offset of the region's first byte (file regions).
     pub store_off: u64,
@@ -46,7 +50,32 @@ impl std::fmt::Debug for RegionInner {
     }
 }
 
+/// Folios per bit of [`RegionInner::touched`].
+pub(crate) const CHUNK: usize = 512;
+
 impl RegionInner {
+    /// Records that folio `idx` has left NEVER (call before filling it).
+    pub fn mark_touched(&self, idx: usize) {
+        let (w, bit) = (idx / CHUNK / 64, 1u64 << (idx / CHUNK % 64));
+        if self.touched[w].load(Ordering::Acquire) & bit == 0 {
+            self.touched[w].fetch_or(bit, Ordering::SeqCst);
+        }
+    }
+
+    /// Folio indexes of the chunks that were ever touched.
+    pub fn touched_folios(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.nfolios();
+        self.touched.iter().enumerate().flat_map(move |(w, word)| {
+            let bits = word.load(Ordering::Acquire);
+            (0..64)
+                .filter(move |b| bits & (1 << b) != 0)
+                .flat_map(move |b| {
+                    let start = (w * 64 + b) * CHUNK;
+                    start..(start + CHUNK).min(n)
+                })
+        })
+    }
+
     pub fn base(&self) -> u64 {
         self.map.addr()
     }
@@ -197,7 +226,7 @@ impl Region {
         let batch = sh.batch_folios(r.folio);
         let mut first_err = None;
         let mut victims = Vec::with_capacity(batch);
-        for idx in 0..r.nfolios() {
+        for idx in r.touched_folios() {
             // A BUSY folio may be a dirty one being evicted (its write-back
             // not done yet) or one being made dirty: wait it out, so every
             // write made before this call is on the store when we sync.
@@ -272,8 +301,8 @@ impl Region {
             }
         }
         let mut resident = 0u64;
-        for w in r.states.iter() {
-            if matches!(folio::load(w).kind(), Kind::Clean | Kind::Dirty) {
+        for idx in r.touched_folios() {
+            if matches!(folio::load(r.state(idx)).kind(), Kind::Clean | Kind::Dirty) {
                 resident += r.folio;
             }
         }

@@ -128,12 +128,18 @@ impl FileStore {
         })
     }
 
-    /// Wraps an open file; `writable` must match how it was opened.
-    pub fn from_file(file: File, writable: bool) -> io::Result<FileStore> {
+    /// Wraps an open file; `writable` must match how it was opened;
+    /// `direct` tries an extra O_DIRECT descriptor to the same file.
+    pub fn from_file(file: File, writable: bool, direct: bool) -> io::Result<FileStore> {
         let len = file.metadata()?.len();
+        let direct = if direct {
+            reopen_direct(&file, writable)
+        } else {
+            None
+        };
         Ok(FileStore {
             buffered: file,
-            direct: None,
+            direct,
             len,
             writable,
         })
@@ -222,15 +228,7 @@ impl SwapFile {
         };
         // A second O_DIRECT descriptor on the same unnamed inode.
         let direct = if direct {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc_o_direct())
-                .open(format!(
-                    "/proc/self/fd/{}",
-                    std::os::fd::AsRawFd::as_raw_fd(&file)
-                ))
-                .ok()
+            reopen_direct(&file, true)
         } else {
             None
         };
@@ -240,6 +238,20 @@ impl SwapFile {
     fn pick(&self) -> &File {
         self.direct.as_ref().unwrap_or(&self.file)
     }
+}
+
+/// An O_DIRECT descriptor to the same inode as `file` (through
+/// /proc/self/fd), if the file system allows O_DIRECT.
+fn reopen_direct(file: &File, writable: bool) -> Option<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc_o_direct())
+        .open(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(file)
+        ))
+        .ok()
 }
 
 fn libc_o_tmpfile() -> i32 {
