@@ -10,6 +10,6 @@ status=0
 run() { echo "== $*"; "$@" || status=1; }
 run cargo test --workspace --quiet
 if grep -q '^test-c:' Makefile 2>/dev/null; then run make -s test-c; fi
-if grep -q '^test-python:' Makefile 2>/dev/null; then run make -s test-python; fi
+if grep -q '^test-python:' Makefile 2>/dev/null; then run make -s python && run make -s test-python; fi
 if [ $status -ne 0 ]; then echo "test.sh: FAILED"; else echo "test.sh: all suites passed"; fi
 exit $status
