@@ -421,14 +421,19 @@ fn a_folio_whose_eviction_write_back_failed_stays_evictable() {
     for w in (0..(4 * MIB / 8) as usize).step_by(512) {
         r.words()[w].store(1, Relaxed);
     }
+    // Wait until every one of the 64 folios has failed an eviction
+    // write-back (the reclaimer retries every 50 ms while above its high
+    // watermark), so none is left on the LRU.
     let t0 = Instant::now();
-    while pager.stats().writeback_errors < 16 {
+    while pager.stats().writeback_errors < 64 {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
-            "reclaimer never tried"
+            "reclaimer never tried: {:?}",
+            pager.stats()
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    std::thread::sleep(Duration::from_millis(200));
     store.heal();
     let _ = r.flush();
     r.flush().unwrap();
