@@ -54,6 +54,9 @@ def main(src, dst):
             if n is not None and e != "kernel":
                 ax.annotate(f"{n:.2f}×", (b.get_x() + b.get_width() / 2, b.get_height()),
                             ha="center", va="bottom", fontsize=8)
+    vals = [r["value"] for r in rows if r.get("value")]
+    if vals and min(vals) > 0 and max(vals) / min(vals) > 50:
+        ax.set_yscale("log")
     ax.set_xticks(range(len(variants)))
     ax.set_xticklabels(variants)
     ax.set_ylabel(LABELS.get(rep["metric"], rep["metric"]))

@@ -13,8 +13,13 @@
 //!   the kernel baseline engine, and [`run_scenario`].
 //! - [`report`]: JSON, medians of interleaved rounds, ratios, table, PNG.
 //!
-//! This crate measures the kernel against upager, so it depends on neither
-//! of upager's crates; its few `unsafe` calls (mapping a file, MADV_DONTNEED,
+//! - [`upager_engine`]: upager's side of every scenario (same workloads, a
+//!   worker process without a cgroup: upager enforces its own budget), with
+//!   the ablations as engines, and the residency methods of seed 004.
+//!
+//! The kernel's side uses no upager code; upager's side uses only its public
+//! API (and `upager-sys`'s pagemap readers for the kernel's residency
+//! answer). The crate's few `unsafe` calls (mapping a file, MADV_DONTNEED,
 //! getrusage, CPU pinning) are in one private module with their safety
 //! arguments.
 #![deny(unsafe_code)]
@@ -24,6 +29,7 @@ mod raw;
 pub mod report;
 pub mod scenario;
 pub mod tlb;
+pub mod upager_engine;
 pub mod worker;
 pub mod workloads;
 
@@ -34,5 +40,6 @@ pub use scenario::{
     Metric, Scenario, ScenarioParams,
 };
 pub use tlb::{InterruptCount, Target, TlbCountError, TlbCounter, TlbCounts};
+pub use upager_engine::{ResidencyEngine, ResidencyMethod, UpagerConfig, UpagerEngine, UpagerJob};
 pub use worker::{run_worker, RunOptions, WorkerError, WorkerExe, WorkerRun};
 pub use workloads::{WorkerResult, Workload, WorkloadError};

@@ -24,6 +24,29 @@ pub(crate) fn map_file_readonly(file: &File) -> io::Result<Mmap> {
     unsafe { MmapOptions::new().map(file) }
 }
 
+/// Map `file` read-write and shared (`MAP_SHARED`, `PROT_READ|PROT_WRITE`):
+/// the kernel side of `upager demo --compare`, which writes through it.
+pub(crate) fn map_file_shared_rw(file: &File) -> io::Result<MmapMut> {
+    // SAFETY: the file is the benchmark's own dataset, made for this run and
+    // not used by anyone else while mapped; the workload accesses the map
+    // only through atomic words (`as_atomic_words`), so concurrent access by
+    // its threads is not a data race. A truncation would raise SIGBUS in the
+    // worker process, which the parent reports as a failed run.
+    unsafe { MmapOptions::new().map_mut(file) }
+}
+
+/// The map as atomic 64-bit words (length rounded down).
+pub(crate) fn as_atomic_words(map: &MmapMut) -> &[std::sync::atomic::AtomicU64] {
+    let ptr = map.as_ptr();
+    assert_eq!(ptr as usize % 8, 0, "mappings are page-aligned");
+    // SAFETY: the mapping is page-aligned (so 8-byte aligned) and `len / 8`
+    // words long; AtomicU64 has the size and alignment of u64 and any bit
+    // pattern is valid; the returned slice borrows `map`, so the mapping
+    // outlives it; all access through it is atomic, so threads sharing it
+    // do not race.
+    unsafe { std::slice::from_raw_parts(ptr.cast::<std::sync::atomic::AtomicU64>(), map.len() / 8) }
+}
+
 /// `madvise(MADV_DONTNEED)` on `[offset, offset+len)` of an anonymous private
 /// map: the pages are freed and read back as zeros on the next touch.
 pub(crate) fn discard(map: &MmapMut, offset: usize, len: usize) -> io::Result<()> {

@@ -130,6 +130,10 @@ pub struct SummaryRow {
     pub vs_kernel: Option<f64>,
     /// Change vs the scenario's baseline variant of the same engine, %.
     pub vs_baseline_pct: Option<f64>,
+    /// This engine's value / each kernel engine's (`kernel …`) on the same
+    /// variant, e.g. vs `kernel MADV_RANDOM` as well as plain `kernel`.
+    #[serde(default)]
+    pub vs_kernels: BTreeMap<String, f64>,
 }
 
 /// Everything one scenario run produced.
@@ -271,6 +275,7 @@ impl Report {
                     sends_per_1000_evicted: median_opt(ms.iter().map(|m| m.sends_per_1000_evicted)),
                     vs_kernel: None,
                     vs_baseline_pct: None,
+                    vs_kernels: BTreeMap::new(),
                 }
             })
             .collect();
@@ -282,6 +287,16 @@ impl Report {
             if let Some(k) = lookup.get(&(r.variant.clone(), "kernel".to_string())) {
                 if *k > 0.0 && r.value.is_finite() {
                     r.vs_kernel = Some(r.value / k);
+                }
+            }
+            for ((v, e), k) in &lookup {
+                if *v == r.variant
+                    && e.starts_with("kernel")
+                    && *e != r.engine
+                    && *k > 0.0
+                    && r.value.is_finite()
+                {
+                    r.vs_kernels.insert(e.clone(), r.value / k);
                 }
             }
             if let Some(bv) = baseline_variant {
@@ -341,6 +356,8 @@ impl Report {
         for r in &self.summary {
             let val = if self.metric.higher_is_better() {
                 format!("{:.0}", r.value)
+            } else if r.value < 0.01 {
+                format!("{:.3e}", r.value)
             } else {
                 format!("{:.4}", r.value)
             };
@@ -367,6 +384,13 @@ impl Report {
                     String::new()
                 }
             );
+        }
+        for r in &self.summary {
+            for (k, v) in &r.vs_kernels {
+                if k != "kernel" && !r.engine.starts_with("kernel") {
+                    let _ = writeln!(s, "  {} {} vs {k}: {v:.2}×", r.variant, r.engine);
+                }
+            }
         }
         for run in self.runs.iter().filter(|r| r.error.is_some()) {
             let _ = writeln!(

@@ -19,7 +19,7 @@ use crate::workloads::{MapAdvice, Workload};
 /// Errors of running a scenario or an engine.
 #[derive(Debug, displaydoc::Display, thiserror::Error)]
 pub enum BenchError {
-    /// unknown scenario {0:?}; known: mmap-read, random-read, multi-fault, unmap-folio, swap
+    /// unknown scenario {0:?}; known: mmap-read, random-read, multi-fault, unmap-folio, swap, residency
     UnknownScenario(String),
     /// scenario {0} needs a data file: call `prepare` with a BenchEnv first (or set `data_file`)
     NoDataFile(String),
@@ -90,6 +90,9 @@ pub struct ScenarioParams {
     pub trace_tlb: bool,
     /// Time limit per run, seconds.
     pub timeout_s: f64,
+    /// Directory for upager's private swap files (swap scenario; set by
+    /// [`prepare`] to the RAM device's ext4 when there is one).
+    pub swap_dir: Option<PathBuf>,
 }
 
 impl Default for ScenarioParams {
@@ -116,6 +119,7 @@ impl Default for ScenarioParams {
             drop_caches: true,
             trace_tlb: true,
             timeout_s: 600.0,
+            swap_dir: None,
         }
     }
 }
@@ -168,7 +172,8 @@ pub struct Scenario {
     pub seed: &'static str,
     /// What it measures and why.
     pub doc: &'static str,
-    /// The engines it compares (names; the upager engines come later).
+    /// The engines it compares (names as in [`KernelEngine`] and
+    /// [`crate::upager_engine::UpagerEngine::all`]).
     pub engines: &'static [&'static str],
     /// The target from issue 3.
     pub target: &'static str,
@@ -213,8 +218,8 @@ fn random_read_defaults() -> ScenarioParams {
 }
 fn random_read_tiny() -> ScenarioParams {
     ScenarioParams {
-        file_bytes: 16 << 20,
-        limit_bytes: 2 << 20,
+        file_bytes: 32 << 20,
+        limit_bytes: 4 << 20, // upager's smallest budget: one 4 MiB eviction batch
         reads_per_thread: 2000,
         rounds: 1,
         timeout_s: 60.0,
@@ -276,6 +281,25 @@ fn swap_tiny() -> ScenarioParams {
         bytes_per_thread: 0,
         limit_bytes: 8 << 20,
         passes: 2,
+        rounds: 1,
+        timeout_s: 60.0,
+        ..Default::default()
+    }
+}
+
+fn residency_defaults() -> ScenarioParams {
+    ScenarioParams {
+        region_bytes: 16 << 30,
+        use_cgroup: false,
+        drop_caches: false,
+        ..Default::default()
+    }
+}
+fn residency_tiny() -> ScenarioParams {
+    ScenarioParams {
+        region_bytes: 64 << 20,
+        use_cgroup: false,
+        drop_caches: false,
         rounds: 1,
         timeout_s: 60.0,
         ..Default::default()
@@ -358,6 +382,25 @@ static SCENARIOS: &[Scenario] = &[
         baseline_variant: None,
         defaults: swap_defaults,
         tiny: swap_tiny,
+    },
+    Scenario {
+        name: "residency",
+        seed: "004 (Peter Xu, PTE marker for shmem pageout)",
+        doc: "Classify a large file-backed upager region (16 GiB, per 4 MiB: 1 MiB resident, 1 MiB \
+              evicted = read then paged out, 2 MiB never touched) into resident / evicted / never \
+              touched. `kernel` reads /proc/self/pagemap for the range (one pread), `kernel \
+              PAGEMAP_SCAN` walks it with the ioctl; neither can tell evicted from never touched (no PTE \
+              either way), which is the seed's point. `upager residency` answers as runs from the folio \
+              state words, `upager pagemap` in /proc/pid/pagemap's shape (bit 62 = evicted). Seconds per \
+              classification, median of 5 in each run.",
+        engines: &["kernel", "kernel PAGEMAP_SCAN", "upager residency", "upager pagemap"],
+        target: "upager residency ≥ 10× faster than reading /proc/self/pagemap (≤ 0.1×)",
+        metric: Metric::ElapsedS,
+        needs_file: false,
+        needs_swap: false,
+        baseline_variant: None,
+        defaults: residency_defaults,
+        tiny: residency_tiny,
     },
 ];
 
@@ -449,6 +492,9 @@ pub fn prepare(
             );
         }
         p.data_file = Some(file);
+    }
+    if sc.needs_swap && p.swap_dir.is_none() && env.store.is_some() {
+        p.swap_dir = Some(env.data_dir());
     }
     Ok(p)
 }
@@ -669,7 +715,7 @@ impl Engine for KernelEngine {
         // Advice only changes the file scenarios; each tuned variant runs
         // where it is the advice a user would give.
         match self.advice {
-            MapAdvice::Normal => true,
+            MapAdvice::Normal => scenario != "residency",
             MapAdvice::Random => scenario == "random-read",
             MapAdvice::Sequential => scenario == "mmap-read",
         }
@@ -777,6 +823,7 @@ mod tests {
             "multi-fault",
             "unmap-folio",
             "swap",
+            "residency",
         ] {
             let s = scenario(n).unwrap();
             assert!(!s.doc.is_empty() && !s.target.is_empty() && s.engines.contains(&"kernel"));

@@ -37,7 +37,7 @@ pub enum WorkloadError {
     Invalid(String),
 }
 
-fn wio(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkloadError {
+pub(crate) fn wio(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkloadError {
     let what = what.into();
     move |source| WorkloadError::Io { what, source }
 }
@@ -130,6 +130,33 @@ pub enum Workload {
         /// Discards.
         iterations: u64,
     },
+    /// The same experiments through upager (see [`crate::upager_engine`]):
+    /// a pager with `budget` and `config` in this process, running `job`.
+    /// Not placed in a memory cgroup: upager enforces its own budget.
+    Upager {
+        /// The pager's budget (the kernel's cgroup limit in the same scenario).
+        budget: u64,
+        /// Engine configuration (the ablations).
+        config: crate::upager_engine::UpagerConfig,
+        /// What to run.
+        job: crate::upager_engine::UpagerJob,
+    },
+    /// `upager demo --compare`'s kernel side: a read-write `MAP_SHARED`
+    /// mapping of `file`; a sequential scan (every word checked), then
+    /// `reads_per_thread` random word reads (checked) and `writes_per_thread`
+    /// random word writes per thread, then msync. Phase times in `extra`.
+    Mixed {
+        /// The pattern file (it is modified).
+        file: PathBuf,
+        /// Threads.
+        threads: usize,
+        /// Random reads per thread.
+        reads_per_thread: u64,
+        /// Random writes per thread.
+        writes_per_thread: u64,
+        /// The file's pattern seed.
+        seed: u64,
+    },
 }
 
 /// What a workload reports (measured part only).
@@ -153,7 +180,7 @@ pub struct WorkerResult {
     pub extra: BTreeMap<String, f64>,
 }
 
-struct Meter {
+pub(crate) struct Meter {
     t0: Instant,
     u0: raw::Usage,
     io0: Option<u64>,
@@ -170,14 +197,14 @@ fn read_bytes_self() -> Option<u64> {
 }
 
 impl Meter {
-    fn start() -> Result<Self, WorkloadError> {
+    pub(crate) fn start() -> Result<Self, WorkloadError> {
         Ok(Meter {
             u0: raw::rusage_self().map_err(wio("getrusage"))?,
             io0: read_bytes_self(),
             t0: Instant::now(),
         })
     }
-    fn stop(self, ops: u64, bad_words: u64) -> Result<WorkerResult, WorkloadError> {
+    pub(crate) fn stop(self, ops: u64, bad_words: u64) -> Result<WorkerResult, WorkloadError> {
         let elapsed_s = self.t0.elapsed().as_secs_f64();
         let u = raw::rusage_self().map_err(wio("getrusage"))?;
         let mut extra = BTreeMap::new();
@@ -197,7 +224,7 @@ impl Meter {
     }
 }
 
-fn word_at(map: &[u8], off: usize) -> u64 {
+pub(crate) fn word_at(map: &[u8], off: usize) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&map[off..off + 8]);
     u64::from_le_bytes(w)
@@ -235,6 +262,18 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
             passes,
         } => usemem(*threads, *bytes_per_thread, *passes),
         Workload::MadviseLoop { iterations } => madvise_loop(*iterations),
+        Workload::Upager {
+            budget,
+            config,
+            job,
+        } => crate::upager_engine::run_job(*budget, config, job),
+        Workload::Mixed {
+            file,
+            threads,
+            reads_per_thread,
+            writes_per_thread,
+            seed,
+        } => mixed(file, *threads, *reads_per_thread, *writes_per_thread, *seed),
     }
 }
 
@@ -301,7 +340,7 @@ fn mmap_read(
     Ok(r)
 }
 
-fn xorshift(s: &mut u64) -> u64 {
+pub(crate) fn xorshift(s: &mut u64) -> u64 {
     *s ^= *s << 13;
     *s ^= *s >> 7;
     *s ^= *s << 17;
@@ -483,6 +522,87 @@ fn usemem(threads: usize, per_thread: usize, passes: u32) -> Result<WorkerResult
         .stop(ops, bad)?;
     r.extra
         .insert("bytes".into(), (per_thread * threads) as f64);
+    Ok(r)
+}
+
+fn mixed(
+    file: &PathBuf,
+    threads: usize,
+    reads: u64,
+    writes: u64,
+    seed: u64,
+) -> Result<WorkerResult, WorkloadError> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .map_err(wio(format!("opening {}", file.display())))?;
+    let map = raw::map_file_shared_rw(&f).map_err(wio(format!("mapping {}", file.display())))?;
+    let words = map.len() / 8;
+    if words == 0 {
+        return Err(WorkloadError::Invalid("empty file".into()));
+    }
+    // The shared mapping as atomic words (the workload's
+    // threads share it like upager's `Region::words`).
+    let w: &[AtomicU64] = raw::as_atomic_words(&map);
+    let threads = threads.max(1);
+    let meter = Meter::start()?;
+    let mut extra = BTreeMap::new();
+    let per = words.div_ceil(threads);
+    let phase = |f: &(dyn Fn(usize) -> u64 + Sync)| -> (f64, u64) {
+        let t = Instant::now();
+        let bad = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads).map(|t| s.spawn(move || f(t))).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(u64::MAX)).sum()
+        });
+        (t.elapsed().as_secs_f64(), bad)
+    };
+    let (scan_s, bad_scan) = phase(&|t| {
+        let mut bad = 0;
+        let lo = (t * per).min(words);
+        for (i, x) in w[lo..((t + 1) * per).min(words)].iter().enumerate() {
+            if x.load(Relaxed) != pattern_word((lo + i) as u64 * 8, seed) {
+                bad += 1;
+            }
+        }
+        bad
+    });
+    let (reads_s, bad_reads) = phase(&|t| {
+        let mut rng = 0x1234_5678u64 + t as u64;
+        let mut bad = 0;
+        for _ in 0..reads {
+            let k = (xorshift(&mut rng) % words as u64) as usize;
+            if w[k].load(Relaxed) != pattern_word(k as u64 * 8, seed) {
+                bad += 1;
+            }
+        }
+        bad
+    });
+    let (writes_s, _) = phase(&|t| {
+        let mut rng = 0x9abc_def0u64 + t as u64;
+        for _ in 0..writes {
+            let k = (xorshift(&mut rng) % words as u64) as usize;
+            w[k].store(!pattern_word(k as u64 * 8, seed), Relaxed);
+        }
+        0
+    });
+    let t = Instant::now();
+    map.flush().map_err(wio("msync"))?;
+    let flush_s = t.elapsed().as_secs_f64();
+    let mut r = meter.stop(words as u64, bad_scan + bad_reads)?;
+    for (k, v) in [
+        ("scan_s", scan_s),
+        ("reads_s", reads_s),
+        ("writes_s", writes_s),
+        ("flush_s", flush_s),
+        ("bytes", map.len() as f64),
+        ("reads", (reads * threads as u64) as f64),
+        ("writes", (writes * threads as u64) as f64),
+    ] {
+        extra.insert(k.to_string(), v);
+    }
+    r.extra.extend(extra);
     Ok(r)
 }
 

@@ -47,6 +47,11 @@ pub struct DemoArgs {
     /// system temp dir). The dataset is removed at the end.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Also run the same workload through the kernel's mmap, in a memory
+    /// cgroup limited to the same budget (root; both datasets then live on
+    /// ext4 on zram0 unless --dir is given), and print both side by side.
+    #[arg(long)]
+    pub compare: bool,
 }
 
 /// The pattern word at byte offset `off`.
@@ -155,7 +160,14 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.threads == 0 || a.threads > 256 {
         return Err(format!("--threads must be 1 to 256, got {}", a.threads).into());
     }
-    let base = pick_dir(a);
+    let compare_env = if a.compare && a.dir.is_none() {
+        Some(crate::bench::compare_env(a.size)?)
+    } else {
+        None
+    };
+    let base = compare_env
+        .as_ref()
+        .map_or_else(|| pick_dir(a), upager_bench::BenchEnv::data_dir);
     let dir = TempDir(base.join(format!("upager-demo-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0)
         .map_err(|e| format!("cannot create {}: {e}", dir.0.display()))?;
@@ -196,6 +208,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
+    let mut phases = vec![el];
     let scan = report(
         "sequential scan",
         a.size as f64 / el.as_secs_f64() / 1e9,
@@ -222,6 +235,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
+    phases.push(el);
     let reads = report(
         "random reads",
         total_reads as f64 / el.as_secs_f64() / 1e6,
@@ -244,6 +258,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     });
+    phases.push(el);
     let writes = report(
         "random writes",
         total_writes as f64 / el.as_secs_f64() / 1e6,
@@ -256,6 +271,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     region.flush()?;
     let el = t.elapsed();
     println!("  flush (fdatasync)            {:>8.2} s", el.as_secs_f64());
+    phases.push(el);
     let stats = pager.stats();
     unmap(region)?;
 
@@ -273,6 +289,47 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("throughput: scan {scan:.2} GB/s, random reads {reads:.2} M/s, random writes {writes:.2} M/s");
     print_stats(&stats);
+    if a.compare {
+        compare(a, &dir.0, &phases, &stats)?;
+    }
+    Ok(())
+}
+
+/// `--compare`: the kernel's mmap on the same workload, side by side.
+fn compare(
+    a: &DemoArgs,
+    dir: &Path,
+    up: &[Duration],
+    stats: &Stats,
+) -> Result<(), Box<dyn std::error::Error>> {
+    println!();
+    println!(
+        "kernel: the same workload through mmap(MAP_SHARED) in a {} memory cgroup ...",
+        format_size(a.budget)
+    );
+    let k = crate::bench::kernel_demo(dir, a.size, a.budget, a.threads, a.reads, a.writes)?;
+    println!("{:<22} {:>10} {:>10} {:>8}", "phase (s)", "upager", "kernel", "ratio");
+    let names = ["sequential scan", "random reads", "random writes", "flush"];
+    let ks = [k.scan_s, k.reads_s, k.writes_s, k.flush_s];
+    for ((n, u), kv) in names.iter().zip(up).zip(ks) {
+        let u = u.as_secs_f64();
+        println!("{n:<22} {u:>10.2} {kv:>10.2} {:>7.2}×", u / kv);
+    }
+    println!(
+        "{:<22} {:>10} {:>10}",
+        "peak memory",
+        format_size(stats.resident_peak_bytes),
+        k.peak_bytes.map_or("-".into(), format_size)
+    );
+    println!(
+        "{:<22} {:>10} {:>10}",
+        "TLB shootdowns",
+        format!("{} calls", stats.tlb_flush_batches),
+        k.tlb_sends.map_or("-".into(), |n| format!("{n} IPIs"))
+    );
+    for n in k.notes {
+        println!("note: {n}");
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! - `upager bench <scenario>`: the benchmark suite (see docs/benchmarks.md).
 //! - `upager stat`: residency picture of a mapped file after a workload.
 
+mod bench;
 mod demo;
 mod stat;
 
@@ -26,21 +27,29 @@ struct Cli {
 enum Cmd {
     /// Page a dataset larger than the budget through upager and verify it.
     Demo(demo::DemoArgs),
+    /// Run the benchmark suite: the five seed experiments (and residency),
+    /// upager side by side with the kernel.
+    Bench(Box<bench::BenchArgs>),
     /// Show a region's residency map (resident, evicted markers, never
     /// touched) after each step of a short workload.
     Stat(stat::StatArgs),
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    if let Some(code) = bench::worker_hook() {
+        return code;
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Demo(a) => demo::run(&a),
+        Cmd::Bench(a) => bench::run(&a),
         Cmd::Stat(a) => stat::run(&a),
     };
     if let Err(e) = res {
         eprintln!("upager: {e}");
         std::process::exit(1);
     }
+    std::process::ExitCode::SUCCESS
 }
 
 /// Parses a size argument (`512M`, `2G`, `64K`).

@@ -1,0 +1,326 @@
+//! `upager bench <scenario>|all`: the benchmark suite of issue 3 — each seed
+//! experiment run on the kernel and on upager (with its ablations) in
+//! interleaved rounds, printed as a table with ratios, saved as JSON and PNG.
+//! See docs/benchmarks.md for what each scenario measures and the results.
+//!
+//! This binary is also the suite's worker: `upager __bench-worker <workload>
+//! --json … --wait-go` runs one workload in a fresh process (the kernel's in
+//! a memory cgroup, upager's with its own budget), see
+//! `upager_bench::worker`.
+
+use std::path::PathBuf;
+
+use upager_bench::workloads::MapAdvice;
+use upager_bench::{
+    plot, prepare, run_scenario, scenario, scenarios, BenchEnv, Engine, EnvConfig, KernelEngine,
+    ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
+};
+
+use crate::size_arg;
+
+/// The hidden first argument that makes this binary a bench worker.
+pub const WORKER_ARG: &str = "__bench-worker";
+
+/// If this process was started as a bench worker, run the workload and
+/// return its exit code.
+pub fn worker_hook() -> Option<std::process::ExitCode> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    (args.first().map(String::as_str) == Some(WORKER_ARG))
+        .then(|| upager_bench::worker::worker_main(&args[1..]))
+}
+
+/// This executable as the worker of the suite.
+pub fn worker_exe() -> Result<WorkerExe, std::io::Error> {
+    Ok(WorkerExe::SelfWithArg(
+        std::env::current_exe()?,
+        WORKER_ARG.into(),
+    ))
+}
+
+fn list_sizes(s: &str) -> Result<Vec<u64>, String> {
+    s.split(',').map(|x| size_arg(x.trim())).collect()
+}
+
+fn list_counts(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x:?}: {e}")))
+        .collect()
+}
+
+/// Options of `upager bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Scenario: mmap-read, random-read, multi-fault, unmap-folio, swap,
+    /// residency, or `all`.
+    pub scenario: String,
+    /// Write the JSON report here (one scenario; with `all`, use --out).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the PNG plot here (one scenario; with `all`, use --out).
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+    /// Directory for `<prefix><scenario>.json/.png` when --json/--png are
+    /// not given.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// File name prefix in --out (e.g. `2026-11-21-`).
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+    /// Interleaved rounds (median reported; ≥ 3 for a ratio worth quoting).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Tiny sizes (seconds; proves the pipeline, numbers mean little).
+    #[arg(long)]
+    pub tiny: bool,
+    /// Memory budget: upager's budget and the kernel's cgroup limit.
+    #[arg(long, value_parser = size_arg)]
+    pub budget: Option<u64>,
+    /// Data file size (mmap-read, random-read).
+    #[arg(long, value_parser = size_arg)]
+    pub file_size: Option<u64>,
+    /// Threads (mmap-read, random-read).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Thread counts to sweep, e.g. 1,2,4 (multi-fault, swap).
+    #[arg(long, value_parser = list_counts)]
+    pub thread_counts: Option<Vec<usize>>,
+    /// Random reads per thread (random-read).
+    #[arg(long)]
+    pub reads: Option<u64>,
+    /// Seconds per run (multi-fault).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Region size (unmap-folio, residency).
+    #[arg(long, value_parser = size_arg)]
+    pub region: Option<u64>,
+    /// Folio sizes to sweep, e.g. 4K,64K,2M (unmap-folio).
+    #[arg(long, value_parser = list_sizes)]
+    pub folios: Option<Vec<u64>>,
+    /// Only the kernel's engines.
+    #[arg(long, conflicts_with = "upager_only")]
+    pub kernel_only: bool,
+    /// Only upager's engines.
+    #[arg(long)]
+    pub upager_only: bool,
+}
+
+fn engines(a: &BenchArgs, exe: &WorkerExe) -> Vec<Box<dyn Engine>> {
+    let mut v: Vec<Box<dyn Engine>> = Vec::new();
+    if !a.upager_only {
+        v.push(Box::new(KernelEngine::with_worker(exe.clone())));
+        v.push(Box::new(
+            KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Random),
+        ));
+        v.push(Box::new(
+            KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Sequential),
+        ));
+    }
+    if !a.kernel_only {
+        v.extend(
+            UpagerEngine::all(exe)
+                .into_iter()
+                .filter(|e| !(a.upager_only && e.name().starts_with("kernel"))),
+        );
+    }
+    v
+}
+
+/// Runs `upager bench`.
+pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let names: Vec<&str> = if a.scenario == "all" {
+        scenarios().iter().map(|s| s.name).collect()
+    } else if scenario(&a.scenario).is_some() {
+        vec![a.scenario.as_str()]
+    } else {
+        return Err(format!(
+            "unknown scenario {:?}; known: {}, all",
+            a.scenario,
+            scenarios()
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+        .into());
+    };
+    if names.len() > 1 && (a.json.is_some() || a.png.is_some()) {
+        return Err("--json/--png name one scenario's files; with `all`, use --out DIR".into());
+    }
+    let exe = worker_exe()?;
+    let engines = engines(a, &exe);
+    for name in names {
+        let sc = scenario(name).ok_or("unknown scenario")?;
+        let mut p: ScenarioParams = if a.tiny { (sc.tiny)() } else { (sc.defaults)() };
+        if let Some(r) = a.rounds {
+            p.rounds = r;
+        }
+        if let Some(b) = a.budget {
+            p.limit_bytes = b;
+        }
+        if let Some(f) = a.file_size {
+            p.file_bytes = f;
+        }
+        if let Some(t) = a.threads {
+            p.threads = t;
+        }
+        if let Some(t) = &a.thread_counts {
+            p.thread_counts.clone_from(t);
+        }
+        if let Some(r) = a.reads {
+            p.reads_per_thread = r;
+        }
+        if let Some(s) = a.seconds {
+            p.seconds = s;
+        }
+        if let Some(r) = a.region {
+            p.region_bytes = r;
+        }
+        if let Some(f) = &a.folios {
+            p.folio_sizes_kb = f.iter().map(|b| b / 1024).collect();
+        }
+        eprintln!("== {name}: seed {}", sc.seed);
+        eprintln!("   {}", sc.doc);
+        let per_thread = if p.bytes_per_thread > 0 {
+            p.bytes_per_thread
+        } else {
+            2 * p.limit_bytes
+        };
+        let max_threads = p
+            .thread_counts
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(p.threads)
+            .max(1) as u64;
+        let anon_bytes = per_thread.max(2 * p.limit_bytes)
+            * if p.bytes_per_thread > 0 {
+                max_threads
+            } else {
+                1
+            };
+        let needs_env = sc.needs_file || sc.needs_swap;
+        let env = if needs_env {
+            let zram_bytes = if sc.needs_file {
+                p.file_bytes + p.file_bytes / 8 + (64 << 20)
+            } else {
+                // upager's private swap files on the same kind of RAM device.
+                anon_bytes + anon_bytes / 4 + (64 << 20)
+            };
+            Some(BenchEnv::setup(&EnvConfig {
+                zram_index: Some(0),
+                zram_bytes,
+                swap: sc.needs_swap.then_some(SwapKind::ZramHotAdd),
+                swap_bytes: 2 * anon_bytes + (64 << 20),
+            })?)
+        } else {
+            if upager_bench::env::is_root() {
+                upager_bench::env::install_signal_cleanup()?;
+            }
+            None
+        };
+        let p = match &env {
+            Some(env) => prepare(name, &p, env)?,
+            None => p,
+        };
+        let report = run_scenario(name, &p, &engines)?;
+        drop(env);
+        println!("{}", report.table());
+        let json = a
+            .json
+            .clone()
+            .unwrap_or_else(|| a.out.join(format!("{}{name}.json", a.prefix)));
+        let png = a
+            .png
+            .clone()
+            .unwrap_or_else(|| a.out.join(format!("{}{name}.png", a.prefix)));
+        for f in [&json, &png] {
+            if let Some(d) = f.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(d)?;
+            }
+        }
+        report.save_json(&json)?;
+        if plot(&json, &png)? {
+            println!("wrote {} and {}", json.display(), png.display());
+        } else {
+            println!("wrote {}", json.display());
+        }
+    }
+    Ok(())
+}
+
+/// What the kernel measured for `upager demo --compare`.
+pub struct KernelDemo {
+    /// Phase times, seconds: scan, random reads, random writes, msync.
+    pub scan_s: f64,
+    /// Random reads phase.
+    pub reads_s: f64,
+    /// Random writes phase.
+    pub writes_s: f64,
+    /// msync.
+    pub flush_s: f64,
+    /// Peak memory charge of the cgroup.
+    pub peak_bytes: Option<u64>,
+    /// TLB shootdowns (remote sends) of the worker.
+    pub tlb_sends: Option<u64>,
+    /// Notes (e.g. not root: no cgroup).
+    pub notes: Vec<String>,
+}
+
+/// The RAM block device `upager demo --compare` puts both datasets on (ext4
+/// on zram0), so the kernel pages from a real device, not from tmpfs.
+pub fn compare_env(size: u64) -> Result<BenchEnv, Box<dyn std::error::Error>> {
+    Ok(BenchEnv::setup(&EnvConfig {
+        zram_index: Some(0),
+        zram_bytes: 2 * size + size / 4 + (64 << 20),
+        swap: None,
+        swap_bytes: 0,
+    })?)
+}
+
+/// Runs the demo's workload (scan, random reads, random writes, flush)
+/// through the kernel's mmap of a `size` dataset in `dir`, in a memory
+/// cgroup limited to `budget`, in a worker process.
+pub fn kernel_demo(
+    dir: &std::path::Path,
+    size: u64,
+    budget: u64,
+    threads: usize,
+    reads: u64,
+    writes: u64,
+) -> Result<KernelDemo, Box<dyn std::error::Error>> {
+    let file = dir.join("kernel-dataset.bin");
+    let seed = 0xdec0;
+    upager_bench::env::create_pattern_file(&file, size, seed)?;
+    upager_bench::env::evict_file(&file)?;
+    let w = upager_bench::Workload::Mixed {
+        file: file.clone(),
+        threads,
+        reads_per_thread: reads,
+        writes_per_thread: writes,
+        seed,
+    };
+    let run = upager_bench::run_worker(
+        &worker_exe()?,
+        &w,
+        &upager_bench::RunOptions {
+            cgroup_limit: Some(budget),
+            trace_tlb: true,
+            timeout: std::time::Duration::from_secs(1800),
+        },
+    );
+    let _ = std::fs::remove_file(&file);
+    let run = run?;
+    if run.result.bad_words > 0 {
+        return Err(format!("kernel run read {} wrong words", run.result.bad_words).into());
+    }
+    let x = |k: &str| run.result.extra.get(k).copied().unwrap_or(f64::NAN);
+    Ok(KernelDemo {
+        scan_s: x("scan_s"),
+        reads_s: x("reads_s"),
+        writes_s: x("writes_s"),
+        flush_s: x("flush_s"),
+        peak_bytes: run.peak_bytes,
+        tlb_sends: run.tlb.as_ref().map(upager_bench::TlbCounts::remote_sends),
+        notes: run.notes,
+    })
+}
