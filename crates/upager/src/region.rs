@@ -283,11 +283,11 @@ impl Region {
         self.done = true;
         let r = &self.inner;
         let sh = self.shared();
+        // 1) No new fault, eviction or prefetch starts on the region.
         r.dying.store(true, Ordering::SeqCst);
         sh.table.remove(r.id);
-        sh.purge_region(r.id);
-        // Faults and evictions on this region finish quickly (a direct
-        // reclaim stall is bounded), so this wait ends; report if it doesn't.
+        // 2) Those in flight finish (a direct-reclaim stall is bounded, so
+        //    this ends; say so if it takes long).
         let start = Instant::now();
         let mut warned = false;
         while r.inflight.load(Ordering::SeqCst) != 0 {
@@ -300,6 +300,9 @@ impl Region {
                 );
             }
         }
+        // 3) Only now drop its LRU entries: a fill that finished during 2)
+        //    may have queued one.
+        sh.purge_region(r.id);
         let mut resident = 0u64;
         for idx in r.touched_folios() {
             if matches!(folio::load(r.state(idx)).kind(), Kind::Clean | Kind::Dirty) {
@@ -310,6 +313,21 @@ impl Region {
         // Wakes anything still waiting on the range; later accesses fault
         // as on any unmapped memory.
         let _ = sh.uffd.unregister(r.base(), r.map_len());
+        // 4) Guards drop their reference just after their in-flight count,
+        //    and a lookup may still hold the old table snapshot: wait
+        //    (bounded) until this handle owns the region alone, so the
+        //    mapping and the swap file are released when unmap returns.
+        let start = Instant::now();
+        while Arc::strong_count(&self.inner) > 1 {
+            if start.elapsed() > Duration::from_secs(5) {
+                eprintln!(
+                    "upager: region {} still referenced 5 s after unmap; it is released later",
+                    self.inner.id
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 }
 

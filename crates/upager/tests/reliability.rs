@@ -300,7 +300,6 @@ fn failed_and_short_writebacks_keep_the_data_until_the_store_recovers() {
 }
 
 #[test]
-#[ignore = "engine bug: see a_folio_whose_eviction_write_back_failed_stays_evictable (failed eviction write-backs leak budget until a fault gets SIGBUS; this test dies with SIGBUS after ~5 s)"]
 fn random_writeback_failures_under_eviction_lose_nothing() {
     let dir = ram_dir();
     let budget = 4 * MIB;
@@ -404,7 +403,6 @@ fn a_budget_full_of_unwritable_dirty_data_fails_the_fault_instead_of_hanging() {
 /// write-back per folio, then the store recovers and the data is flushed;
 /// the folios must be evictable again, so a fault elsewhere gets memory.
 #[test]
-#[ignore = "engine bug: a folio whose write-back fails during EVICTION is released DIRTY but its LRU entry was already taken off by isolate() (QUEUED cleared) and is never put back, so it stays resident and unevictable forever; the budget shrinks with every such failure until faults fail with SIGBUS after the 5 s direct-reclaim give-up (reclaim.rs shrink_list, failed[k] branch)"]
 fn a_folio_whose_eviction_write_back_failed_stays_evictable() {
     let dir = ram_dir();
     let budget = 4 * MIB;
@@ -490,7 +488,6 @@ fn a_full_file_system_reports_enospc_and_a_later_flush_writes_everything() {
 }
 
 #[test]
-#[ignore = "engine bug: a store read that returns fewer bytes than asked before the end of the store is zero-filled (fault.rs read_folios), so a Store that reads short (legal for std::io::Read-style stores) silently serves zeros; it should read the rest or fail the fault"]
 fn short_reads_from_a_store_are_completed_or_fail_never_zero_filled() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 4 * MIB, 36);
@@ -557,7 +554,6 @@ fn a_read_only_file_can_never_be_written_through_upager() {
 }
 
 #[test]
-#[ignore = "engine bug: map_open_file trusts opts.writable and accepts a writable mapping of a file opened read-only; writes are then accepted in memory and every write-back fails with EBADF (flush/unmap error, data never durable)"]
 fn mapping_a_file_opened_read_only_as_writable_is_refused() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", MIB, 39);

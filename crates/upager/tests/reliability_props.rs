@@ -505,13 +505,11 @@ fn probe(scenario: &str) {
 }
 
 #[test]
-#[ignore = "engine bug: PagerBuilder::readahead is not bounded; every handler thread allocates a fill buffer of readahead + 2 MiB at start, so readahead(1 << 40) aborts the process (memory allocation failed) and readahead(u64::MAX) overflows fill_buf_bytes (pager.rs); build() should refuse or clamp it"]
 fn a_huge_readahead_is_refused_or_clamped_not_a_crash() {
     probe("huge_readahead");
 }
 
 #[test]
-#[ignore = "engine bug: map_anonymous(1 << 46) with 4 KiB folios allocates its folio-state table (8 bytes per folio = 128 GiB) with alloc_zeroed and aborts the process when that fails (upager_sys::mem::zeroed_atomic_table via pager.rs map_inner); it should return MapError::Mmap (ENOMEM)"]
 fn a_huge_anonymous_region_is_refused_not_a_crash() {
     probe("huge_anonymous");
 }
