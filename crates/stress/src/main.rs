@@ -18,7 +18,10 @@ const USAGE: &str = "usage: upager-stress [--duration 30s|10m|4h] [--budget 24M]
                      [--no-inject] [--progress 10s] [--quiet]";
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
     let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
     let secs = match unit {
         "" | "s" => n,
@@ -32,7 +35,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn parse_args() -> Result<(workload::Config, PathBuf), String> {
     let mut duration = Duration::from_secs(30);
-    let mut base = PathBuf::from(if std::path::Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/tmp" });
+    let mut base = PathBuf::from(if std::path::Path::new("/dev/shm").is_dir() {
+        "/dev/shm"
+    } else {
+        "/tmp"
+    });
     let mut cfg = workload::Config::ci(&base, duration);
     cfg.progress = Some(Duration::from_secs(5));
     let mut args = std::env::args().skip(1);
@@ -41,10 +48,14 @@ fn parse_args() -> Result<(workload::Config, PathBuf), String> {
         match a.as_str() {
             "--duration" => duration = parse_duration(&val()?)?,
             "--budget" => cfg.budget = upager::parse_size(&val()?)?,
-            "--region-mult" => cfg.region_mult = val()?.parse().map_err(|e| format!("--region-mult: {e}"))?,
+            "--region-mult" => {
+                cfg.region_mult = val()?.parse().map_err(|e| format!("--region-mult: {e}"))?
+            }
             "--workers" => cfg.workers = val()?.parse().map_err(|e| format!("--workers: {e}"))?,
             "--handler-threads" => {
-                cfg.handler_threads = val()?.parse().map_err(|e| format!("--handler-threads: {e}"))?
+                cfg.handler_threads = val()?
+                    .parse()
+                    .map_err(|e| format!("--handler-threads: {e}"))?
             }
             "--dir" => base = PathBuf::from(val()?),
             "--seed" => cfg.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
@@ -73,10 +84,16 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let dir = match tempfile::Builder::new().prefix("upager-stress").tempdir_in(&base) {
+    let dir = match tempfile::Builder::new()
+        .prefix("upager-stress")
+        .tempdir_in(&base)
+    {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("upager-stress: cannot create a directory in {}: {e}", base.display());
+            eprintln!(
+                "upager-stress: cannot create a directory in {}: {e}",
+                base.display()
+            );
             std::process::exit(2);
         }
     };
