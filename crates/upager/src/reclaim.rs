@@ -139,9 +139,7 @@ impl Shared {
     pub(crate) fn purge_region(&self, id: u64) {
         let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
         lru.inactive.retain(|e| e.region.id != id);
-        let before = lru.active.len();
         lru.active.retain(|e| e.region.id != id);
-        let _ = before;
         lru.active_bytes = lru.active.iter().map(|e| e.region.folio).sum();
         lru.poisoned.retain(|(e, _)| e.region.id != id);
     }
