@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Print a benchmark report (JSON from `upager bench`) as a Markdown table.
+
+Usage: python3 bench/md_table.py REPORT.json [...]
+
+One row per variant x engine: median of the metric over the interleaved
+rounds, min..max, ratio vs `kernel` (and vs the other kernel engines), CPU,
+TLB shootdowns (tlb:tlb_flush remote sends of the engine's process) and
+shootdowns per 1000 evicted 4 KiB pages.
+"""
+import json
+import sys
+
+
+def fmt(v, digits=3):
+    if v is None:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) < 0.01 and v != 0:
+        return f"{v:.2e}"
+    return f"{v:.{digits}f}"
+
+
+def main(paths):
+    for p in paths:
+        rep = json.load(open(p))
+        metric = {"ElapsedS": "elapsed s", "OpsPerS": "ops/s", "SysS": "sys s"}[rep["metric"]]
+        print(f"**{rep['scenario']}** — seed {rep['seed']} · {rep['date']} · "
+              f"median of {rep['params']['rounds']} interleaved rounds\n")
+        print(f"| variant | engine | {metric} (min–max) | vs kernel | elapsed s | user s | sys s "
+              f"| TLB sends | sends / 1000 evicted pages |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rep["summary"]:
+            vs = "-" if r.get("vs_kernel") is None else f"{r['vs_kernel']:.2f}×"
+            if r.get("vs_baseline_pct") is not None:
+                vs += f" ({r['vs_baseline_pct']:+.0f}% vs {rep['summary'][0]['variant']})"
+            others = [f"{v:.2f}× vs {k}" for k, v in (r.get("vs_kernels") or {}).items()
+                      if k != "kernel" and not r["engine"].startswith("kernel")]
+            if others:
+                vs += "; " + "; ".join(others)
+            lo, hi = r["range"]
+            val = f"{fmt(r['value'], 4)} ({fmt(lo, 4)}–{fmt(hi, 4)})"
+            fail = f" ({r['failures']} failed)" if r["failures"] else ""
+            print(f"| {r['variant']} | {r['engine']}{fail} | {val} | {vs} | {fmt(r['elapsed_s'])} "
+                  f"| {fmt(r['user_s'])} | {fmt(r['sys_s'])} | {fmt(r.get('tlb_sends'), 0)} "
+                  f"| {fmt(r.get('sends_per_1000_evicted'), 2)} |")
+        errs = [x for x in rep["runs"] if x.get("error")]
+        for x in errs:
+            print(f"\nfailed: {x['variant']} {x['engine']} round {x['round'] + 1}: {x['error']}")
+        print()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.stderr.write(__doc__)
+        sys.exit(2)
+    main(sys.argv[1:])
