@@ -308,7 +308,10 @@ fn compare(
         format_size(a.budget)
     );
     let k = crate::bench::kernel_demo(dir, a.size, a.budget, a.threads, a.reads, a.writes)?;
-    println!("{:<22} {:>10} {:>10} {:>8}", "phase (s)", "upager", "kernel", "ratio");
+    println!(
+        "{:<22} {:>10} {:>10} {:>8}",
+        "phase (s)", "upager", "kernel", "ratio"
+    );
     let names = ["sequential scan", "random reads", "random writes", "flush"];
     let ks = [k.scan_s, k.reads_s, k.writes_s, k.flush_s];
     for ((n, u), kv) in names.iter().zip(up).zip(ks) {
