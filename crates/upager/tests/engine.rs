@@ -203,16 +203,7 @@ fn unmap_waits_for_faults_in_flight_and_does_not_block_other_regions() {
     store.set_gate(true);
     // A system call reading A's memory faults inside the kernel and stays in
     // flight while A's store is blocked.
-    let out = std::fs::File::create(dir.path().join("out")).unwrap();
-    let syscall = std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
-    let t0 = Instant::now();
-    while store.reads_blocked.load(SeqCst) == 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the fault never reached the store"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let syscall = blocked_syscall_fault(&store, dir.path(), addr);
     let unmapper = std::thread::spawn(move || {
         a.unmap().unwrap();
         Instant::now()

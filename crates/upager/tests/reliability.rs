@@ -648,16 +648,7 @@ fn dropping_a_region_and_its_pager_with_a_fault_in_flight_does_not_hang() {
     let watch = Watch::new(16 * MIB, &[&r]);
     let addr = r.as_ptr() as u64;
     store.set_gate(true);
-    let out = std::fs::File::create(dir.path().join("out")).unwrap();
-    let syscall = std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
-    let t0 = Instant::now();
-    while store.reads_blocked.load(SeqCst) == 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "fault never reached the store"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let syscall = blocked_syscall_fault(&store, dir.path(), addr);
     // The pager handle goes first: the region keeps the engine alive.
     drop(pager);
     watch.forget(&r);

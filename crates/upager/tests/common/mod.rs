@@ -416,3 +416,25 @@ pub fn open_fds(pid: &str) -> Vec<(u32, String)> {
     })
     .collect()
 }
+
+/// Starts a system call (`pwrite` from region memory at `addr`) on another
+/// thread and waits (bounded) until its fault is blocked in `store`'s closed
+/// read gate: a fault in flight, inside the kernel.
+pub fn blocked_syscall_fault(
+    store: &TestStore,
+    dir: &Path,
+    addr: u64,
+) -> std::thread::JoinHandle<io::Result<u64>> {
+    let out = std::fs::File::create(dir.join("blocked-syscall-out")).unwrap();
+    let before = store.reads_blocked.load(Ordering::SeqCst);
+    let syscall = std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
+    let t0 = Instant::now();
+    while store.reads_blocked.load(Ordering::SeqCst) == before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the fault never reached the store"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    syscall
+}
