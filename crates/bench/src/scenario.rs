@@ -200,9 +200,11 @@ fn mmap_read_defaults() -> ScenarioParams {
     }
 }
 fn mmap_read_tiny() -> ScenarioParams {
+    // 8 MiB, not 4: a 4 MiB cgroup is close to the worker's own footprint
+    // and the kernel's run was OOM-killed once on a loaded machine.
     ScenarioParams {
-        file_bytes: 16 << 20,
-        limit_bytes: 4 << 20,
+        file_bytes: 32 << 20,
+        limit_bytes: 8 << 20,
         rounds: 1,
         timeout_s: 60.0,
         ..Default::default()
@@ -218,8 +220,8 @@ fn random_read_defaults() -> ScenarioParams {
 }
 fn random_read_tiny() -> ScenarioParams {
     ScenarioParams {
-        file_bytes: 32 << 20,
-        limit_bytes: 4 << 20, // upager's smallest budget: one 4 MiB eviction batch
+        file_bytes: 64 << 20,
+        limit_bytes: 8 << 20, // see mmap_read_tiny
         reads_per_thread: 2000,
         rounds: 1,
         timeout_s: 60.0,

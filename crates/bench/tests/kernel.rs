@@ -57,7 +57,7 @@ mod tests {
             Some(
                 BenchEnv::setup(&EnvConfig {
                     zram_index: Some(0),
-                    zram_bytes: 64 << 20,
+                    zram_bytes: 128 << 20,
                     swap: None,
                     swap_bytes: 0,
                 })
