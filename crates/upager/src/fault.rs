@@ -122,30 +122,24 @@ impl Shared {
     }
 
     fn prefetch_one(&self, ctx: &mut Ctx, req: crate::marker::PrefetchRequest) {
-        {
-            let Some(r) = crate::table::Inflight::enter(&req.region) else {
+        let Some(r) = crate::table::Inflight::enter(&req.region) else {
+            return;
+        };
+        for idx in req.folios {
+            if self.stopping() {
                 return;
-            };
-            for idx in req.folios {
-                if self.stopping() {
-                    return;
-                }
-                if !self.try_reserve(r.folio)
-                    && (self.evict_batch(crate::reclaim::Mode::Background) == 0
-                        || !self.try_reserve(r.folio))
-                {
-                    break;
-                }
-                match folio::try_claim(r.state(idx), |s| {
-                    matches!(s.kind(), Kind::Never | Kind::Evicted)
-                }) {
-                    // fill() reserves again: hand this reservation back first.
-                    Some(old) => {
-                        self.unreserve(r.folio);
-                        self.fill(ctx, &r, idx, old, false, true);
-                    }
-                    None => self.unreserve(r.folio),
-                }
+            }
+            // Make room by evicting at most one batch per folio; stop when
+            // even that frees nothing (a prefetch must not push out the
+            // working set wholesale). fill() reserves for itself.
+            let full = self.resident.load(Ordering::Relaxed) + r.folio > self.budget;
+            if full && self.evict_batch(crate::reclaim::Mode::Background) == 0 {
+                break;
+            }
+            if let Some(old) = folio::try_claim(r.state(idx), |s| {
+                matches!(s.kind(), Kind::Never | Kind::Evicted)
+            }) {
+                self.fill(ctx, &r, idx, old, false, true);
             }
         }
     }
