@@ -10,6 +10,10 @@
 //!
 //! For hours: `cargo run --release -p upager-stress -- --duration 4h`.
 
+// Integration tests sit at the top level of their file, which the workspace
+// lint `tests_outside_test_module` (meant for src/) would flag.
+#![allow(clippy::tests_outside_test_module)]
+
 mod common;
 
 #[allow(dead_code)]
