@@ -10,6 +10,8 @@ command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v losetup >/dev/null || need_apt+=(mount)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v readelf >/dev/null || need_apt+=(binutils)
+command -v mkswap >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root to install ${need_apt[*]}" >&2; exit 1; fi
