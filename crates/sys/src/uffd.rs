@@ -27,6 +27,8 @@ const UFFDIO_MOVE: u32 = ioc(IOC_READ_WRITE, UFFDIO, 0x05, size_of::<k::uffdio_m
 
 /// `UFFDIO_WRITEPROTECT_MODE_WP` (not exported by linux-raw-sys).
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+/// `UFFDIO_WRITEPROTECT_MODE_DONTWAKE`.
+const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
 
 /// Feature bits upager asks for (see `UFFDIO_API`).
 pub mod feature {
@@ -201,13 +203,17 @@ impl Uffd {
     }
 
     /// `UFFDIO_COPY` of `src` to `dst` (a registered range of `src.len()`
-    /// bytes); `wp` installs the pages write-protected.
-    pub fn copy(&self, dst: u64, src: &[u8], wp: bool) -> io::Result<Fill> {
-        let mode = if wp {
+    /// bytes); `wp` installs the pages write-protected; without `wake` the
+    /// threads waiting on the range stay asleep until [`Uffd::wake`].
+    pub fn copy(&self, dst: u64, src: &[u8], wp: bool, wake: bool) -> io::Result<Fill> {
+        let mut mode = if wp {
             u64::from(k::UFFDIO_COPY_MODE_WP)
         } else {
             0
         };
+        if !wake {
+            mode |= u64::from(k::UFFDIO_COPY_MODE_DONTWAKE);
+        }
         let mut c = k::uffdio_copy {
             dst,
             src: src.as_ptr() as u64,
@@ -222,15 +228,18 @@ impl Uffd {
         fill_outcome(r, c.copy)
     }
 
-    /// `UFFDIO_WRITEPROTECT`: `protect` sets, otherwise clears (and wakes
-    /// waiters on) write protection over the range. Each call that changes a
-    /// present page costs one TLB flush.
-    pub fn writeprotect(&self, start: u64, len: u64, protect: bool) -> io::Result<()> {
-        let mode = if protect {
+    /// `UFFDIO_WRITEPROTECT`: `protect` sets, otherwise clears write
+    /// protection over the range (clearing wakes waiters unless `!wake`).
+    /// Each call that changes a present page costs one TLB flush.
+    pub fn writeprotect(&self, start: u64, len: u64, protect: bool, wake: bool) -> io::Result<()> {
+        let mut mode = if protect {
             UFFDIO_WRITEPROTECT_MODE_WP
         } else {
             0
         };
+        if !wake {
+            mode |= UFFDIO_WRITEPROTECT_MODE_DONTWAKE;
+        }
         let mut wp = k::uffdio_writeprotect {
             range: k::uffdio_range { start, len },
             mode,

@@ -6,7 +6,11 @@
 //!   folio is claimed by CAS on its state word ([`folio`]). The only lock a
 //!   fill takes is the LRU lock, once, to queue the folios it installed.
 //! - A folio is filled as one unit: one store read (with readahead: one read
-//!   for the whole run) and one `UFFDIO_COPY` (seed 002). Read faults
+//!   for the whole run) and one `UFFDIO_COPY` (seed 002), without waking;
+//!   the states are published, then one `UFFDIO_WAKE` over the run wakes the
+//!   faulting thread, so whatever it does next (a write, a residency query)
+//!   sees the folios resident. (Measured: no cost, 115K random reads/s
+//!   either way.) Read faults
 //!   install the folio write-protected (CLEAN); write faults install it
 //!   writable (DIRTY).
 //! - The first write to a CLEAN folio raises a write-protect fault: the
@@ -193,14 +197,15 @@ impl Shared {
 
     /// First write to a claimed resident folio: unprotect it, mark it dirty.
     fn make_dirty(&self, r: &RegionInner, idx: usize) {
-        // Clearing the protection wakes the faulting thread; its write lands
-        // once we store DIRTY below... or before: either way the folio is
-        // BUSY until then, so no eviction can copy it in between.
-        let res = self.uffd.writeprotect(r.folio_addr(idx), r.folio, false);
+        // Unprotect without waking, publish DIRTY, then wake: when the
+        // faulting thread's write lands, the folio is already DIRTY.
+        let res = self
+            .uffd
+            .writeprotect(r.folio_addr(idx), r.folio, false, false);
         debug_assert!(res.is_ok(), "unprotect failed: {res:?}");
         self.counters.wp_unprotects.inc();
-        let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
-        self.wake_if_waiter(r, idx, prev);
+        folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
+        let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
     }
 
     /// Fills claimed folio `idx` (previous state `old`), plus readahead.
@@ -269,8 +274,11 @@ impl Shared {
             return;
         }
 
-        // Publish: state words (Release), then the LRU (one lock).
+        // Publish: state words (Release), wake the faulting thread and any
+        // waiters (the COPY did not: whoever runs next sees the folios
+        // resident), then the LRU (one lock).
         let mut queue = Vec::with_capacity(n);
+        let mut waiters = false;
         for (k, &hot) in activate.iter().enumerate() {
             let kind = if k == 0 && write {
                 Kind::Dirty
@@ -280,10 +288,13 @@ impl Shared {
             let prev = folio::release(r.state(idx + k), |s| {
                 s.with_kind(kind).set(ACTIVE, hot).set(QUEUED, true)
             });
-            self.wake_if_waiter(r, idx + k, prev);
+            waiters |= prev.has(folio::WAITER);
             if !prev.has(QUEUED) {
                 queue.push((idx + k, hot));
             }
+        }
+        if !prefetch || waiters {
+            let _ = self.uffd.wake(addr, total as u64);
         }
         self.lru_add(r, &queue);
         self.maybe_kick_reclaimer();
@@ -392,7 +403,7 @@ impl Shared {
     fn copy_all(&self, r: &RegionInner, dst: u64, src: &[u8], wp: bool) -> bool {
         let mut done = 0u64;
         for _attempt in 0..16 {
-            match self.uffd.copy(dst + done, &src[done as usize..], wp) {
+            match self.uffd.copy(dst + done, &src[done as usize..], wp, false) {
                 Ok(Fill::Done) => return true,
                 Ok(Fill::Retry { done: d }) => done += d,
                 Ok(Fill::Exists { done: d }) => {

@@ -424,7 +424,7 @@ impl Shared {
         // Failure leaves pages writable; the write-back that follows may then
         // race with a writer, so treat it as fatal to the invariant: it
         // cannot fail on a live registered range, and the debug build says so.
-        let res = self.uffd.writeprotect(start, len, true);
+        let res = self.uffd.writeprotect(start, len, true, true);
         debug_assert!(
             res.is_ok(),
             "write-protect of a registered range failed: {res:?}"
