@@ -27,107 +27,25 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use pyo3::{ffi, IntoPyObjectExt};
 
-use upager::{
-    AdviseError, FlushError, MapError, MapOptions, Pager, PagerError, RangeError, Region,
-    Residency, Stats, UnmapError,
-};
+use upager::{MapOptions, Pager, Region, Residency, Stats};
 
 // ---------------------------------------------------------------------------
 // Errors: invalid arguments are ValueError; system failures OSError with
 // errno (so Python picks FileNotFoundError, PermissionError, ...).
 // ---------------------------------------------------------------------------
 
-/// Renders an error and its causes, skipping causes already quoted.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
-
 fn os_error(errno: i32, msg: String) -> PyErr {
     PyOSError::new_err((errno, msg))
 }
 
-fn io_errno(e: &std::io::Error) -> i32 {
-    e.raw_os_error().unwrap_or(5) // EIO
-}
-
-fn pager_err(e: PagerError) -> PyErr {
-    let msg = chain(&e);
-    match &e {
-        PagerError::BudgetTooSmall(_) | PagerError::HandlerThreads(_) | PagerError::Batch(_) => {
-            PyValueError::new_err(msg)
-        }
-        PagerError::NoUserfaultfd { .. } => os_error(1, msg), // EPERM -> PermissionError
-        PagerError::MissingFeature(_) => os_error(38, msg),   // ENOSYS
-        PagerError::Api(s)
-        | PagerError::Pidfd(s)
-        | PagerError::Spawn(s)
-        | PagerError::EventFd(s) => os_error(io_errno(s), msg),
-        _ => os_error(5, msg),
-    }
-}
-
-fn map_err(e: MapError) -> PyErr {
-    let msg = chain(&e);
-    match &e {
-        MapError::ZeroSize
-        | MapError::FolioSize(_)
-        | MapError::BudgetBelowBatch { .. }
-        | MapError::OffsetNotAligned { .. }
-        | MapError::BeyondEnd { .. } => PyValueError::new_err(msg),
-        MapError::NotFound { .. } => os_error(2, msg), // FileNotFoundError
-        MapError::PermissionDenied { .. }
-        | MapError::ReadOnlyFile { .. }
-        | MapError::StoreReadOnly => {
-            os_error(13, msg) // PermissionError
-        }
-        MapError::Open { source, .. } | MapError::SwapFile { source, .. } => {
-            os_error(io_errno(source), msg)
-        }
-        MapError::Mmap { .. } => os_error(12, msg),
-        MapError::Register(s) => os_error(io_errno(s), msg),
-        _ => os_error(5, msg),
-    }
-}
-
-fn flush_err(e: FlushError) -> PyErr {
-    let msg = chain(&e);
-    match &e {
-        FlushError::Writeback(s) | FlushError::Sync(s) => os_error(io_errno(s), msg),
-        _ => os_error(5, msg),
-    }
-}
-
-fn unmap_err(e: UnmapError) -> PyErr {
-    let msg = chain(&e);
-    match &e {
-        UnmapError::Flush(FlushError::Writeback(s) | FlushError::Sync(s)) => {
-            os_error(io_errno(s), msg)
-        }
-        _ => os_error(5, msg),
-    }
-}
-
-fn range_err(e: RangeError) -> PyErr {
-    PyValueError::new_err(chain(&e))
-}
-
-fn advise_err(e: AdviseError) -> PyErr {
-    let msg = chain(&e);
-    match &e {
-        AdviseError::Range(_) => PyValueError::new_err(msg),
-        AdviseError::Writeback(s) => os_error(io_errno(s), msg),
-        AdviseError::Unsupported(_) => os_error(95, msg), // EOPNOTSUPP
-        _ => os_error(5, msg),
+/// An engine error as a Python exception: bad arguments (EINVAL) are
+/// ValueError, the rest OSError with the errno the C face reports too
+/// (`upager::ErrorCode`), so Python picks FileNotFoundError, PermissionError...
+fn engine_err(e: impl upager::ErrorCode) -> PyErr {
+    let msg = upager::error_chain(&e);
+    match e.errno() {
+        upager::errno::EINVAL => PyValueError::new_err(msg),
+        n => os_error(n, msg),
     }
 }
 
@@ -249,7 +167,7 @@ impl PyPager {
         if let Some(d) = swap_dir {
             b = b.swap_dir(d);
         }
-        let pager = py.allow_threads(|| b.build()).map_err(pager_err)?;
+        let pager = py.allow_threads(|| b.build()).map_err(engine_err)?;
         Ok(PyPager {
             pager: Mutex::new(Some(Arc::new(pager))),
             folio,
@@ -287,7 +205,7 @@ impl PyPager {
         let pager = self.get()?;
         let region = py
             .allow_threads(move || pager.map_file(&path, &opts))
-            .map_err(map_err)?;
+            .map_err(engine_err)?;
         Ok(PyRegion::new(region, format!("file, mode {mode:?}")))
     }
 
@@ -305,7 +223,7 @@ impl PyPager {
         let pager = self.get()?;
         let region = py
             .allow_threads(move || pager.map_anonymous(size, &opts))
-            .map_err(map_err)?;
+            .map_err(engine_err)?;
         Ok(PyRegion::new(region, "anonymous".into()))
     }
 
@@ -472,7 +390,7 @@ impl PyRegion {
             drop(r);
             res
         })
-        .map_err(flush_err)
+        .map_err(engine_err)
     }
 
     /// Flushes and unmaps, releasing all memory. Idempotent. Raises
@@ -508,7 +426,7 @@ impl PyRegion {
             Ok(()) => Ok(()),
             Err((e, region)) => {
                 *lock(&self.region) = Some(region);
-                Err(unmap_err(e))
+                Err(engine_err(e))
             }
         }
     }
@@ -528,7 +446,7 @@ impl PyRegion {
         length: Option<u64>,
     ) -> PyResult<Vec<(u64, u64, &'static str)>> {
         let (o, l) = self.span(offset, length)?;
-        let runs = self.get()?.residency(o, l).map_err(range_err)?;
+        let runs = self.get()?.residency(o, l).map_err(engine_err)?;
         Ok(runs
             .into_iter()
             .map(|(r, s)| (r.start, r.end, residency_name(s)))
@@ -544,7 +462,7 @@ impl PyRegion {
         length: Option<u64>,
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let (o, l) = self.span(offset, length)?;
-        let v = self.get()?.mincore(o, l).map_err(range_err)?;
+        let v = self.get()?.mincore(o, l).map_err(engine_err)?;
         Ok(pyo3::types::PyBytes::new(py, &v))
     }
 
@@ -555,7 +473,7 @@ impl PyRegion {
         let (o, l) = self.span(offset, length)?;
         let r = self.get()?;
         py.allow_threads(move || r.pageout(o, l))
-            .map_err(advise_err)
+            .map_err(engine_err)
     }
 
     /// Starts filling the range in the background (like MADV_WILLNEED);
@@ -570,7 +488,7 @@ impl PyRegion {
     ) -> PyResult<()> {
         let (o, l) = self.span(offset, length)?;
         let r = self.get()?;
-        r.prefetch(o, l).map_err(range_err)?;
+        r.prefetch(o, l).map_err(engine_err)?;
         if wait {
             let done = py.allow_threads(move || r.wait_prefetch(Duration::from_secs(60)));
             if !done {
@@ -591,7 +509,7 @@ impl PyRegion {
         let (o, l) = self.span(offset, length)?;
         let r = self.get()?;
         py.allow_threads(move || r.discard(o, l))
-            .map_err(advise_err)
+            .map_err(engine_err)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -7,8 +7,6 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CString};
 use std::io;
 
-use engine::{AdviseError, FlushError, MapError, PagerError, RangeError, UnmapError};
-
 thread_local! {
     /// Message of the last failed call on this thread (NUL-terminated).
     static LAST: RefCell<CString> = RefCell::new(CString::default());
@@ -50,104 +48,11 @@ pub(crate) fn last_ptr() -> *const c_char {
     LAST.with(|l| l.borrow().as_ptr())
 }
 
-fn io_errno(e: &io::Error) -> c_int {
-    e.raw_os_error().unwrap_or(libc::EIO)
-}
-
-/// Renders an error with its chain of causes ("a: b: c"), skipping causes
-/// that the message already quotes (displaydoc messages embed `{0}`).
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
-
-impl From<PagerError> for Failure {
-    fn from(e: PagerError) -> Failure {
-        let errno = match &e {
-            PagerError::NoUserfaultfd { device, .. } => match device.raw_os_error() {
-                Some(libc::ENOENT) | None => libc::EPERM,
-                Some(n) => n,
-            },
-            PagerError::MissingFeature(_) => libc::ENOSYS,
-            PagerError::BudgetTooSmall(_)
-            | PagerError::HandlerThreads(_)
-            | PagerError::Batch(_) => libc::EINVAL,
-            PagerError::Api(s)
-            | PagerError::Pidfd(s)
-            | PagerError::Spawn(s)
-            | PagerError::EventFd(s) => io_errno(s),
-            _ => libc::EIO,
-        };
-        Failure::new(errno, chain(&e))
-    }
-}
-
-impl From<MapError> for Failure {
-    fn from(e: MapError) -> Failure {
-        let errno = match &e {
-            MapError::ZeroSize
-            | MapError::FolioSize(_)
-            | MapError::BudgetBelowBatch { .. }
-            | MapError::OffsetNotAligned { .. }
-            | MapError::BeyondEnd { .. } => libc::EINVAL,
-            MapError::NotFound { .. } => libc::ENOENT,
-            MapError::PermissionDenied { .. } | MapError::ReadOnlyFile { .. } => libc::EACCES,
-            // A descriptor opened read-only, mapped for writing: mmap(2)
-            // says EACCES for this too.
-            MapError::StoreReadOnly => libc::EACCES,
-            MapError::Open { source, .. } | MapError::SwapFile { source, .. } => io_errno(source),
-            MapError::Mmap { .. } => libc::ENOMEM,
-            MapError::Register(s) => io_errno(s),
-            _ => libc::EIO,
-        };
-        Failure::new(errno, chain(&e))
-    }
-}
-
-impl From<FlushError> for Failure {
-    fn from(e: FlushError) -> Failure {
-        let errno = match &e {
-            FlushError::Writeback(s) | FlushError::Sync(s) => io_errno(s),
-            _ => libc::EIO,
-        };
-        Failure::new(errno, chain(&e))
-    }
-}
-
-impl From<UnmapError> for Failure {
-    fn from(e: UnmapError) -> Failure {
-        let errno = match &e {
-            UnmapError::Flush(FlushError::Writeback(s) | FlushError::Sync(s)) => io_errno(s),
-            _ => libc::EIO,
-        };
-        Failure::new(errno, chain(&e))
-    }
-}
-
-impl From<RangeError> for Failure {
-    fn from(e: RangeError) -> Failure {
-        Failure::new(libc::EINVAL, chain(&e))
-    }
-}
-
-impl From<AdviseError> for Failure {
-    fn from(e: AdviseError) -> Failure {
-        let errno = match &e {
-            AdviseError::Range(_) => libc::EINVAL,
-            AdviseError::Writeback(s) => io_errno(s),
-            AdviseError::Unsupported(_) => libc::EOPNOTSUPP,
-            _ => libc::EIO,
-        };
-        Failure::new(errno, chain(&e))
+/// Every engine error carries its errno ([`engine::ErrorCode`], the same
+/// mapping the Python face uses) and its message chain.
+impl<E: engine::ErrorCode> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure::new(e.errno(), engine::error_chain(&e))
     }
 }
 

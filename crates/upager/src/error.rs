@@ -169,6 +169,128 @@ pub enum AdviseError {
     Unsupported(&'static str),
 }
 
+/// The errno a C or Python face reports for an error (Linux numbering):
+/// EINVAL for bad arguments, the underlying OS error where there is one.
+/// One mapping for every face, so C's negative errno and Python's exception
+/// class agree.
+pub trait ErrorCode: std::error::Error {
+    /// The errno value (positive).
+    fn errno(&self) -> i32;
+}
+
+/// Linux errno values used by [`ErrorCode`] (no libc dependency here).
+pub mod errno {
+    /// Operation not permitted.
+    pub const EPERM: i32 = 1;
+    /// No such file or directory.
+    pub const ENOENT: i32 = 2;
+    /// I/O error.
+    pub const EIO: i32 = 5;
+    /// Out of memory (or address space).
+    pub const ENOMEM: i32 = 12;
+    /// Permission denied.
+    pub const EACCES: i32 = 13;
+    /// Invalid argument.
+    pub const EINVAL: i32 = 22;
+    /// Function not implemented.
+    pub const ENOSYS: i32 = 38;
+    /// Operation not supported.
+    pub const EOPNOTSUPP: i32 = 95;
+}
+
+fn io_errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(errno::EIO)
+}
+
+impl ErrorCode for PagerError {
+    fn errno(&self) -> i32 {
+        match self {
+            PagerError::NoUserfaultfd { device, .. } => match device.raw_os_error() {
+                Some(errno::ENOENT) | None => errno::EPERM,
+                Some(n) => n,
+            },
+            PagerError::MissingFeature(_) => errno::ENOSYS,
+            PagerError::BudgetTooSmall(_)
+            | PagerError::HandlerThreads(_)
+            | PagerError::Batch(_)
+            | PagerError::Readahead(_) => errno::EINVAL,
+            PagerError::Api(s)
+            | PagerError::Pidfd(s)
+            | PagerError::Spawn(s)
+            | PagerError::EventFd(s) => io_errno(s),
+        }
+    }
+}
+
+impl ErrorCode for MapError {
+    fn errno(&self) -> i32 {
+        match self {
+            MapError::ZeroSize
+            | MapError::FolioSize(_)
+            | MapError::BudgetBelowBatch { .. }
+            | MapError::OffsetNotAligned { .. }
+            | MapError::BeyondEnd { .. } => errno::EINVAL,
+            MapError::NotFound { .. } => errno::ENOENT,
+            // A read-only file or descriptor mapped for writing: mmap(2)
+            // says EACCES too.
+            MapError::PermissionDenied { .. }
+            | MapError::ReadOnlyFile { .. }
+            | MapError::StoreReadOnly => errno::EACCES,
+            MapError::Open { source, .. } | MapError::SwapFile { source, .. } => io_errno(source),
+            MapError::Mmap { .. } => errno::ENOMEM,
+            MapError::Register(s) => io_errno(s),
+        }
+    }
+}
+
+impl ErrorCode for FlushError {
+    fn errno(&self) -> i32 {
+        match self {
+            FlushError::Writeback(s) | FlushError::Sync(s) => io_errno(s),
+        }
+    }
+}
+
+impl ErrorCode for UnmapError {
+    fn errno(&self) -> i32 {
+        match self {
+            UnmapError::Flush(f) => f.errno(),
+        }
+    }
+}
+
+impl ErrorCode for RangeError {
+    fn errno(&self) -> i32 {
+        errno::EINVAL
+    }
+}
+
+impl ErrorCode for AdviseError {
+    fn errno(&self) -> i32 {
+        match self {
+            AdviseError::Range(_) => errno::EINVAL,
+            AdviseError::Writeback(s) => io_errno(s),
+            AdviseError::Unsupported(_) => errno::EOPNOTSUPP,
+        }
+    }
+}
+
+/// An error and its causes as one line ("a: b: c"), skipping causes the
+/// message already quotes (displaydoc messages embed their `{0}`).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +332,26 @@ mod tests {
 
     fn libc_eacces() -> i32 {
         13
+    }
+
+    #[test]
+    fn every_face_gets_the_same_errno_and_chain() {
+        assert_eq!(MapError::ZeroSize.errno(), errno::EINVAL);
+        assert_eq!(
+            MapError::NotFound { path: "x".into() }.errno(),
+            errno::ENOENT
+        );
+        let f = FlushError::Writeback(io::Error::from_raw_os_error(28));
+        assert_eq!(f.errno(), 28);
+        assert_eq!(UnmapError::Flush(f).errno(), 28);
+        let e = PagerError::NoUserfaultfd {
+            device: io::Error::from_raw_os_error(errno::ENOENT),
+            syscall: io::Error::from_raw_os_error(errno::EPERM),
+        };
+        assert_eq!(e.errno(), errno::EPERM);
+        let c = error_chain(&UnmapError::Flush(FlushError::Sync(
+            io::Error::from_raw_os_error(5),
+        )));
+        assert_eq!(c, "could not write the region's dirty data back before unmapping: making the store durable (fdatasync) failed: Input/output error (os error 5)");
     }
 }

@@ -61,7 +61,10 @@ mod table;
 pub use config::{
     format_size, parse_size, Lookup, MapOptions, PagerBuilder, DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO,
 };
-pub use error::{AdviseError, FlushError, MapError, PagerError, RangeError, UnmapError};
+pub use error::{
+    errno, error_chain, AdviseError, ErrorCode, FlushError, MapError, PagerError, RangeError,
+    UnmapError,
+};
 pub use marker::Residency;
 pub use pager::Pager;
 pub use region::Region;
