@@ -95,6 +95,7 @@ pub(crate) fn errno_text(err: c_int) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine::{FlushError, MapError};
 
     #[test]
     fn errno_mapping_and_messages() {
