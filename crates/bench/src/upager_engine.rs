@@ -535,32 +535,14 @@ fn residency(
             }
             ResidencyMethod::UpagerPagemap => {
                 let v = region.pagemap(0, bytes).map_err(invalid)?;
-                let present = v
-                    .iter()
-                    .filter(|&&w| w & upager_sys::pagemap::PM_PRESENT != 0)
-                    .count();
-                let swapped = v
-                    .iter()
-                    .filter(|&&w| w & upager_sys::pagemap::PM_SWAPPED != 0)
-                    .count();
-                answer.insert("present_pages", present as f64);
-                answer.insert("swapped_pages", swapped as f64);
+                count_pagemap(&v, &mut answer);
                 black_box(v);
             }
             ResidencyMethod::ProcPagemap => {
                 let mut v = Vec::new();
                 upager_sys::pagemap::read_pagemap(&pagemap_file, base, bytes, &mut v)
                     .map_err(wio("reading /proc/self/pagemap"))?;
-                let present = v
-                    .iter()
-                    .filter(|&&w| w & upager_sys::pagemap::PM_PRESENT != 0)
-                    .count();
-                let swapped = v
-                    .iter()
-                    .filter(|&&w| w & upager_sys::pagemap::PM_SWAPPED != 0)
-                    .count();
-                answer.insert("present_pages", present as f64);
-                answer.insert("swapped_pages", swapped as f64);
+                count_pagemap(&v, &mut answer);
                 black_box(v);
             }
             ResidencyMethod::PagemapScan => {
@@ -839,4 +821,16 @@ impl Engine for ResidencyEngine {
         };
         run_upager(&self.exe, p, 0, UpagerConfig::default(), job)
     }
+}
+
+/// Counts present and swapped pages of pagemap words into `answer`: the same
+/// tally for upager's pagemap-shaped answer and the kernel's.
+fn count_pagemap<M: Extend<(&'static str, f64)>>(words: &[u64], answer: &mut M) {
+    use upager_sys::pagemap::{PM_PRESENT, PM_SWAPPED};
+    let present = words.iter().filter(|&&w| w & PM_PRESENT != 0).count();
+    let swapped = words.iter().filter(|&&w| w & PM_SWAPPED != 0).count();
+    answer.extend([
+        ("present_pages", present as f64),
+        ("swapped_pages", swapped as f64),
+    ]);
 }
