@@ -24,6 +24,11 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 
+# tracefs: the shootdown counts of the tests and benchmarks (tlb:tlb_flush).
+if [ "$(id -u)" -eq 0 ] && [ ! -d /sys/kernel/tracing/instances ]; then
+  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || echo "setup: warning: could not mount tracefs; shootdown counts will be skipped" >&2
+fi
+
 if [ ! -e /dev/userfaultfd ]; then
   echo "setup: warning: /dev/userfaultfd is missing (Linux 6.1+ creates it); upager needs it or vm.unprivileged_userfaultfd=1" >&2
 fi

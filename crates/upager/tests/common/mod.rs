@@ -164,6 +164,10 @@ impl TlbTrace {
     pub fn start(tids: &[u32]) -> Option<TlbTrace> {
         let root = Path::new("/sys/kernel/tracing");
         if !root.join("instances").is_dir() {
+            // Not mounted yet on a fresh machine: mount it (root only).
+            let _ = Command::new("mount").args(["-t", "tracefs", "nodev"]).arg(root).status();
+        }
+        if !root.join("instances").is_dir() {
             eprintln!("skipping shootdown count: no tracefs at {}", root.display());
             return None;
         }
