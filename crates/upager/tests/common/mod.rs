@@ -165,7 +165,10 @@ impl TlbTrace {
         let root = Path::new("/sys/kernel/tracing");
         if !root.join("instances").is_dir() {
             // Not mounted yet on a fresh machine: mount it (root only).
-            let _ = Command::new("mount").args(["-t", "tracefs", "nodev"]).arg(root).status();
+            let _ = Command::new("mount")
+                .args(["-t", "tracefs", "nodev"])
+                .arg(root)
+                .status();
         }
         if !root.join("instances").is_dir() {
             eprintln!("skipping shootdown count: no tracefs at {}", root.display());
