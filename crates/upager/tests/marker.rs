@@ -170,13 +170,29 @@ fn prefetch_fills_in_the_background_and_later_accesses_do_not_fault() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 8 * MIB, 3);
     let pager = Pager::new(64 * MIB).unwrap();
-    let r = pager.map_file(&path, &MapOptions::new().folio(F)).unwrap();
-    let t = Instant::now();
+    let store = std::sync::Arc::new(TestStore::new(&path, false));
+    let r = pager
+        .map_store(store.clone(), &MapOptions::new().folio(F))
+        .unwrap();
+    // The store's reads wait at a closed gate: prefetch must return while
+    // its reads are still held there (it queues the work and returns), not
+    // after a timer.
+    store.set_gate(true);
     r.prefetch(MIB, 4 * MIB).unwrap();
     assert!(
-        t.elapsed() < Duration::from_millis(50),
-        "prefetch must return at once"
+        r.mincore(MIB, 4 * MIB).unwrap().iter().all(|&b| b == 0),
+        "prefetch returned after filling: it must return at once"
     );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store
+        .reads_blocked
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "prefetch never read the store");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    store.set_gate(false);
     let deadline = Instant::now() + Duration::from_secs(10);
     while r.mincore(MIB, 4 * MIB).unwrap().contains(&0) {
         assert!(Instant::now() < deadline, "prefetch did not finish");

@@ -454,7 +454,8 @@ fn a_folio_whose_eviction_write_back_failed_stays_evictable() {
         res.is_ok(),
         "fault failed: clean folios could not be evicted"
     );
-    assert!(t1.elapsed() < Duration::from_secs(2));
+    // Under the 5 s give-up of direct reclaim that the bug ran into.
+    assert!(t1.elapsed() < Duration::from_secs(4));
     watch.finish();
 }
 
