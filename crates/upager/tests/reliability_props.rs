@@ -15,7 +15,7 @@
 mod common;
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
@@ -40,18 +40,23 @@ fn cases(default: u32) -> Config {
     }
 }
 
-/// A pattern file shared by the cases (created once per process).
+/// A pattern file shared by the cases (created once per process). Statics
+/// are never dropped, so the file is unlinked at once and reached through
+/// its open descriptor (/proc/self/fd/N): nothing is left behind in
+/// /dev/shm when the test binary exits.
 fn data_file() -> &'static Path {
+    use std::os::fd::AsRawFd;
     use std::sync::OnceLock;
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    let d = DIR.get_or_init(|| {
+    static PATH: OnceLock<(std::fs::File, PathBuf)> = OnceLock::new();
+    let (_, path) = PATH.get_or_init(|| {
         let d = ram_dir();
         // 3 MiB + 1000 bytes: a short last folio at every folio size.
         let p = pattern_file(d.path(), "data", 3 * MIB + 1000, 61);
-        assert!(p.exists());
-        d
+        let f = std::fs::File::open(&p).unwrap();
+        let path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        (f, path)
     });
-    Box::leak(d.path().join("data").into_boxed_path())
+    path
 }
 
 fn file_len() -> u64 {

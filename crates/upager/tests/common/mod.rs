@@ -36,15 +36,31 @@ pub fn pattern_file(dir: &Path, name: &str, len: u64, seed: u64) -> PathBuf {
 
 /// A directory on RAM-backed storage (tmpfs) for test data.
 pub fn ram_dir() -> tempfile::TempDir {
-    let base = if Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/tmp"
+    // A child process (run_child, ChildProc) may die by a signal or exit(),
+    // so it never removes its own directory: it works inside one that its
+    // parent created and removes.
+    let base = match std::env::var_os(PARENT_DIR_ENV) {
+        Some(d) => PathBuf::from(d),
+        None if Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm"),
+        None => PathBuf::from("/tmp"),
     };
     tempfile::Builder::new()
         .prefix("upager-test")
         .tempdir_in(base)
         .unwrap()
+}
+
+/// Names the directory a parent test made for its child process's files.
+const PARENT_DIR_ENV: &str = "UPAGER_TEST_PARENT_DIR";
+
+/// A directory for a child process's files, removed by the parent (the
+/// child may run as another user, so anyone may create entries in it, as
+/// in /tmp).
+fn child_dir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = ram_dir();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    d
 }
 
 /// A file store that fails chosen reads/writes, or blocks reads at a gate.
@@ -128,9 +144,11 @@ pub fn run_child(scenario: &str, wrap: &[&str], timeout: Duration) -> Output {
         c.args(&wrap[1..]).arg(&exe);
         c
     };
+    let dir = child_dir();
     let mut child = cmd
         .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
         .env("UPAGER_CHILD", scenario)
+        .env(PARENT_DIR_ENV, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -234,15 +252,20 @@ pub struct ChildProc {
     lines: std::sync::mpsc::Receiver<String>,
     /// Every stdout line received so far.
     pub seen: Vec<String>,
+    /// The child's files; removed after the child is reaped (fields drop
+    /// after `Drop::drop`).
+    _dir: tempfile::TempDir,
 }
 
 impl ChildProc {
     /// Starts `scenario` with extra environment variables.
     pub fn spawn(scenario: &str, envs: &[(&str, &str)]) -> ChildProc {
         let exe = std::env::current_exe().unwrap();
+        let dir = child_dir();
         let mut cmd = Command::new(&exe);
         cmd.args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
             .env("UPAGER_CHILD", scenario)
+            .env(PARENT_DIR_ENV, dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (k, v) in envs {
@@ -264,6 +287,7 @@ impl ChildProc {
             child,
             lines,
             seen: Vec::new(),
+            _dir: dir,
         }
     }
 
