@@ -2,30 +2,18 @@
 //! as root, the memory cgroup, zram ext4, swap device and tracepoint), to
 //! prove the pipeline works. No timing is asserted.
 
+mod common;
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
+    use crate::common::{assert_all_ran, exe, serial};
     use upager_bench::env::{self, is_root};
     use upager_bench::{
-        run_scenario, run_worker, scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Report,
-        RunOptions, ScenarioParams, SwapKind, Target, TlbCounter, WorkerExe, Workload,
+        run_scenario, run_worker, scenario, BenchEnv, Engine, EnvConfig, KernelEngine, RunOptions,
+        ScenarioParams, SwapKind, Target, TlbCounter, Workload,
     };
-
-    /// The tests of this file run one at a time: each starts worker
-    /// processes that load both CPUs, and the shootdown count of
-    /// `tlb_counter_counts_remote_flushes` depends on its spinner thread
-    /// keeping the other CPU (a parallel test's worker took it half the time
-    /// in CI, halving the IPIs sent).
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-    fn serial() -> std::sync::MutexGuard<'static, ()> {
-        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn exe() -> WorkerExe {
-        WorkerExe::Binary(env!("CARGO_BIN_EXE_upager-bench-worker").into())
-    }
 
     fn engines() -> Vec<Box<dyn Engine>> {
         vec![Box::new(KernelEngine::with_worker(exe()))]
@@ -35,22 +23,6 @@ mod tests {
         let mut p = (scenario(name).unwrap().tiny)();
         p.drop_caches = false; // machine-wide; not needed to prove the pipeline
         p
-    }
-
-    fn check(r: &Report) {
-        println!("{}", r.table());
-        assert!(!r.runs.is_empty());
-        for run in &r.runs {
-            assert!(
-                run.error.is_none(),
-                "{} {}: {:?}",
-                run.engine,
-                run.variant,
-                run.error
-            );
-            let m = run.measurement.as_ref().unwrap();
-            assert!(m.ops > 0 && m.elapsed_s > 0.0, "{m:?}");
-        }
     }
 
     fn zram0_free() -> bool {
@@ -90,7 +62,7 @@ mod tests {
                 p.data_file = Some(f);
             }
             let r = run_scenario(name, &p, &engines()).unwrap();
-            check(&r);
+            assert_all_ran(&r);
             let m = r.runs[0].measurement.as_ref().unwrap();
             if env.is_some() {
                 // File 4-8× the limit: the cgroup must have evicted pages and
@@ -108,7 +80,7 @@ mod tests {
     fn multi_fault() {
         let _g = serial();
         let r = run_scenario("multi-fault", &tiny("multi-fault"), &engines()).unwrap();
-        check(&r);
+        assert_all_ran(&r);
         assert_eq!(r.summary.len(), 2);
     }
 
@@ -121,7 +93,7 @@ mod tests {
             p.folio_sizes_kb = vec![4];
         }
         let r = run_scenario("unmap-folio", &p, &engines()).unwrap();
-        check(&r);
+        assert_all_ran(&r);
     }
 
     #[test]
@@ -139,7 +111,7 @@ mod tests {
         })
         .unwrap();
         let r = run_scenario("swap", &tiny("swap"), &engines()).unwrap();
-        check(&r);
+        assert_all_ran(&r);
         let m = r.runs[0].measurement.as_ref().unwrap();
         assert!(
             m.evicted_pages.unwrap_or(0) > 0,

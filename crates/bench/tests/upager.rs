@@ -13,22 +13,17 @@
 //! Needs root (userfaultfd, cgroup, zram, tracefs); skipped otherwise.
 //! Tests take one lock: they share zram0.
 
+mod common;
+
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
+    use crate::common::{assert_all_ran, exe, serial};
     use upager_bench::env::is_root;
     use upager_bench::workloads::MapAdvice;
     use upager_bench::{
         prepare, run_scenario, scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Report,
-        ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
+        ScenarioParams, SwapKind, UpagerEngine,
     };
-
-    static SERIAL: Mutex<()> = Mutex::new(());
-
-    fn exe() -> WorkerExe {
-        WorkerExe::Binary(env!("CARGO_BIN_EXE_upager-bench-worker").into())
-    }
 
     fn engines() -> Vec<Box<dyn Engine>> {
         let mut v: Vec<Box<dyn Engine>> = vec![
@@ -78,17 +73,9 @@ mod tests {
 
     fn run(name: &str, p: &ScenarioParams) -> Report {
         let r = run_scenario(name, p, &engines()).unwrap();
-        println!("{}", r.table());
+        assert_all_ran(&r);
         for run in &r.runs {
-            assert!(
-                run.error.is_none(),
-                "{} {}: {:?}",
-                run.engine,
-                run.variant,
-                run.error
-            );
             let m = run.measurement.as_ref().unwrap();
-            assert!(m.ops > 0, "{} {}: {m:?}", run.engine, run.variant);
             if run.engine.starts_with("upager") && name != "residency" {
                 let peak = m.peak_bytes.expect("upager reports its resident peak");
                 let budget = if name == "unmap-folio" {
@@ -122,15 +109,18 @@ mod tests {
 
     #[test]
     fn mmap_read_batches_shootdowns() {
-        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = serial();
         if skip() {
             return;
         }
         let Some(env) = env(true, false) else { return };
         // Larger than the registry's tiny size, so the few flushes that are
-        // not evictions (thread start, region teardown) do not dominate.
+        // not evictions (thread start, region teardown) do not dominate: with
+        // a 64 MiB file one run in eight measured 2.02 sends per 1000 evicted
+        // pages; with 128 MiB six runs measured 1.43-1.56 (~1.5 per 1024-page
+        // batch: the kernel's own DONTNEED adds about one per batch here).
         let p = ScenarioParams {
-            file_bytes: 64 << 20,
+            file_bytes: 128 << 20,
             limit_bytes: 8 << 20,
             ..tiny("mmap-read")
         };
@@ -138,7 +128,7 @@ mod tests {
         let r = run("mmap-read", &p);
         let up = m(&r, "upager");
         let evicted = up.evicted_pages.unwrap();
-        assert!(evicted >= 8192, "file 8× the budget must evict: {up:?}");
+        assert!(evicted >= 16384, "file 16× the budget must evict: {up:?}");
         let per1k = up.sends_per_1000_evicted.unwrap();
         assert!(
             per1k <= 2.0,
@@ -157,7 +147,7 @@ mod tests {
 
     #[test]
     fn random_read() {
-        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = serial();
         if skip() {
             return;
         }
@@ -170,7 +160,7 @@ mod tests {
 
     #[test]
     fn multi_fault() {
-        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = serial();
         if skip() {
             return;
         }
@@ -181,7 +171,7 @@ mod tests {
 
     #[test]
     fn unmap_folio() {
-        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = serial();
         if skip() {
             return;
         }
@@ -197,7 +187,7 @@ mod tests {
 
     #[test]
     fn swap() {
-        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = serial();
         if skip() {
             return;
         }
@@ -224,7 +214,7 @@ mod tests {
 
     #[test]
     fn residency() {
-        let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = serial();
         if skip() {
             return;
         }
