@@ -117,8 +117,9 @@ mod tests {
         // Larger than the registry's tiny size, so the few flushes that are
         // not evictions (thread start, region teardown) do not dominate: with
         // a 64 MiB file one run in eight measured 2.02 sends per 1000 evicted
-        // pages; with 128 MiB six runs measured 1.43-1.56 (~1.5 per 1024-page
-        // batch: the kernel's own DONTNEED adds about one per batch here).
+        // pages; with 128 MiB 16 runs measured 1.38-1.56 (~1.5 per 1024-page
+        // batch; why a batch's one process_madvise costs ~1.5 sends is not
+        // yet explained).
         let p = ScenarioParams {
             file_bytes: 128 << 20,
             limit_bytes: 8 << 20,
