@@ -304,8 +304,11 @@ impl Region {
         Ok(())
     }
 
-    /// Drops claimed folios: one process_madvise per ≤ 1024 ranges, swap
-    /// slots freed under one lock, holes punched after it.
+    /// Drops claimed folios: one process_madvise per ≤ 1024 ranges, holes
+    /// punched in their swap slots, then the slots freed under one lock.
+    /// Punch before free: a freed slot can be handed at once to a folio
+    /// that eviction is writing back (the reclaimer runs concurrently), and
+    /// a punch after that would wipe the new folio's data.
     fn discard_claimed(&self, claimed: Vec<(usize, folio::State)>) {
         if claimed.is_empty() {
             return;
@@ -335,13 +338,15 @@ impl Region {
             sh.counters.tlb_flush_batches.inc();
         }
         if let Some(pool) = &r.slots {
-            pool.free(&slots, sh.cfg.batched_removal);
-            slots.sort_unstable();
-            for run in slots.chunk_by(|a, b| b == &(a + 1)) {
+            // The slots are still ours (their folios are BUSY): punch first.
+            let mut sorted = slots.clone();
+            sorted.sort_unstable();
+            for run in sorted.chunk_by(|a, b| b == &(a + 1)) {
                 let _ = r
                     .store
                     .punch(u64::from(run[0]) * r.folio, run.len() as u64 * r.folio);
             }
+            pool.free(&slots, sh.cfg.batched_removal);
         }
         for &(idx, _) in &claimed {
             let prev = folio::release(r.state(idx), |s| {

@@ -10,8 +10,9 @@
 //!
 //! [`Slots`] is the store index that reclaim updates (seed 003): a batch of
 //! evicted folios gets its slots under one lock acquisition, and a batch of
-//! discarded folios returns them under one, holes punched after the lock is
-//! dropped.
+//! discarded folios returns them under one, their holes punched before (a
+//! freed slot may be reused at once, so a punch after the free could wipe
+//! the new owner's data).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -329,7 +330,8 @@ impl Slots {
         out
     }
 
-    /// Returns slots; the caller punches their space after this returns.
+    /// Returns slots. A slot may be handed out again as soon as this
+    /// returns: punch its space (if at all) before calling this.
     pub fn free(&self, slots: &[u32], batched: bool) {
         if slots.is_empty() {
             return;

@@ -264,6 +264,61 @@ fn discard_zeroes_anonymous_memory_and_frees_swap() {
     assert_eq!(pager.stats().evicted_markers, 0, "unmap clears markers");
 }
 
+/// Discard frees swap slots that eviction, running at the same time in
+/// the same region, may hand to other folios at once: the discarded slots'
+/// holes must be punched before the slots are reused, or the punch wipes
+/// the other folio's freshly written data (found by the reference-model
+/// test in CI: an anonymous region read zeros at the end).
+#[test]
+fn discard_racing_eviction_loses_no_other_folio() {
+    let swap = ram_dir();
+    let pager = Pager::builder()
+        .budget(MIB)
+        .batch(8)
+        .swap_dir(swap.path())
+        .build()
+        .unwrap();
+    const HALF: u64 = 4 * MIB;
+    let r = pager
+        .map_anonymous(2 * HALF, &MapOptions::new().folio(PF))
+        .unwrap();
+    let words_per_folio = (PF / 8) as usize;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    std::thread::scope(|s| {
+        // Discarder: dirties the second half (its folios get slots when
+        // evicted), then discards it (frees those slots), over and over.
+        s.spawn(|| {
+            let base = (HALF / 8) as usize;
+            while !stop.load(Relaxed) {
+                for f in 0..(HALF / PF) as usize {
+                    r.words()[base + f * words_per_folio].store(1, Relaxed);
+                }
+                r.discard(HALF, HALF).unwrap();
+            }
+        });
+        // Writer: discards its own half so every folio needs a new slot on
+        // its next eviction, writes every folio, and reads it all back.
+        let mut round = 0u64;
+        while Instant::now() < deadline {
+            round += 1;
+            r.discard(0, HALF).unwrap();
+            for f in 0..(HALF / PF) as usize {
+                r.words()[f * words_per_folio + 1].store(round << 32 | f as u64, Relaxed);
+            }
+            for f in 0..(HALF / PF) as usize {
+                let got = r.words()[f * words_per_folio + 1].load(Relaxed);
+                if got != round << 32 | f as u64 {
+                    stop.store(true, Relaxed);
+                    panic!("round {round}: folio {f} reads {got:#x}: a write was lost");
+                }
+            }
+        }
+        stop.store(true, Relaxed);
+    });
+    assert!(pager.stats().discards > 0);
+}
+
 #[test]
 fn discard_on_a_file_drops_unflushed_writes_and_rereads_the_file() {
     let dir = ram_dir();
