@@ -130,7 +130,9 @@ impl Shared {
             return;
         };
         for idx in req.folios {
-            if self.stopping() {
+            // Unmap waits for this request (it holds the region in flight):
+            // stop at the next folio once the region is dying.
+            if self.stopping() || r.dying.load(Ordering::SeqCst) {
                 return;
             }
             // Make room by evicting at most one batch per folio; stop when

@@ -165,7 +165,18 @@ pub(crate) fn release(w: &AtomicU64, f: impl Fn(State) -> State) -> State {
 /// Like [`try_claim`], but first waits while the folio is BUSY (someone
 /// else's fill, write-back or eviction finishes in bounded time), then
 /// decides on the state it settles in.
-pub(crate) fn claim_when_idle(w: &AtomicU64, pred: impl Fn(State) -> bool) -> Option<State> {
+///
+/// `before_wait` runs once, the first time the folio is seen BUSY: a caller
+/// holding claims of its own (a batch being collected) must let them go
+/// there, because the BUSY owner may be a fill waiting in direct reclaim for
+/// budget that only those claimed folios can free — waiting while holding
+/// them would stall the fill until it gives up (SIGBUS after 5 s).
+pub(crate) fn claim_when_idle(
+    w: &AtomicU64,
+    pred: impl Fn(State) -> bool,
+    before_wait: impl FnOnce(),
+) -> Option<State> {
+    let mut before_wait = Some(before_wait);
     let mut spins = 0u32;
     loop {
         let s = load(w);
@@ -177,6 +188,9 @@ pub(crate) fn claim_when_idle(w: &AtomicU64, pred: impl Fn(State) -> bool) -> Op
                 return Some(old);
             }
             continue;
+        }
+        if let Some(f) = before_wait.take() {
+            f();
         }
         spins += 1;
         if spins < 64 {

@@ -226,9 +226,17 @@ impl Region {
             }
         };
         for idx in folios {
-            let Some(old) = folio::claim_when_idle(r.state(idx), |s| {
-                matches!(s.kind(), Kind::Clean | Kind::Dirty)
-            }) else {
+            // Evict what we hold before waiting on a BUSY folio (see
+            // claim_when_idle).
+            let Some(old) = folio::claim_when_idle(
+                r.state(idx),
+                |s| matches!(s.kind(), Kind::Clean | Kind::Dirty),
+                || {
+                    if !victims.is_empty() {
+                        run(&mut victims);
+                    }
+                },
+            ) else {
                 continue;
             };
             let Some(guard) = Inflight::enter(r) else {
@@ -293,7 +301,17 @@ impl Region {
         };
         let mut claimed = Vec::new();
         for idx in folios {
-            if let Some(old) = folio::claim_when_idle(r.state(idx), |_| true) {
+            // Drop what we hold before waiting on a BUSY folio (see
+            // claim_when_idle): its owner may be a fill that needs the
+            // budget our claimed folios hold.
+            let old = folio::claim_when_idle(
+                r.state(idx),
+                |_| true,
+                || {
+                    self.discard_claimed(std::mem::take(&mut claimed));
+                },
+            );
+            if let Some(old) = old {
                 claimed.push((idx, old));
             }
             if claimed.len() >= MAX_IOV {

@@ -226,12 +226,25 @@ impl Region {
         let batch = sh.batch_folios(r.folio);
         let mut first_err = None;
         let mut victims = Vec::with_capacity(batch);
+        let mut run = |victims: &mut Vec<crate::reclaim::Victim>| {
+            if let Err(e) = sh.shrink_list(std::mem::take(victims), Mode::Writeback) {
+                first_err.get_or_insert(e);
+            }
+        };
         for idx in r.touched_folios() {
             // A BUSY folio may be a dirty one being evicted (its write-back
             // not done yet) or one being made dirty: wait it out, so every
             // write made before this call is on the store when we sync.
-            let Some(old) = folio::claim_when_idle(r.state(idx), |s| s.kind() == Kind::Dirty)
-            else {
+            // Write back what we hold before waiting (see claim_when_idle).
+            let Some(old) = folio::claim_when_idle(
+                r.state(idx),
+                |s| s.kind() == Kind::Dirty,
+                || {
+                    if !victims.is_empty() {
+                        run(&mut victims);
+                    }
+                },
+            ) else {
                 continue;
             };
             let Some(guard) = Inflight::enter(r) else {
@@ -245,15 +258,11 @@ impl Region {
                 old,
             });
             if victims.len() >= batch {
-                if let Err(e) = sh.shrink_list(std::mem::take(&mut victims), Mode::Writeback) {
-                    first_err.get_or_insert(e);
-                }
+                run(&mut victims);
             }
         }
         if !victims.is_empty() {
-            if let Err(e) = sh.shrink_list(victims, Mode::Writeback) {
-                first_err.get_or_insert(e);
-            }
+            run(&mut victims);
         }
         let sticky = r.take_error();
         if let Some(e) = first_err.or(sticky) {

@@ -9,7 +9,8 @@
 
 mod common;
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -183,21 +184,13 @@ fn prefetch_fills_in_the_background_and_later_accesses_do_not_fault() {
         r.mincore(MIB, 4 * MIB).unwrap().iter().all(|&b| b == 0),
         "prefetch returned after filling: it must return at once"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store
-        .reads_blocked
-        .load(std::sync::atomic::Ordering::SeqCst)
-        == 0
-    {
-        assert!(Instant::now() < deadline, "prefetch never read the store");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_until("prefetch to read the store", 10, || {
+        store.reads_blocked.load(SeqCst) > 0
+    });
     store.set_gate(false);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while r.mincore(MIB, 4 * MIB).unwrap().contains(&0) {
-        assert!(Instant::now() < deadline, "prefetch did not finish");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_until("prefetch to finish", 10, || {
+        !r.mincore(MIB, 4 * MIB).unwrap().contains(&0)
+    });
     let faults = pager.stats().faults_missing;
     for w in ((MIB / 8) as usize..(5 * MIB / 8) as usize).step_by(512) {
         assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 3));
@@ -210,6 +203,106 @@ fn prefetch_fills_in_the_background_and_later_accesses_do_not_fault() {
     assert_eq!(states(&r)[0], Residency::NeverTouched);
     // The kernel agrees: the pages are mapped.
     assert_eq!(resident_pages(r.as_ptr() as u64 + MIB, 4 * MIB), 1024);
+}
+
+/// Unmap marks the region dying and waits for the work in flight on it. A
+/// prefetch is in flight for its whole request, so it must stop at the next
+/// folio once the region is dying (it used to keep filling until the budget
+/// was full: unmap waited for ~1,000 slow reads).
+#[test]
+fn unmap_stops_a_prefetch_in_flight() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 16 * MIB, 9);
+    let pager = Pager::builder()
+        .budget(4 * MIB)
+        .readahead(0)
+        .build()
+        .unwrap();
+    let store = Arc::new(TestStore::new(&path, false));
+    store.read_delay_us.store(1000, SeqCst);
+    let r = pager
+        .map_store(store.clone(), &MapOptions::new().folio(4096))
+        .unwrap();
+    // 4,096 folios, 1 ms per read; the budget holds 1,024 of them.
+    r.prefetch(0, 16 * MIB).unwrap();
+    wait_until("prefetch to start", 10, || store.reads.load(SeqCst) > 10);
+    let before = store.reads.load(SeqCst);
+    r.unmap().map_err(|(e, _)| e).unwrap();
+    let during = store.reads.load(SeqCst) - before;
+    // One read in progress when unmap starts, plus whatever the prefetch
+    // read while this thread was preempted before setting `dying` (1 ms
+    // each): far below the ~1,000 of a prefetch that ignores unmap.
+    assert!(
+        during < 256,
+        "unmap waited for {during} store reads: the prefetch kept filling a dying region"
+    );
+}
+
+/// Discard claims folios as it goes and releases them at the end of a
+/// chunk (up to 1,024). When it meets a BUSY folio whose owner is a fill
+/// waiting in direct reclaim for budget, and its own claims hold that
+/// budget, neither can move: it must release its claims before waiting (it
+/// used to hold them: the fill gave up after 5 s and the access failed).
+#[test]
+fn discard_lets_go_of_its_claims_before_waiting_on_a_busy_fill() {
+    const P: u64 = 4096;
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 2 * MIB, 7);
+    let pager = Pager::builder()
+        .budget(64 * P)
+        .batch(8)
+        .readahead(0)
+        .handler_threads(3)
+        .background_reclaim(false)
+        .build()
+        .unwrap();
+    let store = Arc::new(TestStore::new(&path, true));
+    let r = pager
+        .map_store(store.clone(), &MapOptions::new().folio(P).writable(true))
+        .unwrap();
+    let state_of = |f: u64| r.residency(f * P, P).unwrap()[0].1;
+    let wpf = (P / 8) as usize;
+    // 63 resident folios; with fault A's folio below, the budget is full.
+    for f in 0..63 {
+        assert_eq!(r.words()[f * wpf].load(Relaxed), word(f as u64 * P, 7));
+    }
+    // Write-backs fail from now on, so A's folio (dirty once filled) cannot
+    // be evicted by B's direct reclaim: B's only way out is discard's claims.
+    store.fail_writes.store(true, SeqCst);
+    store.set_gate(true);
+    std::thread::scope(|s| {
+        // Fault A (a write) on folio 100: budget reserved, held at the gate.
+        let a = s.spawn(|| r.words()[100 * wpf].store(42, Relaxed));
+        wait_until("fault A to block in the store", 10, || {
+            store.reads_blocked.load(SeqCst) > 0
+        });
+        // Discard of folios 0..200 claims the resident ones, reaches 100
+        // and waits for it.
+        let discard = s.spawn(|| r.discard(0, 200 * P).unwrap());
+        wait_until("discard to pass folio 62", 10, || {
+            matches!(state_of(62), Residency::Busy | Residency::NeverTouched)
+        });
+        // Fault B, from a system call (EFAULT rather than SIGBUS if it
+        // fails), on folio 150: it needs budget.
+        let out = std::fs::File::create(dir.path().join("b-out")).unwrap();
+        let b_addr = r.as_ptr() as u64 + 150 * P;
+        let b = s.spawn(move || upager_sys::io::pwrite_from(&out, b_addr, 8, 0));
+        wait_until("fault B to claim folio 150", 10, || {
+            state_of(150) == Residency::Busy
+        });
+        let t0 = Instant::now();
+        store.set_gate(false);
+        a.join().unwrap();
+        let b_res = b.join().unwrap();
+        let b_took = t0.elapsed();
+        discard.join().unwrap();
+        assert!(b_res.is_ok(), "fault B failed ({b_res:?}) after {b_took:?}");
+        // A fill that finds nothing to evict gives up after 5 s (and
+        // fails); B must not have waited for that.
+        assert!(b_took < Duration::from_secs(4), "fault B took {b_took:?}");
+    });
+    assert_eq!(pager.stats().faults_failed, 0);
+    store.fail_writes.store(false, SeqCst);
 }
 
 fn swap_blocks(dir: &std::path::Path) -> u64 {

@@ -73,6 +73,10 @@ pub struct TestStore {
     pub gate_closed: Mutex<bool>,
     pub gate: Condvar,
     pub reads_blocked: AtomicU64,
+    /// Every read call (counted on entry).
+    pub reads: AtomicU64,
+    /// Each read sleeps this long first (a slow disk); 0: none.
+    pub read_delay_us: AtomicU64,
     pub writes: AtomicU64,
 }
 
@@ -85,6 +89,8 @@ impl TestStore {
             gate_closed: Mutex::new(false),
             gate: Condvar::new(),
             reads_blocked: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            read_delay_us: AtomicU64::new(0),
             writes: AtomicU64::new(0),
         }
     }
@@ -102,6 +108,11 @@ impl Store for TestStore {
         self.inner.writable()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let delay = self.read_delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
         let bad = self.fail_read_at.load(Ordering::SeqCst);
         if (offset..offset + buf.len() as u64).contains(&bad) {
             return Err(io::Error::from_raw_os_error(5));
@@ -130,6 +141,16 @@ impl Store for TestStore {
     }
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()
+    }
+}
+
+/// Polls `done` every millisecond until it holds; fails the test after
+/// `secs` seconds naming `what` (no wait in a test is unbounded).
+pub fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
