@@ -433,11 +433,18 @@ impl Shared {
     /// system call) until the reclaimer clears it. Holds no budget.
     fn poison(&self, r: &Arc<RegionInner>, idx: usize) {
         let res = self.uffd.poison(r.folio_addr(idx), r.folio);
-        if !matches!(res, Ok(Fill::Done)) {
+        let poisoned = matches!(res, Ok(Fill::Done));
+        if !poisoned {
             eprintln!("upager: UFFDIO_POISON failed ({res:?}); the access will fault again");
         }
         let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Poisoned));
-        self.wake_if_waiter(r, idx, prev);
+        if poisoned {
+            self.wake_if_waiter(r, idx, prev);
+        } else {
+            // The POISON did not wake the faulting thread: wake it (and any
+            // waiter) so it retries rather than sleeping for ever.
+            let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+        }
         self.lru_add_poisoned(r, idx);
     }
 }
