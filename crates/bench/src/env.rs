@@ -120,18 +120,8 @@ fn io_err(
 // ---------------------------------------------------------------------------
 // Small helpers.
 
-/// Whether this process runs with effective uid 0 (read from
-/// /proc/self/status, no syscall wrapper needed).
-pub fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
-}
+/// Whether this process runs with effective uid 0.
+pub use upager_sys::io::is_root;
 
 /// Fail with [`SetupError::NotRoot`] unless running as root.
 pub fn require_root(what: &str) -> Result<(), SetupError> {

@@ -159,6 +159,12 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether this process runs with effective uid 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Number of online CPUs.
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism()

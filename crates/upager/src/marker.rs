@@ -357,9 +357,8 @@ impl Region {
         }
         if let Some(pool) = &r.slots {
             // The slots are still ours (their folios are BUSY): punch first.
-            let mut sorted = slots.clone();
-            sorted.sort_unstable();
-            for run in sorted.chunk_by(|a, b| b == &(a + 1)) {
+            slots.sort_unstable();
+            for run in slots.chunk_by(|a, b| b == &(a + 1)) {
                 let _ = r
                     .store
                     .punch(u64::from(run[0]) * r.folio, run.len() as u64 * r.folio);

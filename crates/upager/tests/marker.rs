@@ -305,6 +305,70 @@ fn discard_lets_go_of_its_claims_before_waiting_on_a_busy_fill() {
     store.fail_writes.store(false, SeqCst);
 }
 
+/// Flush and pageout collect a batch of claimed folios; when they meet a
+/// BUSY folio they process the batch first and only then wait (the same
+/// rule as discard above). Shown without a timer: a fill is held at the
+/// store's gate while the folios before it must already be written back
+/// (flush: CLEAN) or evicted (pageout); once the fill ends, flush still
+/// returns only with every write on the file.
+#[test]
+fn flush_and_pageout_process_their_batch_before_waiting_on_a_busy_fill() {
+    const P: u64 = 4096;
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", MIB, 8);
+    let pager = Pager::builder()
+        .budget(16 * MIB)
+        .readahead(0)
+        .background_reclaim(false)
+        .build()
+        .unwrap();
+    let store = Arc::new(TestStore::new(&path, true));
+    let r = pager
+        .map_store(store.clone(), &MapOptions::new().folio(P).writable(true))
+        .unwrap();
+    let state_of = |f: u64| r.residency(f * P, P).unwrap()[0].1;
+    let wpf = (P / 8) as usize;
+    for (round, op) in ["flush", "pageout"].into_iter().enumerate() {
+        let value = 1000 + round as u64;
+        for f in 0..10 {
+            r.words()[f * wpf].store(value + f as u64, Relaxed);
+        }
+        // A fault on folio 20 (not resident) is held at the gate: BUSY.
+        let busy = 20 + round as u64;
+        store.set_gate(true);
+        std::thread::scope(|s| {
+            let fault = s.spawn(|| r.words()[busy as usize * wpf].load(Relaxed));
+            wait_until("the fill to block in the store", 10, || {
+                state_of(busy) == Residency::Busy
+            });
+            let advice = s.spawn(|| match op {
+                "flush" => r.flush().map_err(|e| e.to_string()),
+                _ => r.pageout(0, 32 * P).map(|_| ()).map_err(|e| e.to_string()),
+            });
+            let want = if op == "flush" {
+                Residency::ResidentClean
+            } else {
+                Residency::Evicted
+            };
+            wait_until(
+                &format!("{op} to finish the folios before the busy one"),
+                10,
+                || (0..10).all(|f| state_of(f) == want),
+            );
+            assert_eq!(state_of(busy), Residency::Busy, "the fill is still held");
+            store.set_gate(false);
+            assert_eq!(fault.join().unwrap(), word(busy * P, 8));
+            advice.join().unwrap().unwrap();
+        });
+        let file = std::fs::read(&path).unwrap();
+        for f in 0..10usize {
+            let at = f * P as usize;
+            let got = u64::from_ne_bytes(file[at..at + 8].try_into().unwrap());
+            assert_eq!(got, value + f as u64, "{op}: folio {f} not on the file");
+        }
+    }
+}
+
 fn swap_blocks(dir: &std::path::Path) -> u64 {
     // The swap file is unlinked; find it through our descriptors.
     for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {

@@ -43,7 +43,7 @@ fn run(path: &std::path::Path, batch: Option<usize>) -> Option<(u64, u64, u64)> 
     let _ = upager_sys::io::pin_to_cpu(0);
     let trace = TlbTrace::start(&my_tids());
     assert!(
-        trace.is_some() || !running_as_root(),
+        trace.is_some() || !upager_sys::io::is_root(),
         "running as root but tracefs is unavailable: the shootdown count would be skipped"
     );
     let mut sum = 0u64;
@@ -58,16 +58,6 @@ fn run(path: &std::path::Path, batch: Option<usize>) -> Option<(u64, u64, u64)> 
     let s = pager.stats();
     eprintln!("batch {batch:?}: {ipis:?} IPI sends, {} evictions ({} pages), {} batches, {} flush calls (sum {sum})", s.evictions, s.evictions * 16, s.evict_batches, s.tlb_flush_batches);
     Some((ipis?, s.evictions * 16, s.evict_batches))
-}
-
-/// Whether the effective user is root (from /proc/self/status).
-fn running_as_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        .unwrap_or(false)
 }
 
 #[test]
