@@ -171,3 +171,14 @@ pub fn online_cpus() -> usize {
         .map(|n| n.get())
         .unwrap_or(1)
 }
+
+/// The process's open-file limit (`RLIMIT_NOFILE`): `(soft, hard)`.
+pub fn open_file_limit() -> io::Result<(u64, u64)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the live struct passed.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }.into())?;
+    Ok((lim.rlim_cur, lim.rlim_max))
+}

@@ -101,6 +101,46 @@ impl Mapping {
         Ok(())
     }
 
+    /// Makes the mapping read-only (`writable = false`) or read-write again
+    /// (`mprotect`). A store into a read-only mapping raises SIGSEGV, as on a
+    /// `PROT_READ` mapping; userfaultfd write-protection of its pages is kept
+    /// either way.
+    pub fn set_writable(&self, writable: bool) -> io::Result<()> {
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        // SAFETY: the range is exactly this mapping; changing its protection
+        // frees nothing and moves nothing. A later store through a view of a
+        // read-only mapping raises SIGSEGV (a crash, like any PROT_READ page),
+        // it cannot write memory it should not.
+        let ret = unsafe { libc::mprotect(self.addr.as_ptr().cast(), self.len, prot) };
+        cvt(ret.into())?;
+        Ok(())
+    }
+
+    /// Replaces the whole mapping with inaccessible memory
+    /// (`mmap(MAP_FIXED, PROT_NONE)`): its pages are freed, a userfaultfd
+    /// registration of the range ends with it, and every later access raises
+    /// SIGSEGV — never zero-filled memory, which is what a still-mapped range
+    /// gives once it is unregistered. The address range stays reserved (no
+    /// other mapping can land there) until the `Mapping` is dropped.
+    ///
+    /// Call it only once nothing will use the memory again: an atomic view
+    /// used after it raises SIGSEGV.
+    pub fn make_inaccessible(&self) -> io::Result<()> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        // SAFETY: MAP_FIXED replaces exactly the range this Mapping owns
+        // (nothing else of the process is affected); Rust code holds no
+        // reference to plain bytes of it, only atomic views, and those fault
+        // (SIGSEGV) rather than read freed memory.
+        let raw = unsafe {
+            libc::mmap(self.addr.as_ptr().cast(), self.len, libc::PROT_NONE, flags, -1, 0)
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(last_err());
+        }
+        debug_assert_eq!(raw as usize, self.addr.as_ptr() as usize);
+        Ok(())
+    }
+
     /// The mapping as atomic bytes: safe shared access from any thread (a
     /// read of a missing page faults it in like any access).
     pub fn atomic_bytes(&self) -> &[AtomicU8] {
@@ -288,39 +328,49 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
-/// A table of atomic words, all zero at first, backed by anonymous
-/// `MAP_NORESERVE` memory: a huge, sparsely used table costs only the pages
-/// touched, and asking for more address space than exists is an error
-/// (ENOMEM), not an abort.
+/// A table of atomic words, all zero at first. Small tables live on the
+/// heap (no mapping of their own: a pager with thousands of small regions
+/// does not spend thousands of memory mappings on them); large ones are
+/// anonymous `MAP_NORESERVE` memory, so a huge, sparsely used table costs
+/// only the pages touched, and asking for more address space than exists is
+/// an error (ENOMEM), not an abort.
 #[derive(Debug)]
 pub struct AtomicTable {
-    map: Option<Mapping>,
+    store: TableStore,
     n: usize,
 }
+
+#[derive(Debug)]
+enum TableStore {
+    Heap(Box<[AtomicU64]>),
+    Map(Mapping),
+}
+
+/// Tables up to this many bytes live on the heap.
+const HEAP_TABLE_BYTES: usize = 64 << 10;
 
 impl AtomicTable {
     /// A table of `n` zero words.
     pub fn zeroed(n: usize) -> io::Result<AtomicTable> {
-        if n == 0 {
-            return Ok(AtomicTable { map: None, n });
-        }
         let bytes = n
             .checked_mul(8)
             .and_then(|b| b.checked_next_multiple_of(PAGE_SIZE))
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        Ok(AtomicTable {
-            map: Some(Mapping::anonymous(bytes, PAGE_SIZE, true)?),
-            n,
-        })
+        let store = if bytes <= HEAP_TABLE_BYTES {
+            TableStore::Heap((0..n).map(|_| AtomicU64::new(0)).collect())
+        } else {
+            TableStore::Map(Mapping::anonymous(bytes, PAGE_SIZE, true)?)
+        };
+        Ok(AtomicTable { store, n })
     }
 }
 
 impl std::ops::Deref for AtomicTable {
     type Target = [AtomicU64];
     fn deref(&self) -> &[AtomicU64] {
-        match &self.map {
-            Some(m) => &m.atomic_words()[..self.n],
-            None => &[],
+        match &self.store {
+            TableStore::Heap(b) => b,
+            TableStore::Map(m) => &m.atomic_words()[..self.n],
         }
     }
 }
@@ -346,9 +396,33 @@ mod tests {
     }
 
     #[test]
+    fn inaccessible_mapping_stays_reserved() {
+        let m = Mapping::anonymous(1 << 16, PAGE_SIZE, true).unwrap();
+        m.write_at(0, b"x");
+        m.set_writable(false).unwrap();
+        let mut b = [0u8; 1];
+        m.read_at(0, &mut b);
+        assert_eq!(&b, b"x");
+        m.set_writable(true).unwrap();
+        m.make_inaccessible().unwrap();
+        // Still mapped (reserved), no page resident.
+        assert!(mincore(m.addr(), 1 << 16).unwrap().iter().all(|&p| p & 1 == 0));
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.starts_with(&format!("{:x}-", m.addr())))
+            .expect("the range is still reserved");
+        assert!(line.contains(" ---p "), "{line}");
+    }
+
+    #[test]
     fn zeroed_table_and_buffer() {
         let t = AtomicTable::zeroed(1000).unwrap();
         assert_eq!(t.len(), 1000);
+        let big = AtomicTable::zeroed(1 << 20).unwrap();
+        assert_eq!(big.len(), 1 << 20);
+        big[(1 << 20) - 1].store(7, std::sync::atomic::Ordering::Relaxed);
+        assert!(AtomicTable::zeroed(0).unwrap().is_empty());
         assert!(AtomicTable::zeroed(usize::MAX / 4).is_err());
         assert!(t
             .iter()

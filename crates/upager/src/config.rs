@@ -41,6 +41,7 @@ pub struct PagerBuilder {
     pub(crate) swap_dir: PathBuf,
     pub(crate) direct_io: bool,
     pub(crate) handler_spin: std::time::Duration,
+    pub(crate) dirty_limit: Option<u64>,
 }
 
 impl Default for PagerBuilder {
@@ -56,6 +57,7 @@ impl Default for PagerBuilder {
             swap_dir: std::env::temp_dir(),
             direct_io: true,
             handler_spin: std::time::Duration::ZERO,
+            dirty_limit: None,
         }
     }
 }
@@ -67,8 +69,9 @@ impl PagerBuilder {
         self
     }
     /// Folios evicted per batch (one TLB shootdown per batch). Default: as
-    /// many folios as cover 4 MiB, at most 1024. `1` evicts folio by folio
-    /// (for comparison).
+    /// many folios as cover 4 MiB (a quarter of the budget when that is
+    /// less, so any budget of a few folios works), at most 1024. `1` evicts
+    /// folio by folio (for comparison).
     pub fn batch(mut self, folios: usize) -> Self {
         self.batch = Some(folios);
         self
@@ -123,6 +126,16 @@ impl PagerBuilder {
     /// ~135K reads/s against ~123K with zero, within the noise (61K-167K).
     pub fn handler_spin(mut self, d: std::time::Duration) -> Self {
         self.handler_spin = d;
+        self
+    }
+    /// Most bytes of file-backed memory that may be dirty (written, not yet
+    /// written back) at once, like the kernel's `dirty_ratio`. A write fault
+    /// that would pass it first writes dirty folios back (the faulting
+    /// thread waits, as in `balance_dirty_pages`); if the store refuses
+    /// writes (full disk, I/O error), the write gets SIGBUS while reads of
+    /// clean and stored data go on working. Default: half the budget.
+    pub fn dirty_limit(mut self, bytes: u64) -> Self {
+        self.dirty_limit = Some(bytes);
         self
     }
     /// Creates the pager.

@@ -105,6 +105,15 @@ pub enum MapError {
     },
     /// userfaultfd registration failed: {0}
     Register(#[source] io::Error),
+    /// {limit} ({source}): {advice}
+    Limit {
+        /// Which limit was hit, with its value.
+        limit: String,
+        /// What to do about it.
+        advice: &'static str,
+        /// The error the system call returned (EMFILE, ENFILE, ENOMEM).
+        source: io::Error,
+    },
     /// could not create the private swap file in {dir}: {source} (set another directory with PagerBuilder::swap_dir)
     SwapFile {
         /// Directory tried.
@@ -178,24 +187,71 @@ pub trait ErrorCode: std::error::Error {
     fn errno(&self) -> i32;
 }
 
-/// Linux errno values used by [`ErrorCode`] (no libc dependency here).
+/// Linux errno values used by [`ErrorCode`] (from `libc`, so they hold on
+/// every architecture).
 pub mod errno {
     /// Operation not permitted.
-    pub const EPERM: i32 = 1;
+    pub const EPERM: i32 = libc::EPERM;
     /// No such file or directory.
-    pub const ENOENT: i32 = 2;
+    pub const ENOENT: i32 = libc::ENOENT;
     /// I/O error.
-    pub const EIO: i32 = 5;
+    pub const EIO: i32 = libc::EIO;
     /// Out of memory (or address space).
-    pub const ENOMEM: i32 = 12;
+    pub const ENOMEM: i32 = libc::ENOMEM;
     /// Permission denied.
-    pub const EACCES: i32 = 13;
+    pub const EACCES: i32 = libc::EACCES;
     /// Invalid argument.
-    pub const EINVAL: i32 = 22;
+    pub const EINVAL: i32 = libc::EINVAL;
+    /// Too many open files in the system.
+    pub const ENFILE: i32 = libc::ENFILE;
+    /// Too many open files in this process.
+    pub const EMFILE: i32 = libc::EMFILE;
+    /// No space left on device.
+    pub const ENOSPC: i32 = libc::ENOSPC;
     /// Function not implemented.
-    pub const ENOSYS: i32 = 38;
+    pub const ENOSYS: i32 = libc::ENOSYS;
     /// Operation not supported.
-    pub const EOPNOTSUPP: i32 = 95;
+    pub const EOPNOTSUPP: i32 = libc::EOPNOTSUPP;
+}
+
+/// The limit behind `e`, if it is one (EMFILE, ENFILE, or ENOMEM from mmap
+/// with the memory-map count at `vm.max_map_count`), as a [`MapError`] that
+/// names it and says what to do.
+pub(crate) fn limit_error(e: &io::Error) -> Option<MapError> {
+    let copy = || io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(errno::EIO));
+    match e.raw_os_error()? {
+        errno::EMFILE => {
+            let limit = match upager_sys::io::open_file_limit() {
+                Ok((soft, _)) => format!("the process's open-file limit (RLIMIT_NOFILE = {soft}) is reached"),
+                Err(_) => "the process's open-file limit (RLIMIT_NOFILE) is reached".to_string(),
+            };
+            Some(MapError::Limit {
+                limit,
+                advice: "upager keeps two descriptors per distinct mapped file and two per folio size for anonymous regions' swap; close files, map fewer distinct files, or raise the limit (`ulimit -n`)",
+                source: copy(),
+            })
+        }
+        errno::ENFILE => Some(MapError::Limit {
+            limit: "the system's open-file table is full (fs.file-max)".to_string(),
+            advice: "close files, or raise the system limit (`sysctl fs.file-max=...`)",
+            source: copy(),
+        }),
+        errno::ENOMEM => {
+            let max: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            let now = std::fs::read_to_string("/proc/self/maps").ok()?.lines().count() as u64;
+            // Within a few mappings of the limit: that is why mmap failed.
+            (now + 8 >= max).then(|| MapError::Limit {
+                limit: format!("the process has {now} memory mappings, at the limit vm.max_map_count = {max}"),
+                advice: "unmap regions or other mappings, or raise the limit (`sysctl vm.max_map_count=...`)",
+                source: copy(),
+            })
+        }
+        _ => None,
+    }
 }
 
 fn io_errno(e: &io::Error) -> i32 {
@@ -236,7 +292,9 @@ impl ErrorCode for MapError {
             MapError::PermissionDenied { .. }
             | MapError::ReadOnlyFile { .. }
             | MapError::StoreReadOnly => errno::EACCES,
-            MapError::Open { source, .. } | MapError::SwapFile { source, .. } => io_errno(source),
+            MapError::Open { source, .. }
+            | MapError::SwapFile { source, .. }
+            | MapError::Limit { source, .. } => io_errno(source),
             MapError::Mmap { .. } => errno::ENOMEM,
             MapError::Register(s) => io_errno(s),
         }
@@ -331,7 +389,7 @@ mod tests {
     }
 
     fn libc_eacces() -> i32 {
-        13
+        errno::EACCES
     }
 
     #[test]

@@ -159,6 +159,18 @@ impl Shared {
         };
         let idx = ((addr - r.base()) >> r.shift) as usize;
         let w = r.state(idx);
+        // The dirty limit: a write that would make a file folio dirty waits
+        // for write-back above it, and is refused (SIGBUS) when the store
+        // refuses writes. Reads never wait here.
+        if (write || wp)
+            && r.writable
+            && !r.is_anon()
+            && folio::load(w).kind() != Kind::Dirty
+            && !self.balance_dirty(&r)
+            && self.refuse_write(&r, idx)
+        {
+            return;
+        }
         loop {
             let s = folio::load(w);
             match s.kind() {
@@ -178,10 +190,13 @@ impl Shared {
                     }
                 }
                 Kind::Clean | Kind::Dirty if wp && r.writable => {
-                    if folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty))
-                        .is_some()
+                    if let Some(old) =
+                        folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty))
                     {
                         self.counters.faults_wp.inc();
+                        if old.kind() == Kind::Clean {
+                            self.dirty_add(&r, 1);
+                        }
                         self.make_dirty(&r, idx);
                         return;
                     }
@@ -192,6 +207,48 @@ impl Shared {
                     self.counters.faults_stale.inc();
                     let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
                     return;
+                }
+            }
+        }
+    }
+
+    /// A write fault on folio `idx` that the dirty limit refuses (the store
+    /// refuses writes): the access gets SIGBUS (EFAULT in a system call)
+    /// and nothing is lost — a clean folio is dropped (the store has its
+    /// data) and poisoned for a moment, a missing one is poisoned. Returns
+    /// false if the folio turned out dirty already (the write needs no new
+    /// dirty memory: resolve it as usual).
+    fn refuse_write(&self, r: &Arc<RegionInner>, idx: usize) -> bool {
+        let w = r.state(idx);
+        loop {
+            let s = folio::load(w);
+            match s.kind() {
+                Kind::Dirty => return false,
+                Kind::Never | Kind::Evicted | Kind::Clean => {
+                    let Some(old) = folio::try_claim(w, |t| t.kind() == s.kind()) else {
+                        continue;
+                    };
+                    if old.kind() == Kind::Clean {
+                        let addr = r.folio_addr(idx);
+                        let _ = self.pidfd.dontneed(&[(addr, r.folio)]);
+                        self.counters.tlb_flush_batches.inc();
+                        self.unreserve(r.folio);
+                    }
+                    self.counters.writes_refused.inc();
+                    self.counters.faults_failed.inc();
+                    self.poison(r, idx);
+                    return true;
+                }
+                Kind::Busy => {
+                    if folio::add_waiter(w) {
+                        self.counters.faults_deferred.inc();
+                        return true;
+                    }
+                }
+                Kind::Poisoned => {
+                    self.counters.faults_stale.inc();
+                    let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+                    return true;
                 }
             }
         }
@@ -279,6 +336,9 @@ impl Shared {
         // Publish: state words (Release), wake the faulting thread and any
         // waiters (the COPY did not: whoever runs next sees the folios
         // resident), then the LRU (one lock).
+        if write {
+            self.dirty_add(r, 1);
+        }
         let mut queue = Vec::with_capacity(n);
         let mut waiters = false;
         for (k, &hot) in activate.iter().enumerate() {

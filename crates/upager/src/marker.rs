@@ -347,6 +347,9 @@ impl Region {
             if matches!(old.kind(), Kind::Clean | Kind::Dirty) {
                 resident += r.folio;
             }
+            if old.kind() == Kind::Dirty {
+                sh.dirty_sub(r, 1);
+            }
             if let Some(s) = old.slot() {
                 slots.push(s);
             }

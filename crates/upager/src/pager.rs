@@ -1,15 +1,16 @@
 //! The pager: one userfaultfd, one budget, its threads and its regions.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use upager_sys::mem::{Advice, Mapping, SelfPidfd};
 use upager_sys::uffd::{feature, Uffd};
 
 use crate::config::{PagerBuilder, DEFAULT_BATCH_BYTES, MAX_FOLIO, MIN_FOLIO};
-use crate::error::{MapError, PagerError};
+use crate::error::{limit_error, MapError, PagerError};
 use crate::marker::PrefetchRequest;
 use crate::reclaim::Lru;
 use crate::region::{Region, RegionInner};
@@ -40,22 +41,56 @@ pub(crate) struct Shared {
     pub kick_cv: Condvar,
     pub stop: AtomicBool,
     pub stop_fd: upager_sys::io::EventFd,
+    /// Bytes of file-backed folios that are DIRTY now (the dirty limit's
+    /// gauge, like the kernel's NR_FILE_DIRTY).
+    pub dirty: AtomicU64,
+    /// Most dirty file-backed bytes before a write fault must first clean
+    /// some (the kernel's dirty_ratio / balance_dirty_pages).
+    pub dirty_limit: u64,
+    /// Open files shared by the regions that map them: one store (two
+    /// descriptors) per distinct file, whatever the number of regions.
+    files: Mutex<HashMap<FileKey, Weak<FileStore>>>,
+    /// Swap space shared by the anonymous regions of one folio size: one
+    /// private swap file and one slot allocator each (slots are in folio
+    /// units), dropped with the last region that uses them.
+    swap: Mutex<HashMap<u64, (Weak<SwapFile>, Weak<Slots>)>>,
     next_id: AtomicU64,
 }
+
+/// A file's identity for sharing its store: device, inode, writable.
+type FileKey = (u64, u64, bool);
 
 impl Shared {
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
+    /// Bytes an eviction batch covers when no batch size was chosen: 4 MiB,
+    /// or a quarter of the budget if that is less (small budgets work with
+    /// the defaults).
+    pub fn batch_bytes(&self) -> u64 {
+        DEFAULT_BATCH_BYTES.min(self.budget / 4).max(MIN_FOLIO)
+    }
     /// Folios per eviction batch for a folio size.
     pub fn batch_folios(&self, folio: u64) -> usize {
-        self.cfg
-            .batch
-            .unwrap_or(((DEFAULT_BATCH_BYTES / folio) as usize).clamp(1, upager_sys::mem::MAX_IOV))
+        self.cfg.batch.unwrap_or(
+            ((self.batch_bytes() / folio) as usize).clamp(1, upager_sys::mem::MAX_IOV),
+        )
     }
     /// Fill buffer per handler thread: the largest readahead or folio.
     pub fn fill_buf_bytes(&self) -> usize {
         self.cfg.readahead.max(MAX_FOLIO) as usize + MAX_FOLIO as usize
+    }
+    /// `n` folios of `r` became DIRTY (file-backed regions are counted).
+    pub fn dirty_add(&self, r: &RegionInner, n: u64) {
+        if !r.is_anon() && n > 0 {
+            self.dirty.fetch_add(n * r.folio, Ordering::AcqRel);
+        }
+    }
+    /// `n` DIRTY folios of `r` were written back, evicted or dropped.
+    pub fn dirty_sub(&self, r: &RegionInner, n: u64) {
+        if !r.is_anon() && n > 0 {
+            self.dirty.fetch_sub(n * r.folio, Ordering::AcqRel);
+        }
     }
 }
 
@@ -179,6 +214,7 @@ impl Pager {
         }
         let pidfd = SelfPidfd::open().map_err(PagerError::Pidfd)?;
         let budget = cfg.budget;
+        let dirty_limit = cfg.dirty_limit.unwrap_or(budget / 2).clamp(MIN_FOLIO, budget);
         let gap = (budget / 8).min(2 * DEFAULT_BATCH_BYTES);
         let shared = Arc::new(Shared {
             uffd,
@@ -198,6 +234,10 @@ impl Pager {
             kick_cv: Condvar::new(),
             stop: AtomicBool::new(false),
             stop_fd: upager_sys::io::EventFd::new().map_err(PagerError::EventFd)?,
+            dirty: AtomicU64::new(0),
+            dirty_limit,
+            files: Mutex::new(HashMap::new()),
+            swap: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             cfg,
         });
@@ -245,25 +285,62 @@ impl Pager {
     pub fn map_file(&self, path: impl AsRef<Path>, opts: &MapOptions) -> Result<Region, MapError> {
         let path = path.as_ref();
         check_folio(opts.folio)?;
-        let store =
-            FileStore::open(path, opts.writable, self.shared().cfg.direct_io).map_err(|e| {
-                let path = path.to_path_buf();
-                match e.kind() {
-                    std::io::ErrorKind::NotFound => MapError::NotFound { path },
-                    std::io::ErrorKind::PermissionDenied
-                    | std::io::ErrorKind::ReadOnlyFilesystem
-                        if opts.writable =>
-                    {
-                        match std::fs::File::open(&path) {
-                            Ok(_) => MapError::ReadOnlyFile { path, source: e },
-                            Err(_) => MapError::PermissionDenied { path },
-                        }
+        let open_error = |e: std::io::Error| {
+            let path = path.to_path_buf();
+            if let Some(limit) = limit_error(&e) {
+                return limit;
+            }
+            match e.kind() {
+                std::io::ErrorKind::NotFound => MapError::NotFound { path },
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                    if opts.writable =>
+                {
+                    match std::fs::File::open(&path) {
+                        Ok(_) => MapError::ReadOnlyFile { path, source: e },
+                        Err(_) => MapError::PermissionDenied { path },
                     }
-                    std::io::ErrorKind::PermissionDenied => MapError::PermissionDenied { path },
-                    _ => MapError::Open { path, source: e },
                 }
-            })?;
-        self.map_store(Arc::new(store), opts)
+                std::io::ErrorKind::PermissionDenied => MapError::PermissionDenied { path },
+                _ => MapError::Open { path, source: e },
+            }
+        };
+        // A file mapped already (by another region) shares its descriptors.
+        let meta = std::fs::metadata(path).map_err(open_error)?;
+        if let Some(store) = self.shared_file(&meta, opts.writable) {
+            return self.map_store(store, opts);
+        }
+        let store = FileStore::open(path, opts.writable, self.shared().cfg.direct_io)
+            .map_err(open_error)?;
+        let store = self.share_file(&meta, opts.writable, store);
+        self.map_store(store, opts)
+    }
+
+    /// The store of a file some live region maps already, if its size is
+    /// still the one the store knows (a read-only mapping may use a
+    /// writable store).
+    fn shared_file(&self, meta: &std::fs::Metadata, writable: bool) -> Option<Arc<dyn Store>> {
+        use std::os::unix::fs::MetadataExt;
+        let files = self.shared().files.lock().unwrap_or_else(|e| e.into_inner());
+        let keys: &[bool] = if writable { &[true] } else { &[false, true] };
+        keys.iter().find_map(|&w| {
+            let st = files.get(&(meta.dev(), meta.ino(), w))?.upgrade()?;
+            (st.len() == meta.len()).then(|| st as Arc<dyn Store>)
+        })
+    }
+
+    /// Records an opened file store for sharing; returns it as a store.
+    fn share_file(
+        &self,
+        meta: &std::fs::Metadata,
+        writable: bool,
+        store: FileStore,
+    ) -> Arc<dyn Store> {
+        use std::os::unix::fs::MetadataExt;
+        let store = Arc::new(store);
+        let mut files = self.shared().files.lock().unwrap_or_else(|e| e.into_inner());
+        files.retain(|_, w| w.strong_count() > 0);
+        files.insert((meta.dev(), meta.ino(), writable), Arc::downgrade(&store));
+        store
     }
 
     /// Maps an already open file. `opts.writable` must match how it was opened.
@@ -297,12 +374,23 @@ impl Pager {
                 ),
             });
         }
+        let meta = file.metadata().map_err(|source| MapError::Open {
+            path: fd_path.clone(),
+            source,
+        })?;
+        if let Some(store) = self.shared_file(&meta, opts.writable) {
+            drop(file); // the shared store has descriptors of its own
+            return self.map_store(store, opts);
+        }
         let store = FileStore::from_file(file, opts.writable, self.shared().cfg.direct_io)
-            .map_err(|source| MapError::Open {
-                path: "<file descriptor>".into(),
-                source,
+            .map_err(|source| {
+                limit_error(&source).unwrap_or(MapError::Open {
+                    path: fd_path,
+                    source,
+                })
             })?;
-        self.map_store(Arc::new(store), opts)
+        let store = self.share_file(&meta, opts.writable, store);
+        self.map_store(store, opts)
     }
 
     /// Maps any [`Store`] with file semantics (reads come from the store,
@@ -351,21 +439,30 @@ impl Pager {
             });
         }
         self.check_budget(opts.folio)?;
-        let dir = &self.shared().cfg.swap_dir;
-        let swap = SwapFile::create(dir, self.shared().cfg.direct_io).map_err(|source| {
-            MapError::SwapFile {
+        let (swap, slots) = self.swap_space(opts.folio)?;
+        self.map_inner(swap, Some(slots), 0, len, opts.folio, true)
+    }
+
+    /// The swap file and slot allocator of anonymous regions with `folio`
+    /// sized folios: shared by all of them, created with the first.
+    fn swap_space(&self, folio: u64) -> Result<(Arc<dyn Store>, Arc<Slots>), MapError> {
+        let sh = self.shared();
+        let mut swap = sh.swap.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((f, s)) = swap.get(&folio) {
+            if let (Some(f), Some(s)) = (f.upgrade(), s.upgrade()) {
+                return Ok((f, s));
+            }
+        }
+        let dir = &sh.cfg.swap_dir;
+        let file = SwapFile::create(dir, sh.cfg.direct_io).map_err(|source| {
+            limit_error(&source).unwrap_or(MapError::SwapFile {
                 dir: dir.clone(),
                 source,
-            }
+            })
         })?;
-        self.map_inner(
-            Arc::new(swap),
-            Some(Slots::default()),
-            0,
-            len,
-            opts.folio,
-            true,
-        )
+        let (file, slots) = (Arc::new(file), Arc::new(Slots::default()));
+        swap.insert(folio, (Arc::downgrade(&file), Arc::downgrade(&slots)));
+        Ok((file, slots))
     }
 
     fn check_budget(&self, folio: u64) -> Result<(), MapError> {
@@ -385,7 +482,7 @@ impl Pager {
     fn map_inner(
         &self,
         store: Arc<dyn Store>,
-        slots: Option<Slots>,
+        slots: Option<Arc<Slots>>,
         store_off: u64,
         len: u64,
         folio: u64,
@@ -398,37 +495,29 @@ impl Pager {
             .filter(|&l| l <= isize::MAX as u64)
             .ok_or(MapError::Mmap {
                 len,
-                source: std::io::Error::from_raw_os_error(libc_enomem()),
+                source: std::io::Error::from_raw_os_error(libc::ENOMEM),
             })?;
-        let map =
-            Mapping::anonymous(map_len as usize, folio as usize, writable).map_err(|source| {
-                MapError::Mmap {
-                    len: map_len,
-                    source,
-                }
-            })?;
+        let mmap_error = |len: u64, source: std::io::Error| {
+            limit_error(&source).unwrap_or(MapError::Mmap { len, source })
+        };
+        let nfolios = (map_len / folio) as usize;
+        let states = upager_sys::mem::AtomicTable::zeroed(nfolios)
+            .map_err(|source| mmap_error(map_len / folio * 8, source))?;
+        let touched =
+            upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::region::CHUNK * 64))
+                .map_err(|source| mmap_error(map_len / folio / 64, source))?;
+        let map = Mapping::anonymous(map_len as usize, folio as usize, writable)
+            .map_err(|source| mmap_error(map_len, source))?;
         // THP off: a MISSING-registered range would otherwise get a zeroed
         // 2 MiB page allocated before the fault is raised. Not inherited by
-        // fork: a child must not see half-paged memory.
+        // fork: a child must not see half-paged memory (it gets SIGSEGV).
         let _ = map.advise(0, map.len(), Advice::NoHugePage);
         let _ = map.advise(0, map.len(), Advice::DontFork);
+        // Registration is the last step that can fail: if it does, the
+        // mapping is dropped (munmap) before anyone saw its address.
         sh.uffd
             .register(map.addr(), map_len, true, writable)
             .map_err(MapError::Register)?;
-        let states =
-            upager_sys::mem::AtomicTable::zeroed((map_len / folio) as usize).map_err(|source| {
-                MapError::Mmap {
-                    len: map_len / folio * 8,
-                    source,
-                }
-            })?;
-        let nfolios = (map_len / folio) as usize;
-        let touched =
-            upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::region::CHUNK * 64))
-                .map_err(|source| MapError::Mmap {
-                    len: map_len / folio / 64,
-                    source,
-                })?;
         let inner = Arc::new(RegionInner {
             touched,
             id: sh.next_id.fetch_add(1, Ordering::Relaxed),
@@ -444,6 +533,7 @@ impl Pager {
             inflight: AtomicU64::new(0),
             dying: AtomicBool::new(false),
             wb_error: Mutex::new(None),
+            wb_backoff: crate::region::Backoff::default(),
         });
         sh.table.insert(Arc::clone(&inner));
         Ok(Region::new(inner, Arc::clone(&self.owner)))
@@ -456,6 +546,7 @@ impl Pager {
         s.resident_bytes = sh.resident.load(Ordering::Relaxed);
         s.resident_peak_bytes = sh.peak.load(Ordering::Relaxed);
         s.budget_bytes = sh.budget;
+        s.dirty_bytes = sh.dirty.load(Ordering::Relaxed);
         s.evicted_markers = crate::marker::count_markers(sh.table.all().iter());
         s
     }
@@ -464,10 +555,6 @@ impl Pager {
     pub fn budget(&self) -> u64 {
         self.shared().budget
     }
-}
-
-fn libc_enomem() -> i32 {
-    12
 }
 
 fn check_folio(folio: u64) -> Result<(), MapError> {

@@ -66,6 +66,10 @@ pub(crate) const POISON_HOLD: Duration = Duration::from_millis(100);
 /// with SIGBUS rather than hang (every fault ends).
 const DIRECT_RECLAIM_GIVE_UP: Duration = Duration::from_secs(5);
 
+/// A write fault held at the dirty limit that can clean nothing for this
+/// long (the dirty data belongs to stores refusing writes) gets SIGBUS.
+const DIRTY_WAIT_GIVE_UP: Duration = Duration::from_secs(1);
+
 /// One entry of an LRU list.
 pub(crate) struct Entry {
     pub region: Arc<RegionInner>,
@@ -183,12 +187,20 @@ impl Shared {
                     lru.active_bytes += e.region.folio;
                     lru.active.push_back(e);
                 }
+                // A store refusing writes: leave its dirty folios alone for
+                // the back-off delay, evict clean ones meanwhile.
+                Kind::Dirty if e.region.wb_backoff.blocked() => lru.inactive.push_back(e),
                 Kind::Clean | Kind::Dirty => {
                     let Some(guard) = Inflight::enter(&e.region) else {
                         continue;
                     };
+                    let blocked = e.region.wb_backoff.blocked();
                     let claimed = folio::try_claim(e.region.state(e.idx), |s| {
-                        matches!(s.kind(), Kind::Clean | Kind::Dirty) && !s.has(ACTIVE)
+                        match s.kind() {
+                            Kind::Clean => !s.has(ACTIVE),
+                            Kind::Dirty => !s.has(ACTIVE) && !blocked,
+                            _ => false,
+                        }
                     });
                     match claimed {
                         Some(old) => {
@@ -223,7 +235,7 @@ impl Shared {
     pub(crate) fn evict_batch(&self, mode: Mode) -> usize {
         let (want, max) = match self.cfg.batch {
             Some(n) => (u64::MAX, n),
-            None => (crate::config::DEFAULT_BATCH_BYTES, MAX_IOV),
+            None => (self.batch_bytes(), MAX_IOV),
         };
         let victims = self.isolate(want, max);
         if victims.is_empty() {
@@ -236,7 +248,22 @@ impl Shared {
     /// for [`Mode::Writeback`], protect → write back → CLEAN). Returns the
     /// number of folios evicted (or written back), or the first write error
     /// (the failed folios stay resident and dirty).
-    pub(crate) fn shrink_list(&self, mut victims: Vec<Victim>, mode: Mode) -> io::Result<usize> {
+    pub(crate) fn shrink_list(&self, victims: Vec<Victim>, mode: Mode) -> io::Result<usize> {
+        match (self.shrink_list_counted(victims, mode), mode) {
+            ((n, None), _) => Ok(n),
+            ((_, Some(e)), Mode::Writeback) => Err(e),
+            ((0, Some(e)), _) => Err(e),
+            ((n, Some(_)), _) => Ok(n),
+        }
+    }
+
+    /// [`Shared::shrink_list`] that also counts what succeeded when some
+    /// write-backs failed: `(folios evicted or cleaned, first error)`.
+    fn shrink_list_counted(
+        &self,
+        mut victims: Vec<Victim>,
+        mode: Mode,
+    ) -> (usize, Option<io::Error>) {
         victims.sort_unstable_by_key(|v| (v.region.id, v.idx));
         let mut first_err: Option<io::Error> = None;
 
@@ -349,13 +376,13 @@ impl Shared {
         if mode == Mode::Writeback {
             let n = kept.len();
             for (v, _) in kept {
+                if v.old.kind() == Kind::Dirty {
+                    self.dirty_sub(&v.region, 1);
+                }
                 let prev = folio::release(v.region.state(v.idx), |s| s.with_kind(Kind::Clean));
                 self.wake_if_waiter(&v.region, v.idx, prev);
             }
-            return match first_err {
-                Some(e) => Err(e),
-                None => Ok(n),
-            };
+            return (n, first_err);
         }
 
         // 4) unmap: one process_madvise per ≤ 1024 merged ranges.
@@ -394,15 +421,15 @@ impl Shared {
             Mode::Pageout => self.counters.evict_pageout.add(n as u64),
             Mode::Writeback => {}
         }
-        match first_err {
-            Some(e) if n == 0 => Err(e),
-            _ => Ok(n),
-        }
+        (n, first_err)
     }
 
     /// Final state of one evicted folio.
     fn evict_one(&self, v: &Victim, new_slot: Option<u32>, seq: u64) {
         let r = &v.region;
+        if v.old.kind() == Kind::Dirty {
+            self.dirty_sub(r, 1);
+        }
         let slot = new_slot.or(v.old.slot());
         let prev = folio::release(r.state(v.idx), |s| {
             let kind = if r.is_anon() && slot.is_none() {
@@ -442,16 +469,95 @@ impl Shared {
     ) {
         match res {
             Ok(()) => {
+                r.wb_backoff.record(true);
                 self.counters.writebacks.add(failed.len() as u64);
                 self.counters.bytes_written.add(bytes);
             }
             Err(e) => {
+                r.wb_backoff.record(false);
                 self.counters.writeback_errors.add(failed.len() as u64);
                 failed.iter_mut().for_each(|f| *f = true);
                 r.record_error(io::Error::new(e.kind(), e.to_string()));
                 first.get_or_insert(e);
             }
         }
+    }
+
+    /// The dirty limit (the kernel's `balance_dirty_pages`), for a write
+    /// fault about to make a folio of file region `r` dirty: below the
+    /// limit it returns true at once; above it, the faulting side writes
+    /// dirty folios back (keeping them resident, CLEAN) until there is
+    /// room. False when the write must be refused: `r`'s store refuses
+    /// writes (backing off after a failure), or nothing could be cleaned
+    /// for [`DIRTY_WAIT_GIVE_UP`] (other stores refusing).
+    pub(crate) fn balance_dirty(&self, r: &RegionInner) -> bool {
+        let room = |sh: &Self| sh.dirty.load(Ordering::Acquire) + r.folio <= sh.dirty_limit;
+        if room(self) {
+            return true;
+        }
+        self.counters.dirty_throttled.inc();
+        let mut last_progress = Instant::now();
+        loop {
+            if self.stopping() {
+                return false;
+            }
+            if self.clean_batch().0 > 0 {
+                last_progress = Instant::now();
+            } else if r.wb_backoff.blocked() {
+                // Nothing cleaned, and this region's store failed every
+                // write-back lately: it refuses writes.
+                return false;
+            } else if last_progress.elapsed() > DIRTY_WAIT_GIVE_UP {
+                return false;
+            } else {
+                // Dirty folios busy elsewhere (write-back in flight), or
+                // belonging to stores that are backing off.
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            if room(self) {
+                return true;
+            }
+        }
+    }
+
+    /// Writes back up to one batch of dirty file-backed folios, oldest
+    /// first, and keeps them resident (CLEAN): the flusher's half of the
+    /// dirty limit. Skips stores that are backing off. Returns the folios
+    /// cleaned, or the first write error.
+    fn clean_batch(&self) -> (usize, Option<io::Error>) {
+        let want = self.batch_bytes();
+        let mut victims = Vec::new();
+        let mut got = 0u64;
+        {
+            let lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+            for e in lru.inactive.iter().chain(lru.active.iter()) {
+                if got >= want || victims.len() >= MAX_IOV {
+                    break;
+                }
+                let r = &e.region;
+                if r.is_anon() || folio::load(r.state(e.idx)).kind() != Kind::Dirty {
+                    continue;
+                }
+                if r.wb_backoff.blocked() {
+                    continue;
+                }
+                let Some(guard) = Inflight::enter(r) else {
+                    continue;
+                };
+                if let Some(old) = folio::try_claim(r.state(e.idx), |s| s.kind() == Kind::Dirty) {
+                    got += r.folio;
+                    victims.push(Victim {
+                        region: guard,
+                        idx: e.idx,
+                        old,
+                    });
+                }
+            }
+        }
+        if victims.is_empty() {
+            return (0, None);
+        }
+        self.shrink_list_counted(victims, Mode::Writeback)
     }
 
     /// Wakes faults waiting on folio `idx` if `prev` (the BUSY value just

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use upager_sys::mem::Mapping;
@@ -31,13 +31,98 @@ pub(crate) struct RegionInner {
     pub store: Arc<dyn Store>,
     /// Store offset of the region's first byte (file regions).
     pub store_off: u64,
-    /// Swap slots (anonymous regions only).
-    pub slots: Option<Slots>,
+    /// Swap slots (anonymous regions only; shared by the pager's anonymous
+    /// regions of this folio size, like their swap file).
+    pub slots: Option<Arc<Slots>>,
     pub writable: bool,
     pub inflight: AtomicU64,
     pub dying: AtomicBool,
     /// First write-back error since the last flush reported one.
     pub wb_error: Mutex<Option<io::Error>>,
+    /// Write-backs to this region's store back off while it refuses them.
+    pub wb_backoff: Backoff,
+}
+
+/// Back-off of write-backs to a store that refuses them (full disk, I/O
+/// error): after [`Backoff::FAILS`] write-backs in a row failed, reclaim and
+/// the dirty limit leave the region's dirty folios alone for a delay that
+/// doubles from 10 ms to 1 s, so a full disk costs a few attempts a second
+/// instead of millions, and reclaim evicts clean folios meanwhile. A store
+/// that fails now and then (a flaky one) never gets there. `flush` ignores
+/// the delay (the caller asked). A success ends it.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    /// Write-backs failed in a row.
+    streak: AtomicU64,
+    /// Until when (ns on [`Backoff::now_ns`]'s clock); 0: not backing off.
+    until_ns: AtomicU64,
+    /// Current delay; 0 when not backing off.
+    delay_ns: AtomicU64,
+}
+
+impl Backoff {
+    /// Failures in a row before backing off (a store failing one write in
+    /// five does so with a chance of 0.2^16, about 1 in 150 billion).
+    const FAILS: u64 = 16;
+    const MIN_NS: u64 = 10_000_000;
+    const MAX_NS: u64 = 1_000_000_000;
+
+    fn now_ns() -> u64 {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+    }
+    /// Records the outcome of one write-back call.
+    pub fn record(&self, ok: bool) {
+        if ok {
+            if self.streak.load(Ordering::Relaxed) != 0 {
+                self.streak.store(0, Ordering::Relaxed);
+            }
+            if self.delay_ns.load(Ordering::Relaxed) != 0 {
+                self.delay_ns.store(0, Ordering::Relaxed);
+                self.until_ns.store(0, Ordering::Release);
+            }
+            return;
+        }
+        let n = self.streak.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= Self::FAILS && !self.blocked() {
+            // Once per delay: twice as long as the last one.
+            let d = (self.delay_ns.load(Ordering::Relaxed) * 2).clamp(Self::MIN_NS, Self::MAX_NS);
+            self.delay_ns.store(d, Ordering::Relaxed);
+            self.until_ns.store(Self::now_ns() + d, Ordering::Release);
+        }
+    }
+    /// Within the delay after a run of failures: leave the dirty folios alone.
+    pub fn blocked(&self) -> bool {
+        let u = self.until_ns.load(Ordering::Acquire);
+        u != 0 && Self::now_ns() < u
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+
+    #[test]
+    fn backoff_starts_after_a_run_of_failures_and_ends_with_a_success() {
+        let b = Backoff::default();
+        for _ in 0..Backoff::FAILS - 1 {
+            b.record(false);
+        }
+        assert!(!b.blocked(), "a few failures are not a refusing store");
+        b.record(true);
+        for _ in 0..Backoff::FAILS - 1 {
+            b.record(false);
+        }
+        assert!(!b.blocked(), "a success reset the run");
+        b.record(false);
+        assert!(b.blocked());
+        for _ in 0..100 {
+            b.record(false); // within the delay: not extended further
+        }
+        assert_eq!(b.delay_ns.load(std::sync::atomic::Ordering::Relaxed), Backoff::MIN_NS);
+        b.record(true);
+        assert!(!b.blocked());
+    }
 }
 
 impl std::fmt::Debug for RegionInner {
@@ -276,15 +361,44 @@ impl Region {
     /// Writes dirty data back (like [`Region::flush`]) and unmaps the region,
     /// releasing its memory and swap space. On error the region is handed
     /// back untouched.
+    ///
+    /// Other threads still using the memory (through `as_ptr`) see the
+    /// right data or get SIGSEGV, as with `munmap`: writes stop first (a
+    /// store raises SIGSEGV from here on, so every write that landed is in
+    /// the flush below), then the range becomes inaccessible, and only then
+    /// does the engine let go of it. Never zero-filled or stale memory.
     pub fn unmap(mut self) -> Result<(), (UnmapError, Region)> {
+        self.stop_writes(true);
         if let Err(e) = self.flush() {
+            self.stop_writes(false);
             return Err((UnmapError::Flush(e), self));
         }
         self.teardown();
         Ok(())
     }
 
-    /// Removes the region: no fault or eviction is working on it afterwards.
+    /// Makes a writable region read-only (`stop`) or writable again.
+    fn stop_writes(&self, stop: bool) {
+        if self.inner.writable {
+            if let Err(e) = self.inner.map.set_writable(!stop) {
+                eprintln!(
+                    "upager: mprotect of region {} failed: {e}",
+                    self.inner.id
+                );
+            }
+        }
+    }
+
+    /// Removes the region: no fault or eviction is working on it afterwards,
+    /// and an access to its range raises SIGSEGV.
+    ///
+    /// Order (the fix for zero-filled reads during unmap): a range that is
+    /// unregistered from the userfaultfd while still mapped fills any fault
+    /// with a fresh zero page, so the range is made inaccessible *before* it
+    /// leaves the userfaultfd (the `MAP_FIXED` `PROT_NONE` mapping replaces
+    /// it, registration included), and faults waiting on it are woken only
+    /// after that, to retry into SIGSEGV. The address stays reserved until
+    /// the engine drops its last reference (the mapping is unmapped then).
     fn teardown(&mut self) {
         if self.done {
             return;
@@ -292,7 +406,8 @@ impl Region {
         self.done = true;
         let r = &self.inner;
         let sh = self.shared();
-        // 1) No new fault, eviction or prefetch starts on the region.
+        // 1) No new fault, eviction or prefetch starts on the region: a fault
+        //    arriving now finds no region and stays blocked until 3).
         r.dying.store(true, Ordering::SeqCst);
         sh.table.remove(r.id);
         // 2) Those in flight finish (a direct-reclaim stall is bounded, so
@@ -309,23 +424,53 @@ impl Region {
                 );
             }
         }
-        // 3) Only now drop its LRU entries: a fill that finished during 2)
-        //    may have queued one.
+        // 3) Inaccessible, then wake the blocked faults: they retry into
+        //    SIGSEGV. Every folio is settled (nothing is in flight), so the
+        //    state words below are final.
+        if let Err(e) = r.map.make_inaccessible() {
+            // Cannot happen short of the mapping-count limit; the fallback
+            // still ends every access in SIGSEGV, pages are freed below.
+            eprintln!("upager: replacing region {} failed: {e}", r.id);
+            let _ = r.map.set_writable(false);
+            let _ = sh.uffd.unregister(r.base(), r.map_len());
+            let _ = sh.pidfd.dontneed(&[(r.base(), r.map_len())]);
+        }
+        let _ = sh.uffd.wake(r.base(), r.map_len());
+        // 4) Drop its LRU entries (a fill that finished during 2) may have
+        //    queued one), return its budget, its dirty count and its swap
+        //    slots (the swap file is shared: punch their space, then free).
         sh.purge_region(r.id);
-        let mut resident = 0u64;
+        let (mut resident, mut dirty) = (0u64, 0u64);
+        let mut slots = Vec::new();
         for idx in r.touched_folios() {
-            if matches!(folio::load(r.state(idx)).kind(), Kind::Clean | Kind::Dirty) {
-                resident += r.folio;
+            let s = folio::load(r.state(idx));
+            match s.kind() {
+                Kind::Clean => resident += r.folio,
+                Kind::Dirty => {
+                    resident += r.folio;
+                    dirty += 1;
+                }
+                _ => {}
+            }
+            if let Some(slot) = s.slot() {
+                slots.push(slot);
             }
         }
         sh.unreserve(resident);
-        // Wakes anything still waiting on the range; later accesses fault
-        // as on any unmapped memory.
-        let _ = sh.uffd.unregister(r.base(), r.map_len());
-        // 4) Guards drop their reference just after their in-flight count,
+        sh.dirty_sub(r, dirty);
+        if let Some(pool) = &r.slots {
+            slots.sort_unstable();
+            for run in slots.chunk_by(|a, b| *b == a + 1) {
+                let _ = r
+                    .store
+                    .punch(u64::from(run[0]) * r.folio, run.len() as u64 * r.folio);
+            }
+            pool.free(&slots, true);
+        }
+        // 5) Guards drop their reference just after their in-flight count,
         //    and a lookup may still hold the old table snapshot: wait
         //    (bounded) until this handle owns the region alone, so the
-        //    mapping and the swap file are released when unmap returns.
+        //    address range is released when unmap returns.
         let start = Instant::now();
         while Arc::strong_count(&self.inner) > 1 {
             if start.elapsed() > Duration::from_secs(5) {
@@ -345,6 +490,7 @@ impl Drop for Region {
         if self.done {
             return;
         }
+        self.stop_writes(true);
         if let Err(e) = self.flush() {
             eprintln!(
                 "upager: region {} dropped with unwritten data: {e}",

@@ -113,6 +113,12 @@ counters! {
     reclaim_lock_acquisitions,
     /// Folios evicted with their contents in the store: the markers of seed 004 (gauge; counted when read).
     evicted_markers,
+    /// Bytes of file-backed memory dirty now (gauge; at most the dirty limit, plus what write faults in flight add).
+    dirty_bytes,
+    /// Write faults that found the dirty limit reached and wrote dirty folios back first.
+    dirty_throttled,
+    /// Write faults answered with SIGBUS because the store refuses writes (full disk, I/O error) and the dirty limit is reached.
+    writes_refused,
 }
 
 /// A relaxed counter on its own cache line.

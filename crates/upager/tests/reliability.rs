@@ -368,7 +368,13 @@ fn a_budget_full_of_unwritable_dirty_data_fails_the_fault_instead_of_hanging() {
     let dir = ram_dir();
     let budget = 4 * MIB;
     let path = pattern_file(dir.path(), "data", 16 * MIB, 35);
-    let pager = pager(budget);
+    // A dirty limit of the whole budget (the default, half, keeps room for
+    // reads: see the full-disk test of the dirty limit).
+    let pager = Pager::builder()
+        .budget(budget)
+        .dirty_limit(budget)
+        .build()
+        .unwrap();
     let store = flaky(&path, true);
     store.fail_all_writes.store(true, SeqCst);
     let r = pager
@@ -411,7 +417,11 @@ fn a_folio_whose_eviction_write_back_failed_stays_evictable() {
     let dir = ram_dir();
     let budget = 4 * MIB;
     let path = pattern_file(dir.path(), "data", 16 * MIB, 43);
-    let pager = Pager::builder().budget(budget).build().unwrap();
+    let pager = Pager::builder()
+        .budget(budget)
+        .dirty_limit(budget)
+        .build()
+        .unwrap();
     let store = flaky(&path, true);
     let r = pager
         .map_store(store.clone(), &MapOptions::new().writable(true))
