@@ -132,7 +132,14 @@ impl Mapping {
         // reference to plain bytes of it, only atomic views, and those fault
         // (SIGSEGV) rather than read freed memory.
         let raw = unsafe {
-            libc::mmap(self.addr.as_ptr().cast(), self.len, libc::PROT_NONE, flags, -1, 0)
+            libc::mmap(
+                self.addr.as_ptr().cast(),
+                self.len,
+                libc::PROT_NONE,
+                flags,
+                -1,
+                0,
+            )
         };
         if raw == libc::MAP_FAILED {
             return Err(last_err());
@@ -406,7 +413,10 @@ mod tests {
         m.set_writable(true).unwrap();
         m.make_inaccessible().unwrap();
         // Still mapped (reserved), no page resident.
-        assert!(mincore(m.addr(), 1 << 16).unwrap().iter().all(|&p| p & 1 == 0));
+        assert!(mincore(m.addr(), 1 << 16)
+            .unwrap()
+            .iter()
+            .all(|&p| p & 1 == 0));
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let line = maps
             .lines()

@@ -222,7 +222,9 @@ pub(crate) fn limit_error(e: &io::Error) -> Option<MapError> {
     match e.raw_os_error()? {
         errno::EMFILE => {
             let limit = match upager_sys::io::open_file_limit() {
-                Ok((soft, _)) => format!("the process's open-file limit (RLIMIT_NOFILE = {soft}) is reached"),
+                Ok((soft, _)) => {
+                    format!("the process's open-file limit (RLIMIT_NOFILE = {soft}) is reached")
+                }
                 Err(_) => "the process's open-file limit (RLIMIT_NOFILE) is reached".to_string(),
             };
             Some(MapError::Limit {
@@ -242,7 +244,10 @@ pub(crate) fn limit_error(e: &io::Error) -> Option<MapError> {
                 .trim()
                 .parse()
                 .ok()?;
-            let now = std::fs::read_to_string("/proc/self/maps").ok()?.lines().count() as u64;
+            let now = std::fs::read_to_string("/proc/self/maps")
+                .ok()?
+                .lines()
+                .count() as u64;
             // Within a few mappings of the limit: that is why mmap failed.
             (now + 8 >= max).then(|| MapError::Limit {
                 limit: format!("the process has {now} memory mappings, at the limit vm.max_map_count = {max}"),

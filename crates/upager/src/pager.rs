@@ -72,9 +72,9 @@ impl Shared {
     }
     /// Folios per eviction batch for a folio size.
     pub fn batch_folios(&self, folio: u64) -> usize {
-        self.cfg.batch.unwrap_or(
-            ((self.batch_bytes() / folio) as usize).clamp(1, upager_sys::mem::MAX_IOV),
-        )
+        self.cfg
+            .batch
+            .unwrap_or(((self.batch_bytes() / folio) as usize).clamp(1, upager_sys::mem::MAX_IOV))
     }
     /// Fill buffer per handler thread: the largest readahead or folio.
     pub fn fill_buf_bytes(&self) -> usize {
@@ -214,7 +214,10 @@ impl Pager {
         }
         let pidfd = SelfPidfd::open().map_err(PagerError::Pidfd)?;
         let budget = cfg.budget;
-        let dirty_limit = cfg.dirty_limit.unwrap_or(budget / 2).clamp(MIN_FOLIO, budget);
+        let dirty_limit = cfg
+            .dirty_limit
+            .unwrap_or(budget / 2)
+            .clamp(MIN_FOLIO, budget);
         let gap = (budget / 8).min(2 * DEFAULT_BATCH_BYTES);
         let shared = Arc::new(Shared {
             uffd,
@@ -320,7 +323,11 @@ impl Pager {
     /// writable store).
     fn shared_file(&self, meta: &std::fs::Metadata, writable: bool) -> Option<Arc<dyn Store>> {
         use std::os::unix::fs::MetadataExt;
-        let files = self.shared().files.lock().unwrap_or_else(|e| e.into_inner());
+        let files = self
+            .shared()
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let keys: &[bool] = if writable { &[true] } else { &[false, true] };
         keys.iter().find_map(|&w| {
             let st = files.get(&(meta.dev(), meta.ino(), w))?.upgrade()?;
@@ -337,7 +344,11 @@ impl Pager {
     ) -> Arc<dyn Store> {
         use std::os::unix::fs::MetadataExt;
         let store = Arc::new(store);
-        let mut files = self.shared().files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut files = self
+            .shared()
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         files.retain(|_, w| w.strong_count() > 0);
         files.insert((meta.dev(), meta.ino(), writable), Arc::downgrade(&store));
         store

@@ -195,12 +195,10 @@ impl Shared {
                         continue;
                     };
                     let blocked = e.region.wb_backoff.blocked();
-                    let claimed = folio::try_claim(e.region.state(e.idx), |s| {
-                        match s.kind() {
-                            Kind::Clean => !s.has(ACTIVE),
-                            Kind::Dirty => !s.has(ACTIVE) && !blocked,
-                            _ => false,
-                        }
+                    let claimed = folio::try_claim(e.region.state(e.idx), |s| match s.kind() {
+                        Kind::Clean => !s.has(ACTIVE),
+                        Kind::Dirty => !s.has(ACTIVE) && !blocked,
+                        _ => false,
                     });
                     match claimed {
                         Some(old) => {

@@ -119,7 +119,10 @@ mod tests {
         for _ in 0..100 {
             b.record(false); // within the delay: not extended further
         }
-        assert_eq!(b.delay_ns.load(std::sync::atomic::Ordering::Relaxed), Backoff::MIN_NS);
+        assert_eq!(
+            b.delay_ns.load(std::sync::atomic::Ordering::Relaxed),
+            Backoff::MIN_NS
+        );
         b.record(true);
         assert!(!b.blocked());
     }
@@ -381,10 +384,7 @@ impl Region {
     fn stop_writes(&self, stop: bool) {
         if self.inner.writable {
             if let Err(e) = self.inner.map.set_writable(!stop) {
-                eprintln!(
-                    "upager: mprotect of region {} failed: {e}",
-                    self.inner.id
-                );
+                eprintln!("upager: mprotect of region {} failed: {e}", self.inner.id);
             }
         }
     }
