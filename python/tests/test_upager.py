@@ -187,7 +187,12 @@ def test_bad_arguments_raise_clear_errors(data64, scratch):
     with pytest.raises(ValueError, match="size is 0"):
         pager.anonymous(0)
     with pytest.raises(ValueError, match="eviction batch"):
-        upager.Pager(budget="1MiB").map_file(path)
+        upager.Pager(budget="1MiB", batch=64).map_file(path)
+    # The default batch fits a small budget.
+    with upager.Pager(budget="1MiB") as small:
+        r = small.map_file(path)
+        assert r.stats()["budget_bytes"] == MIB
+        r.close()
     ro = os.path.join(scratch, "ro")
     make_file(ro, 64 * 1024)
     os.chmod(ro, 0o400)
@@ -244,3 +249,42 @@ def test_region_outlives_its_pager_handle(data64):
     a = np.frombuffer(region, dtype=np.uint64)
     assert int(a[-1]) == int(words[-1])
     assert int(a.sum(dtype=np.uint64)) == int(words.sum(dtype=np.uint64))
+
+
+def _sum_every_512th(path, q):
+    """Runs in a spawned child: opens the array again, as documented."""
+    a = upager.open_array(path, np.uint64, budget="8MiB")
+    q.put(int(a[::512].sum(dtype=np.uint64)))
+
+
+def _read_first_word(a):
+    """Runs in a forked child: the region is not there (MADV_DONTFORK)."""
+    import faulthandler
+
+    faulthandler.disable()  # the SIGSEGV is expected: no traceback dump
+    int(a[0])
+    os._exit(3)
+
+
+def test_multiprocessing_spawn_reopens_and_fork_gets_sigsegv(data64):
+    import multiprocessing as mp
+    import signal
+
+    path, words = data64
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_sum_every_512th, args=(path, q))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(60)
+    assert p.exitcode == 0
+    assert got == int(words[::512].sum(dtype=np.uint64))
+
+    a = upager.open_array(path, np.uint64, budget="8MiB")
+    assert int(a[0]) == int(words[0])
+    f = mp.get_context("fork").Process(target=_read_first_word, args=(a,))
+    f.start()
+    f.join(60)
+    assert f.exitcode == -signal.SIGSEGV
+    assert int(a[1]) == int(words[1])  # the parent goes on
+    del a

@@ -21,6 +21,21 @@ Or, like ``numpy.memmap`` with a hard budget::
     a[:] += 1
     a.flush()
 
+Processes: regions are not inherited by ``fork`` (a forked child gets
+SIGSEGV when it touches one). With :mod:`multiprocessing`, use the "spawn"
+or "forkserver" start method and open the array again in the child (pass
+the path, not the array)::
+
+    def work(path):
+        a = upager.open_array(path, np.float64, budget="256MiB")
+        return float(a[::4096].sum())
+
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        print(pool.map(work, [path] * 4))
+
+Closing a region (or dropping the last array over it) behaves like munmap for
+other threads still using it: they see the right data or get SIGSEGV.
+
 Requirements: Linux 6.16+, access to /dev/userfaultfd (root, or the
 device's permissions). Counters (``Pager.stats()``) use the same stable names
 as the C API and the ``upager stat`` command.

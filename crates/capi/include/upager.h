@@ -72,12 +72,14 @@ typedef struct upager_region upager_region_t; /* one mapped region */
 struct upager_options {
     size_t size;              /* sizeof(struct upager_options); set by init */
     uint64_t budget;          /* most bytes resident at once, over all the
-                                 pager's regions. Default 256 MiB. At least
-                                 one eviction batch of the folio size used
-                                 (batch x folio; with defaults 4 MiB). */
+                                 pager's regions. Default 256 MiB. With a
+                                 chosen batch, at least batch x folio. Half
+                                 of it at most is dirty file data at once
+                                 (then writes wait for write-back; a full
+                                 disk stops writes with SIGBUS, not reads). */
     uint32_t batch;           /* folios evicted per batch (one TLB shootdown
                                  each), 1..1024. 0 = default: as many as
-                                 cover 4 MiB. */
+                                 cover 4 MiB, or half the budget if less. */
     uint32_t handler_threads; /* fault-handler threads, 1..64. 0 = default:
                                  the number of CPUs, at most 4. */
     int64_t readahead;        /* largest readahead in bytes on sequential

@@ -69,7 +69,7 @@ impl PagerBuilder {
         self
     }
     /// Folios evicted per batch (one TLB shootdown per batch). Default: as
-    /// many folios as cover 4 MiB (a quarter of the budget when that is
+    /// many folios as cover 4 MiB (half the budget when that is
     /// less, so any budget of a few folios works), at most 1024. `1` evicts
     /// folio by folio (for comparison).
     pub fn batch(mut self, folios: usize) -> Self {

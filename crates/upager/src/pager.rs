@@ -65,10 +65,10 @@ impl Shared {
         self.stop.load(Ordering::Acquire)
     }
     /// Bytes an eviction batch covers when no batch size was chosen: 4 MiB,
-    /// or a quarter of the budget if that is less (small budgets work with
-    /// the defaults).
+    /// or half the budget if that is less (small budgets work with the
+    /// defaults).
     pub fn batch_bytes(&self) -> u64 {
-        DEFAULT_BATCH_BYTES.min(self.budget / 4).max(MIN_FOLIO)
+        DEFAULT_BATCH_BYTES.min(self.budget / 2).max(MIN_FOLIO)
     }
     /// Folios per eviction batch for a folio size.
     pub fn batch_folios(&self, folio: u64) -> usize {

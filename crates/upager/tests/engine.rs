@@ -519,7 +519,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
         )
     );
     // With the default batch, any budget of a few folios works (the batch
-    // shrinks to a quarter of the budget); a batch the user chose is kept
+    // shrinks to half the budget); a batch the user chose is kept
     // and checked.
     let tiny = small_pager(MIB);
     let t = tiny.map_file(&path, &MapOptions::new()).unwrap();

@@ -75,10 +75,12 @@ int main(void) {
     mo.flags = 0x80;
     expect(upager_map_file(pg, path, &mo, &r), EINVAL, "unknown map flags",
            "flags");
-    {   /* 1 MiB is below one default batch (64 folios of 64 KiB) */
+    {   /* 1 MiB is below a batch of 64 folios of 64 KiB (the default
+           batch shrinks to fit; a chosen one is checked) */
         upager_t *small = NULL;
         upager_options_init(&po);
         po.budget = 1 * MIB;
+        po.batch = 64;
         CHECK(upager_create(&po, &small) == 0, "small pager");
         expect(upager_map_file(small, path, NULL, &r), EINVAL,
                "eviction batch", "budget below batch");
