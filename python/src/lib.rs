@@ -16,6 +16,7 @@
 //!
 //! unsafe: only the buffer protocol (`__getbuffer__`, which pyo3 declares
 //! unsafe, and one `PyBuffer_FillInfo` call); everything else is safe pyo3.
+#![deny(unsafe_code)]
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -339,6 +340,8 @@ fn residency_name(s: Residency) -> &'static str {
     }
 }
 
+// The buffer protocol's methods are unsafe by pyo3's declaration.
+#[allow(unsafe_code)]
 #[pymethods]
 impl PyRegion {
     fn __len__(&self) -> usize {
@@ -589,6 +592,7 @@ fn parse_size(v: &Bound<'_, PyAny>) -> PyResult<u64> {
 /// The module.
 #[pymodule]
 fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    upager::log_to_stderr();
     m.add_class::<PyPager>()?;
     m.add_class::<PyRegion>()?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;

@@ -23,8 +23,13 @@
 //! time). The option structs carry their `size`, checked on every call, and
 //! the C tests (`tests/c/`, run by `make test-c`) use every function.
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 #![allow(non_camel_case_types)]
 
+// The C ABI boundary (see "unsafe" above): raw pointers from C.
+#[allow(unsafe_code)]
 mod error;
+#[allow(unsafe_code)]
 pub mod native;
+#[allow(unsafe_code)]
 pub mod umap;

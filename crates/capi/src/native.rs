@@ -207,6 +207,7 @@ pub unsafe extern "C" fn upager_create(
             std::mem::size_of::<upager_options>(),
             "upager_options",
         )?;
+        engine::log_to_stderr();
         let mut b = Pager::builder().budget(o.budget);
         if o.batch != 0 {
             b = b.batch(o.batch as usize);

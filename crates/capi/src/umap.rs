@@ -209,6 +209,7 @@ fn log(level: Level, msg: &str) {
 fn pager() -> Result<&'static Pager, Failure> {
     static PAGER: OnceLock<Result<Pager, (c_int, String)>> = OnceLock::new();
     let r = PAGER.get_or_init(|| {
+        engine::log_to_stderr();
         let c = cfg();
         let mut b = Pager::builder()
             .budget(c.buf_pages.saturating_mul(c.page_size))

@@ -201,6 +201,74 @@ impl Mapping {
     }
 }
 
+/// Part of a [`Mapping`]. Operations that replace or discard memory
+/// ([`SelfPidfd::dontneed`], and the userfaultfd fills of
+/// [`Uffd`](crate::uffd::Uffd)) take these instead of raw addresses: the
+/// range is proof that the memory belongs to a mapping the caller owns,
+/// which Rust code reaches only through atomic views and copies — never
+/// memory the program holds plain references to (its heap, its stacks).
+#[derive(Debug, Clone, Copy)]
+pub struct MapRange<'a> {
+    map: &'a Mapping,
+    off: usize,
+    len: usize,
+}
+
+impl Mapping {
+    /// `[off, off+len)` of this mapping; page-aligned, non-empty, inside it.
+    pub fn range(&self, off: usize, len: usize) -> MapRange<'_> {
+        assert!(
+            off.is_multiple_of(PAGE_SIZE)
+                && len.is_multiple_of(PAGE_SIZE)
+                && len > 0
+                && off.checked_add(len).is_some_and(|e| e <= self.len),
+            "range {off}+{len} is not page-aligned inside a mapping of {} bytes",
+            self.len
+        );
+        MapRange {
+            map: self,
+            off,
+            len,
+        }
+    }
+
+    /// The whole mapping as a range.
+    pub fn whole(&self) -> MapRange<'_> {
+        self.range(0, self.len)
+    }
+}
+
+impl MapRange<'_> {
+    /// First address.
+    pub fn addr(&self) -> u64 {
+        self.map.addr() + self.off as u64
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len as u64
+    }
+    /// Always false: ranges are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// `[off, off+len)` of this range (page-aligned, inside it).
+    #[must_use]
+    pub fn sub(&self, off: usize, len: usize) -> Self {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        self.map.range(self.off + off, len)
+    }
+    /// Extends this range by `next` if `next` starts where it ends, in the
+    /// same mapping; false (nothing changed) otherwise.
+    pub fn try_extend(&mut self, next: &MapRange<'_>) -> bool {
+        if std::ptr::eq(self.map, next.map) && self.off + self.len == next.off {
+            self.len += next.len;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the mapping was created by Mapping::anonymous and is
@@ -243,21 +311,22 @@ impl SelfPidfd {
     }
 
     /// One `process_madvise(MADV_DONTNEED)` over up to [`MAX_IOV`] ranges
-    /// `(addr, len)` of this process's private anonymous memory: one
-    /// mmu_gather, so one TLB flush for the whole call (Linux 6.16+).
-    /// Returns the number of bytes advised.
-    pub fn dontneed(&self, ranges: &[(u64, u64)]) -> io::Result<u64> {
+    /// of this process's own mappings: one mmu_gather, so one TLB flush for
+    /// the whole call (Linux 6.16+). The pages read as zero (or raise a
+    /// userfaultfd fault) afterwards. Returns the number of bytes advised.
+    pub fn dontneed(&self, ranges: &[MapRange<'_>]) -> io::Result<u64> {
         assert!(ranges.len() <= MAX_IOV);
         let iov: Vec<libc::iovec> = ranges
             .iter()
-            .map(|&(a, l)| libc::iovec {
-                iov_base: a as *mut libc::c_void,
-                iov_len: l as usize,
+            .map(|r| libc::iovec {
+                iov_base: r.addr() as *mut libc::c_void,
+                iov_len: r.len,
             })
             .collect();
         // SAFETY: `iov` is a live array of `iov.len()` iovecs the kernel only
-        // reads; the ranges are region memory that no Rust reference covers
-        // (the caller passes ranges of its own Mappings).
+        // reads. Every range lies inside a Mapping (MapRange proves it), whose
+        // memory no Rust reference covers except atomic views: dropping its
+        // pages is like another thread storing zeros.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_process_madvise,
@@ -396,7 +465,10 @@ mod tests {
         assert_eq!(&b, b"hello");
         assert_eq!(mincore(m.addr(), 8192).unwrap()[1] & 1, 1);
         let pid = SelfPidfd::open().unwrap();
-        assert_eq!(pid.dontneed(&[(m.addr() + 4096, 4096)]).unwrap(), 4096);
+        assert_eq!(pid.dontneed(&[m.range(4096, 4096)]).unwrap(), 4096);
+        let mut r = m.range(0, 4096);
+        assert!(r.try_extend(&m.range(4096, 8192)) && r.len() == 12288);
+        assert!(!r.try_extend(&m.range(4 * 4096, 4096)), "not adjacent");
         assert_eq!(mincore(m.addr(), 8192).unwrap()[1] & 1, 0);
         m.read_at(4096, &mut b);
         assert_eq!(b, [0; 5]);

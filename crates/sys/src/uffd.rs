@@ -14,6 +14,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use linux_raw_sys::general as k;
 use linux_raw_sys::ioctl as kio;
 
+use crate::mem::{MapRange, Mapping};
 use crate::{cvt, ioc, last_err, IOC_NONE, IOC_READ_WRITE};
 
 const UFFDIO: u32 = 0xAA;
@@ -171,9 +172,14 @@ impl Uffd {
         Ok(api.features)
     }
 
-    /// `UFFDIO_REGISTER` of `[start, start+len)` for missing and optionally
+    /// `UFFDIO_REGISTER` of a whole mapping for missing and optionally
     /// write-protect faults; returns the ioctl mask the range supports.
-    pub fn register(&self, start: u64, len: u64, missing: bool, wp: bool) -> io::Result<u64> {
+    ///
+    /// Only [`Mapping`]s can be registered, so the fills below (which the
+    /// kernel allows only in ranges registered on this userfaultfd) can only
+    /// ever write memory of a mapping the caller owns.
+    pub fn register(&self, map: &Mapping, missing: bool, wp: bool) -> io::Result<u64> {
+        let (start, len) = (map.addr(), map.len() as u64);
         let mut mode = 0u64;
         if missing {
             mode |= u64::from(k::UFFDIO_REGISTER_MODE_MISSING);
@@ -192,9 +198,14 @@ impl Uffd {
         Ok(reg.ioctls)
     }
 
-    /// `UFFDIO_UNREGISTER`; wakes every thread waiting on the range.
-    pub fn unregister(&self, start: u64, len: u64) -> io::Result<()> {
-        let mut range = k::uffdio_range { start, len };
+    /// `UFFDIO_UNREGISTER` of a mapping; wakes every thread waiting on it.
+    /// A fault on the still-mapped range is then filled with zeros by the
+    /// kernel: make it inaccessible first ([`Mapping::make_inaccessible`]).
+    pub fn unregister(&self, map: &Mapping) -> io::Result<()> {
+        let mut range = k::uffdio_range {
+            start: map.addr(),
+            len: map.len() as u64,
+        };
         // SAFETY: `range` is a valid uffdio_range.
         let ret =
             unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_UNREGISTER as _, &mut range) };
@@ -205,7 +216,13 @@ impl Uffd {
     /// `UFFDIO_COPY` of `src` to `dst` (a registered range of `src.len()`
     /// bytes); `wp` installs the pages write-protected; without `wake` the
     /// threads waiting on the range stay asleep until [`Uffd::wake`].
-    pub fn copy(&self, dst: u64, src: &[u8], wp: bool, wake: bool) -> io::Result<Fill> {
+    pub fn copy(&self, dst: MapRange<'_>, src: &[u8], wp: bool, wake: bool) -> io::Result<Fill> {
+        assert_eq!(
+            dst.len(),
+            src.len() as u64,
+            "copy of {} bytes into {dst:?}",
+            src.len()
+        );
         let mut mode = if wp {
             u64::from(k::UFFDIO_COPY_MODE_WP)
         } else {
@@ -215,15 +232,16 @@ impl Uffd {
             mode |= u64::from(k::UFFDIO_COPY_MODE_DONTWAKE);
         }
         let mut c = k::uffdio_copy {
-            dst,
+            dst: dst.addr(),
             src: src.as_ptr() as u64,
             len: src.len() as u64,
             mode,
             copy: 0,
         };
         // SAFETY: the kernel only reads `src.len()` bytes from `src` (a live
-        // slice) and writes into the registered destination range, which is
-        // not Rust-owned memory; `c` is a valid uffdio_copy.
+        // slice) and fills missing pages of the destination, a range of a
+        // registered Mapping (never Rust-referenced memory; the kernel refuses
+        // unregistered ranges); `c` is a valid uffdio_copy.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_COPY as _, &mut c) };
         fill_outcome(r, c.copy)
     }
@@ -231,7 +249,8 @@ impl Uffd {
     /// `UFFDIO_WRITEPROTECT`: `protect` sets, otherwise clears write
     /// protection over the range (clearing wakes waiters unless `!wake`).
     /// Each call that changes a present page costs one TLB flush.
-    pub fn writeprotect(&self, start: u64, len: u64, protect: bool, wake: bool) -> io::Result<()> {
+    pub fn writeprotect(&self, r: MapRange<'_>, protect: bool, wake: bool) -> io::Result<()> {
+        let (start, len) = (r.addr(), r.len());
         let mut mode = if protect {
             UFFDIO_WRITEPROTECT_MODE_WP
         } else {
@@ -261,9 +280,12 @@ impl Uffd {
 
     /// `UFFDIO_POISON`: the range raises SIGBUS on access (EFAULT inside a
     /// syscall) until it is zapped with `MADV_DONTNEED`.
-    pub fn poison(&self, start: u64, len: u64) -> io::Result<Fill> {
+    pub fn poison(&self, r: MapRange<'_>) -> io::Result<Fill> {
         let mut p = k::uffdio_poison {
-            range: k::uffdio_range { start, len },
+            range: k::uffdio_range {
+                start: r.addr(),
+                len: r.len(),
+            },
             mode: 0,
             updated: 0,
         };
@@ -272,17 +294,20 @@ impl Uffd {
         fill_outcome(r, p.updated)
     }
 
-    /// `UFFDIO_MOVE` of `len` bytes of anonymous pages from `src` to `dst`.
-    pub fn mv(&self, dst: u64, src: u64, len: u64) -> io::Result<Fill> {
+    /// `UFFDIO_MOVE` of the anonymous pages of `src` to `dst` (same length):
+    /// `src` reads as missing afterwards, so it too must be a mapping the
+    /// caller owns (a staging area), never memory Rust code references.
+    pub fn mv(&self, dst: MapRange<'_>, src: MapRange<'_>) -> io::Result<Fill> {
+        assert_eq!(dst.len(), src.len());
         let mut m = k::uffdio_move {
-            dst,
-            src,
-            len,
+            dst: dst.addr(),
+            src: src.addr(),
+            len: src.len(),
             mode: 0,
             move_: 0,
         };
-        // SAFETY: `m` is a valid uffdio_move; the kernel checks both ranges
-        // (the source must be anonymous memory owned by the caller's engine).
+        // SAFETY: `m` is a valid uffdio_move; both ranges are parts of
+        // Mappings (atomic views only), the destination registered here.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
         fill_outcome(r, m.move_)
     }

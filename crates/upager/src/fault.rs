@@ -38,7 +38,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use upager_sys::mem::AlignedBuf;
+use upager_sys::mem::{AlignedBuf, MapRange};
 use upager_sys::uffd::{Fill, Msg, MSG_SIZE};
 
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED, SEQ_MASK};
@@ -102,7 +102,7 @@ impl Shared {
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    eprintln!("upager: reading userfaultfd failed: {e}");
+                    log::error!("reading userfaultfd failed: {e}");
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
@@ -229,8 +229,7 @@ impl Shared {
                         continue;
                     };
                     if old.kind() == Kind::Clean {
-                        let addr = r.folio_addr(idx);
-                        let _ = self.pidfd.dontneed(&[(addr, r.folio)]);
+                        let _ = self.pidfd.dontneed(&[r.span(idx, 1)]);
                         self.counters.tlb_flush_batches.inc();
                         self.unreserve(r.folio);
                     }
@@ -258,9 +257,7 @@ impl Shared {
     fn make_dirty(&self, r: &RegionInner, idx: usize) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
-        let res = self
-            .uffd
-            .writeprotect(r.folio_addr(idx), r.folio, false, false);
+        let res = self.uffd.writeprotect(r.span(idx, 1), false, false);
         debug_assert!(res.is_ok(), "unprotect failed: {res:?}");
         self.counters.wp_unprotects.inc();
         folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
@@ -320,15 +317,15 @@ impl Shared {
 
         let addr = r.folio_addr(idx);
         let ok = if write {
-            self.copy_all(r, addr, &buf[..folio as usize], false)
+            self.copy_all(r, r.span(idx, 1), &buf[..folio as usize], false)
                 && (extras.is_empty()
-                    || self.copy_all(r, addr + folio, &buf[folio as usize..], true))
+                    || self.copy_all(r, r.span(idx + 1, n - 1), &buf[folio as usize..], true))
         } else {
-            self.copy_all(r, addr, buf, r.writable)
+            self.copy_all(r, r.span(idx, n), buf, r.writable)
         };
         if !ok {
             // Drop whatever part of the run was installed before giving up.
-            let _ = self.pidfd.dontneed(&[(addr, total as u64)]);
+            let _ = self.pidfd.dontneed(&[r.span(idx, n)]);
             self.fill_failed(r, idx, &extras);
             return;
         }
@@ -462,24 +459,32 @@ impl Shared {
 
     /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. False if the
     /// range could not be filled.
-    fn copy_all(&self, r: &RegionInner, dst: u64, src: &[u8], wp: bool) -> bool {
-        let mut done = 0u64;
+    fn copy_all(&self, r: &RegionInner, dst: MapRange<'_>, src: &[u8], wp: bool) -> bool {
+        let mut done = 0usize;
+        let len = src.len();
         for _attempt in 0..16 {
-            match self.uffd.copy(dst + done, &src[done as usize..], wp, false) {
+            if done >= len {
+                return true;
+            }
+            match self
+                .uffd
+                .copy(dst.sub(done, len - done), &src[done..], wp, false)
+            {
                 Ok(Fill::Done) => return true,
-                Ok(Fill::Retry { done: d }) => done += d,
+                Ok(Fill::Retry { done: d }) => done += d as usize,
                 Ok(Fill::Exists { done: d }) => {
                     // A page we own (BUSY) is mapped: a leftover (e.g. an
                     // earlier fill interrupted part-way). Drop the rest of
                     // the range we own and copy again.
-                    done += d;
-                    let end = dst + src.len() as u64;
-                    let _ = self.pidfd.dontneed(&[(dst + done, end - dst - done)]);
+                    done += d as usize;
+                    if done < len {
+                        let _ = self.pidfd.dontneed(&[dst.sub(done, len - done)]);
+                    }
                 }
                 Err(e) => {
-                    eprintln!(
-                        "upager: UFFDIO_COPY at {:#x} (region {}) failed: {e}",
-                        dst + done,
+                    log::error!(
+                        "UFFDIO_COPY at {:#x} (region {}) failed: {e}",
+                        dst.addr() + done as u64,
                         r.id
                     );
                     return false;
@@ -492,10 +497,10 @@ impl Shared {
     /// Makes an access to claimed folio `idx` raise SIGBUS (EFAULT in a
     /// system call) until the reclaimer clears it. Holds no budget.
     fn poison(&self, r: &Arc<RegionInner>, idx: usize) {
-        let res = self.uffd.poison(r.folio_addr(idx), r.folio);
+        let res = self.uffd.poison(r.span(idx, 1));
         let poisoned = matches!(res, Ok(Fill::Done));
         if !poisoned {
-            eprintln!("upager: UFFDIO_POISON failed ({res:?}); the access will fault again");
+            log::error!("UFFDIO_POISON failed ({res:?}); the access will fault again");
         }
         let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Poisoned));
         if poisoned {

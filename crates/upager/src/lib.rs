@@ -70,3 +70,27 @@ pub use pager::Pager;
 pub use region::Region;
 pub use stats::Stats;
 pub use store::{FileStore, Src, Store, SwapFile};
+
+/// Sends the engine's log messages (warnings and errors: a write-back that
+/// failed on drop, an unmap waiting long for faults in flight) to standard
+/// error, prefixed `upager:`, unless the program installed a `log` logger
+/// already. The library reports through the `log` facade and never prints
+/// on its own; the CLI, the C library and the Python module call this.
+pub fn log_to_stderr() {
+    struct Stderr;
+    impl log::Log for Stderr {
+        fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+            m.level() <= log::Level::Warn
+        }
+        fn log(&self, r: &log::Record<'_>) {
+            if self.enabled(r.metadata()) {
+                eprintln!("upager: {}", r.args());
+            }
+        }
+        fn flush(&self) {}
+    }
+    static LOGGER: Stderr = Stderr;
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
+}

@@ -333,15 +333,14 @@ impl Region {
         }
         let r = &self.inner;
         let sh = &self.owner.shared;
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        let mut ranges: Vec<upager_sys::mem::MapRange<'_>> = Vec::new();
         let mut resident = 0u64;
         let mut slots = Vec::new();
         for &(idx, old) in &claimed {
             if matches!(old.kind(), Kind::Clean | Kind::Dirty | Kind::Poisoned) {
-                let a = r.folio_addr(idx);
-                match ranges.last_mut() {
-                    Some((pa, pl)) if *pa + *pl == a => *pl += r.folio,
-                    _ => ranges.push((a, r.folio)),
+                let span = r.span(idx, 1);
+                if !ranges.last_mut().is_some_and(|last| last.try_extend(&span)) {
+                    ranges.push(span);
                 }
             }
             if matches!(old.kind(), Kind::Clean | Kind::Dirty) {

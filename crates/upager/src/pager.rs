@@ -53,12 +53,16 @@ pub(crate) struct Shared {
     /// Swap space shared by the anonymous regions of one folio size: one
     /// private swap file and one slot allocator each (slots are in folio
     /// units), dropped with the last region that uses them.
-    swap: Mutex<HashMap<u64, (Weak<SwapFile>, Weak<Slots>)>>,
+    swap: Mutex<HashMap<u64, SwapSpace>>,
     next_id: AtomicU64,
 }
 
 /// A file's identity for sharing its store: device, inode, writable.
 type FileKey = (u64, u64, bool);
+
+/// The swap file and slot allocator shared by anonymous regions of one
+/// folio size (weak: they go with the last region using them).
+type SwapSpace = (Weak<SwapFile>, Weak<Slots>);
 
 impl Shared {
     pub fn stopping(&self) -> bool {
@@ -331,7 +335,7 @@ impl Pager {
         let keys: &[bool] = if writable { &[true] } else { &[false, true] };
         keys.iter().find_map(|&w| {
             let st = files.get(&(meta.dev(), meta.ino(), w))?.upgrade()?;
-            (st.len() == meta.len()).then(|| st as Arc<dyn Store>)
+            (st.len() == meta.len()).then_some(st as Arc<dyn Store>)
         })
     }
 
@@ -527,7 +531,7 @@ impl Pager {
         // Registration is the last step that can fail: if it does, the
         // mapping is dropped (munmap) before anyone saw its address.
         sh.uffd
-            .register(map.addr(), map_len, true, writable)
+            .register(&map, true, writable)
             .map_err(MapError::Register)?;
         let inner = Arc::new(RegionInner {
             touched,

@@ -42,7 +42,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use upager_sys::mem::MAX_IOV;
+use upager_sys::mem::{MapRange, MAX_IOV};
 
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED, WAITER};
 use crate::pager::Shared;
@@ -157,11 +157,16 @@ impl Shared {
         let mut lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
         let mut acquisitions = 1;
         let mut budget_scan = lru.inactive.len() + 2 * lru.active.len() + 8;
+        // Inactive entries passed over because their store refuses writes:
+        // once the whole inactive list was, the active list must give folios
+        // back, or a budget of stuck dirty data plus active clean data would
+        // leave reads nothing to evict.
+        let mut skipped = 0usize;
         while got < want_bytes && victims.len() < max_folios && budget_scan > 0 {
             budget_scan -= 1;
             self.counters.reclaim_scanned.inc();
-            if (lru.active_bytes > active_cap || lru.inactive.is_empty()) && !lru.active.is_empty()
-            {
+            let inactive_stuck = skipped >= lru.inactive.len();
+            if (lru.active_bytes > active_cap || inactive_stuck) && !lru.active.is_empty() {
                 let e = lru.active.pop_front().expect("checked non-empty");
                 lru.active_bytes -= e.region.folio;
                 match folio::load(e.region.state(e.idx)).kind() {
@@ -189,7 +194,10 @@ impl Shared {
                 }
                 // A store refusing writes: leave its dirty folios alone for
                 // the back-off delay, evict clean ones meanwhile.
-                Kind::Dirty if e.region.wb_backoff.blocked() => lru.inactive.push_back(e),
+                Kind::Dirty if e.region.wb_backoff.blocked() => {
+                    skipped += 1;
+                    lru.inactive.push_back(e);
+                }
                 Kind::Clean | Kind::Dirty => {
                     let Some(guard) = Inflight::enter(&e.region) else {
                         continue;
@@ -384,12 +392,11 @@ impl Shared {
         }
 
         // 4) unmap: one process_madvise per ≤ 1024 merged ranges.
-        let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(kept.len());
+        let mut ranges: Vec<MapRange<'_>> = Vec::with_capacity(kept.len());
         for (v, _) in &kept {
-            let (a, l) = (v.region.folio_addr(v.idx), v.region.folio);
-            match ranges.last_mut() {
-                Some((pa, pl)) if *pa + *pl == a => *pl += l,
-                _ => ranges.push((a, l)),
+            let span = v.region.span(v.idx, 1);
+            if !ranges.last_mut().is_some_and(|last| last.try_extend(&span)) {
+                ranges.push(span);
             }
         }
         for chunk in ranges.chunks(MAX_IOV) {
@@ -444,12 +451,12 @@ impl Shared {
     }
 
     fn write_protect(&self, r: &RegionInner, first: usize, last: usize) {
-        let start = r.folio_addr(first);
-        let len = (last + 1 - first) as u64 * r.folio;
         // Failure leaves pages writable; the write-back that follows may then
         // race with a writer, so treat it as fatal to the invariant: it
         // cannot fail on a live registered range, and the debug build says so.
-        let res = self.uffd.writeprotect(start, len, true, true);
+        let res = self
+            .uffd
+            .writeprotect(r.span(first, last + 1 - first), true, true);
         debug_assert!(
             res.is_ok(),
             "write-protect of a registered range failed: {res:?}"
@@ -675,9 +682,7 @@ impl Shared {
             if folio::try_claim(w, |s| s.kind() == Kind::Poisoned).is_none() {
                 continue;
             }
-            let _ = self
-                .pidfd
-                .dontneed(&[(guard.folio_addr(e.idx), guard.folio)]);
+            let _ = self.pidfd.dontneed(&[guard.span(e.idx, 1)]);
             let prev = folio::release(w, |s| {
                 s.with_kind(if s.slot().is_some() {
                     Kind::Evicted

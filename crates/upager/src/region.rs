@@ -98,36 +98,6 @@ impl Backoff {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::Backoff;
-
-    #[test]
-    fn backoff_starts_after_a_run_of_failures_and_ends_with_a_success() {
-        let b = Backoff::default();
-        for _ in 0..Backoff::FAILS - 1 {
-            b.record(false);
-        }
-        assert!(!b.blocked(), "a few failures are not a refusing store");
-        b.record(true);
-        for _ in 0..Backoff::FAILS - 1 {
-            b.record(false);
-        }
-        assert!(!b.blocked(), "a success reset the run");
-        b.record(false);
-        assert!(b.blocked());
-        for _ in 0..100 {
-            b.record(false); // within the delay: not extended further
-        }
-        assert_eq!(
-            b.delay_ns.load(std::sync::atomic::Ordering::Relaxed),
-            Backoff::MIN_NS
-        );
-        b.record(true);
-        assert!(!b.blocked());
-    }
-}
-
 impl std::fmt::Debug for RegionInner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Region")
@@ -175,6 +145,11 @@ impl RegionInner {
     }
     pub fn folio_addr(&self, idx: usize) -> u64 {
         self.base() + ((idx as u64) << self.shift)
+    }
+    /// Folios `[idx, idx+n)` of the view, for the calls that fill, protect
+    /// or drop them.
+    pub fn span(&self, idx: usize, n: usize) -> upager_sys::mem::MapRange<'_> {
+        self.map.range(idx << self.shift, n << self.shift)
     }
     pub fn state(&self, idx: usize) -> &AtomicU64 {
         &self.states[idx]
@@ -384,7 +359,7 @@ impl Region {
     fn stop_writes(&self, stop: bool) {
         if self.inner.writable {
             if let Err(e) = self.inner.map.set_writable(!stop) {
-                eprintln!("upager: mprotect of region {} failed: {e}", self.inner.id);
+                log::error!("mprotect of region {} failed: {e}", self.inner.id);
             }
         }
     }
@@ -418,8 +393,8 @@ impl Region {
             std::thread::sleep(Duration::from_micros(200));
             if !warned && start.elapsed() > Duration::from_secs(10) {
                 warned = true;
-                eprintln!(
-                    "upager: unmap of region {} still waits for faults in flight after 10 s",
+                log::warn!(
+                    "unmap of region {} still waits for faults in flight after 10 s",
                     r.id
                 );
             }
@@ -430,10 +405,10 @@ impl Region {
         if let Err(e) = r.map.make_inaccessible() {
             // Cannot happen short of the mapping-count limit; the fallback
             // still ends every access in SIGSEGV, pages are freed below.
-            eprintln!("upager: replacing region {} failed: {e}", r.id);
+            log::error!("replacing region {} failed: {e}", r.id);
             let _ = r.map.set_writable(false);
-            let _ = sh.uffd.unregister(r.base(), r.map_len());
-            let _ = sh.pidfd.dontneed(&[(r.base(), r.map_len())]);
+            let _ = sh.uffd.unregister(&r.map);
+            let _ = sh.pidfd.dontneed(&[r.map.whole()]);
         }
         let _ = sh.uffd.wake(r.base(), r.map_len());
         // 4) Drop its LRU entries (a fill that finished during 2) may have
@@ -474,8 +449,8 @@ impl Region {
         let start = Instant::now();
         while Arc::strong_count(&self.inner) > 1 {
             if start.elapsed() > Duration::from_secs(5) {
-                eprintln!(
-                    "upager: region {} still referenced 5 s after unmap; it is released later",
+                log::warn!(
+                    "region {} still referenced 5 s after unmap; it is released later",
                     self.inner.id
                 );
                 break;
@@ -492,11 +467,38 @@ impl Drop for Region {
         }
         self.stop_writes(true);
         if let Err(e) = self.flush() {
-            eprintln!(
-                "upager: region {} dropped with unwritten data: {e}",
-                self.inner.id
-            );
+            log::warn!("region {} dropped with unwritten data: {e}", self.inner.id);
         }
         self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+
+    #[test]
+    fn backoff_starts_after_a_run_of_failures_and_ends_with_a_success() {
+        let b = Backoff::default();
+        for _ in 0..Backoff::FAILS - 1 {
+            b.record(false);
+        }
+        assert!(!b.blocked(), "a few failures are not a refusing store");
+        b.record(true);
+        for _ in 0..Backoff::FAILS - 1 {
+            b.record(false);
+        }
+        assert!(!b.blocked(), "a success reset the run");
+        b.record(false);
+        assert!(b.blocked());
+        for _ in 0..100 {
+            b.record(false); // within the delay: not extended further
+        }
+        assert_eq!(
+            b.delay_ns.load(std::sync::atomic::Ordering::Relaxed),
+            Backoff::MIN_NS
+        );
+        b.record(true);
+        assert!(!b.blocked());
     }
 }

@@ -366,6 +366,7 @@ fn hitting_the_open_file_limit_names_it() {
 /// refused write shows as EFAULT where a store would get SIGBUS).
 #[test]
 fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
+    upager::log_to_stderr();
     let fs = SmallTmpfs::mount(16 * MIB).expect("mounting a tmpfs needs root");
     let len = 64 * MIB;
     let path = fs.path().join("sparse");
@@ -421,8 +422,12 @@ fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
     for pass in 0..2 {
         for off in (0..refused).step_by(4096) {
             let addr = r.as_ptr() as u64 + off;
-            let n = upager_sys::io::pwrite_from(&sink, addr, 8, 0)
-                .unwrap_or_else(|e| panic!("pass {pass}: read at {off} failed: {e}"));
+            let n = upager_sys::io::pwrite_from(&sink, addr, 8, 0).unwrap_or_else(|e| {
+                panic!(
+                    "pass {pass}: read at {off} failed: {e}; {:?}",
+                    pager.stats()
+                )
+            });
             assert_eq!(n, 8);
             let mut b = [0u8; 8];
             std::os::unix::fs::FileExt::read_exact_at(&sink, &mut b, 0).unwrap();
@@ -441,8 +446,9 @@ fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
     );
     // Counted in folios: one failed 4 MiB write-back call counts 1,024. The
     // run of 16 failed calls before the back-off starts is 16,384; idle, at
-    // most one call per back-off delay.
-    assert!(s.writeback_errors - e0 <= 3 * 1024, "{s:?}");
+    // most one call per back-off delay (10 ms doubling to 1 s: 2 s idle see
+    // at most a handful).
+    assert!(s.writeback_errors - e0 <= 8 * 1024, "{s:?}");
     assert!(s.writeback_errors < 40_000, "{s:?}");
     assert!(s.resident_peak_bytes <= budget, "{s:?}");
 
