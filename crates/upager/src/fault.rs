@@ -262,6 +262,7 @@ impl Shared {
         self.counters.wp_unprotects.inc();
         folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
         let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+        self.maybe_kick_reclaimer();
     }
 
     /// Fills claimed folio `idx` (previous state `old`), plus readahead.

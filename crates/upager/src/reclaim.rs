@@ -629,7 +629,8 @@ impl Shared {
     /// Wakes the background reclaimer if usage passed the high watermark.
     pub(crate) fn maybe_kick_reclaimer(&self) {
         if self.cfg.background_reclaim
-            && self.resident.load(Ordering::Relaxed) > self.high_wm
+            && (self.resident.load(Ordering::Relaxed) > self.high_wm
+                || self.dirty.load(Ordering::Relaxed) > self.dirty_background())
             && !self.kicked.swap(true, Ordering::AcqRel)
         {
             let _g = self.kick_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -637,9 +638,17 @@ impl Shared {
         }
     }
 
+    /// Dirty file-backed bytes above which the background reclaimer cleans
+    /// (the kernel's `dirty_background_ratio`): half the dirty limit, so
+    /// write faults rarely reach the limit and do the writing themselves.
+    pub(crate) fn dirty_background(&self) -> u64 {
+        self.dirty_limit / 2
+    }
+
     /// Background reclaimer: sleeps until usage passes the high watermark,
-    /// then evicts batches down to the low watermark; also clears poisoned
-    /// folios whose hold time has passed.
+    /// then evicts batches down to the low watermark; cleans dirty folios
+    /// (write back, keep resident) down to [`Shared::dirty_background`];
+    /// also clears poisoned folios whose hold time has passed.
     pub(crate) fn reclaimer_main(self: Arc<Self>) {
         while !self.stopping() {
             {
@@ -652,6 +661,13 @@ impl Shared {
             if self.cfg.background_reclaim {
                 while self.resident.load(Ordering::Relaxed) > self.low_wm && !self.stopping() {
                     if self.evict_batch(Mode::Background) == 0 {
+                        break;
+                    }
+                }
+                while self.dirty.load(Ordering::Relaxed) > self.dirty_background()
+                    && !self.stopping()
+                {
+                    if self.clean_batch().0 == 0 {
                         break;
                     }
                 }
