@@ -2,8 +2,8 @@
 # The full benchmark run behind docs/benchmarks.md: every scenario of issue 3
 # (and residency) at default sizes, kernel and upager engines interleaved,
 # 3 rounds each; results to bench/results/<date>-<scenario>.json and .png,
-# then the Markdown tables. Needs root (cgroup v1, zram, swap, tracefs,
-# /dev/userfaultfd). About 20 minutes on a 2-vCPU guest.
+# then the Markdown tables. Needs root (a memory cgroup, v2 or v1; zram,
+# swap, tracefs, /dev/userfaultfd). About 20 minutes on a 2-vCPU guest.
 set -eu
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use upager_bench::workloads::MapAdvice;
 use upager_bench::{
-    plot, prepare, run_scenario, scenario, scenarios, BenchEnv, Engine, EnvConfig, KernelEngine,
+    plot, prepare, run_scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Scenario,
     ScenarioParams, SwapKind, WorkerExe,
 };
 
@@ -50,8 +50,8 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             "--file-mib" => file = Some(num()? << 20),
             "--threads" => threads = Some(num()? as usize),
             "--out" => out = it.next().ok_or("--out needs a value")?.into(),
-            "all" => names.extend(scenarios().iter().map(|s| s.name.to_string())),
-            n if scenario(n).is_some() => names.push(n.to_string()),
+            "all" => names.extend(Scenario::ALL),
+            n if !n.starts_with("--") => names.push(n.parse::<Scenario>()?),
             other => {
                 return Err(format!("unknown argument {other:?}; scenarios: {}", list()).into())
             }
@@ -68,8 +68,8 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Box::new(KernelEngine::with_worker(exe).with_advice(MapAdvice::Sequential)),
     ];
     for name in names {
-        let sc = scenario(&name).ok_or("unknown scenario")?;
-        let mut p: ScenarioParams = if tiny { (sc.tiny)() } else { (sc.defaults)() };
+        let sc = name.spec();
+        let mut p: ScenarioParams = if tiny { name.tiny() } else { name.defaults() };
         if let Some(r) = rounds {
             p.rounds = r;
         }
@@ -89,8 +89,8 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             swap_bytes: 4 * p.limit_bytes.max(p.bytes_per_thread * p.threads as u64) + (64 << 20),
         };
         let env = BenchEnv::setup(&cfg)?;
-        let p = prepare(&name, &p, &env)?;
-        let report = run_scenario(&name, &p, &engines)?;
+        let p = prepare(name, &p, &env)?;
+        let report = run_scenario(name, &p, &engines)?;
         drop(env);
         println!("{}", report.table());
         let json = out.join(format!("{name}.json"));
@@ -106,9 +106,5 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn list() -> String {
-    scenarios()
-        .iter()
-        .map(|s| s.name)
-        .collect::<Vec<_>>()
-        .join(", ")
+    Scenario::ALL.map(Scenario::name).join(", ")
 }

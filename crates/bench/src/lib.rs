@@ -1,45 +1,93 @@
 //! Benchmark infrastructure of upager (issue 3): the environment the
 //! comparisons run in, the kernel's own side of each seed experiment, TLB
-//! shootdown counting from outside the measured code, and reports.
+//! shootdown counting from outside the measured code, upager's side, and
+//! reports.
 //!
-//! - [`env`]: memory cgroup v1, ext4 on zram, a RAM swap device, dropping
-//!   caches, pattern files, mTHP knobs; every change undone on drop and on
-//!   Ctrl-C.
-//! - [`tlb`]: TLB shootdowns from /proc/interrupts and from the
+//! - [`env`](mod@env): the environment — a memory cgroup per run (v2 or v1), ext4 on
+//!   zram, a RAM swap device, dropping caches, pattern files, mTHP knobs;
+//!   every change undone on drop and on Ctrl-C.
+//! - [`tracing`]: TLB shootdowns from /proc/interrupts and from the
 //!   `tlb:tlb_flush` tracepoint filtered to a process's thread group.
-//! - [`workloads`] and [`worker`]: the kernel workloads, run in a child
-//!   process (`upager-bench-worker`) placed in the cgroup before it starts.
-//! - [`scenario`]: the scenarios of issue 3 as data, the [`Engine`] trait,
-//!   the kernel baseline engine, and [`run_scenario`].
+//! - [`workloads`] and [`worker`]: the workloads (the kernel's and
+//!   upager's), run in a child process (`upager-bench-worker`) placed in the
+//!   cgroup before it starts.
+//! - [`scenario`]: the scenarios of issue 3 as data ([`Scenario`]);
+//!   [`engine`]: the [`Engine`] trait and the kernel baseline engines;
+//!   [`upager_engine`]: upager's engines, with the ablations, and the
+//!   residency methods of seed 004; [`suite`]: [`run_scenario`].
 //! - [`report`]: JSON, medians of interleaved rounds, ratios, table, PNG.
-//!
-//! - [`upager_engine`]: upager's side of every scenario (same workloads, a
-//!   worker process without a cgroup: upager enforces its own budget), with
-//!   the ablations as engines, and the residency methods of seed 004.
 //!
 //! The kernel's side uses no upager code; upager's side uses only its public
 //! API (and `upager-sys`'s pagemap readers for the kernel's residency
 //! answer). The crate's few `unsafe` calls (mapping a file, MADV_DONTNEED,
 //! getrusage, CPU pinning) are in one private module with their safety
 //! arguments.
+//!
+//! # Layout
+//!
+//! The modules are layers: each uses only modules in rows above its own
+//! (`tests/layers.rs` reads every `crate::…` path in the sources, fails on a
+//! use this table does not list, and so on any cycle). `lib.rs` is only the
+//! facade.
+//!
+//! | module | role | uses |
+//! |---|---|---|
+//! | `raw` | the only `unsafe`: mmap, madvise, getrusage, affinity, fadvise | — |
+//! | `host` | [`SetupError`], root check, tools, knob files, names | — |
+//! | `undo` | undo actions, Ctrl-C cleanup | host |
+//! | `pattern` | pattern files, xorshift, reading words | host, raw |
+//! | `meter` | [`WorkerResult`], `Meter`, `median` | raw |
+//! | `cgroup` | memory cgroups, v2 and v1 | host, undo |
+//! | `blockdev` | zram, loop devices, ext4; mounts and swaps | host, pattern, undo |
+//! | `swap` | the kernel's swap device | blockdev, host, undo |
+//! | `thp` | mTHP knobs and counters | host, undo |
+//! | `tracing` | TLB shootdowns: tracepoint, /proc/interrupts | host, undo |
+//! | `env` | [`BenchEnv`], stale clean-up; re-exports the environment | blockdev, cgroup, host, pattern, swap, thp, tracing, undo |
+//! | `kernel_workloads` | the kernel's workloads | host, meter, pattern, raw, thp |
+//! | `upager_workloads` | upager's workloads, in the worker | host, meter, pattern, raw |
+//! | `workloads` | [`Workload`], `run_workload` | kernel_workloads, meter, pattern, upager_workloads |
+//! | `worker` | the worker process: protocol, [`run_worker`] | cgroup, host, tracing, undo, workloads |
+//! | `measurement` | [`Measurement`], [`Metric`] | worker |
+//! | `scenario` | [`Scenario`], its spec and parameters | host, measurement, thp |
+//! | `report` | [`Report`]: summary, table, JSON, plot | host, measurement, meter, scenario |
+//! | `engine` | [`Engine`], [`BenchError`], [`KernelEngine`] | host, measurement, pattern, scenario, thp, tracing, worker, workloads |
+//! | `upager_engine` | [`UpagerEngine`], [`ResidencyEngine`] | engine, measurement, pattern, scenario, upager_workloads, worker, workloads |
+//! | `suite` | [`prepare`], [`run_scenario`] | engine, env, host, pattern, report, scenario |
 #![deny(unsafe_code)]
 
+mod blockdev;
+mod cgroup;
+pub mod engine;
 pub mod env;
+mod host;
+mod kernel_workloads;
+pub mod measurement;
+mod meter;
+mod pattern;
 mod raw;
 pub mod report;
 pub mod scenario;
-pub mod tlb;
+pub mod suite;
+mod swap;
+mod thp;
+pub mod tracing;
+mod undo;
 pub mod upager_engine;
+pub mod upager_workloads;
 pub mod worker;
 pub mod workloads;
 
-pub use env::{BenchEnv, Cgroup, EnvConfig, SetupError, SwapDevice, SwapKind, ThpKnobs, ZramExt4};
-pub use report::{plot, Report, ReportError};
-pub use scenario::{
-    prepare, run_scenario, scenario, scenarios, BenchError, Engine, KernelEngine, Measurement,
-    Metric, Scenario, ScenarioParams,
+pub use engine::{BenchError, Engine, KernelEngine};
+pub use env::{
+    BenchEnv, Cgroup, CgroupVersion, EnvConfig, MemoryHierarchy, SetupError, SwapDevice, SwapKind,
+    ThpKnobs, ZramExt4,
 };
-pub use tlb::{InterruptCount, Target, TlbCountError, TlbCounter, TlbCounts};
-pub use upager_engine::{ResidencyEngine, ResidencyMethod, UpagerConfig, UpagerEngine, UpagerJob};
+pub use measurement::{Measurement, Metric};
+pub use report::{plot, Report, ReportError};
+pub use scenario::{ParseScenarioError, Scenario, ScenarioParams, ScenarioSpec};
+pub use suite::{prepare, run_scenario};
+pub use tracing::{InterruptCount, Target, TlbCountError, TlbCounter, TlbCounts};
+pub use upager_engine::{ResidencyEngine, UpagerEngine};
+pub use upager_workloads::{ResidencyMethod, UpagerConfig, UpagerJob};
 pub use worker::{run_worker, RunOptions, WorkerError, WorkerExe, WorkerRun};
 pub use workloads::{WorkerResult, Workload, WorkloadError};

@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::scenario::{Measurement, Metric, Scenario, ScenarioParams};
+use crate::host::ncpu;
+use crate::measurement::{Measurement, Metric};
+pub use crate::meter::median;
+use crate::scenario::{Scenario, ScenarioParams};
 
 /// The plotting script, embedded so the crate works from any directory.
 pub const PLOT_PY: &str = include_str!("../../../bench/plot.py");
@@ -60,7 +63,7 @@ impl Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         Machine {
-            nproc: crate::scenario::ncpu(),
+            nproc: ncpu(),
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .unwrap_or_default()
                 .trim()
@@ -145,8 +148,8 @@ pub struct Report {
     pub machine: Machine,
     /// The command line.
     pub command_line: Vec<String>,
-    /// Scenario name.
-    pub scenario: String,
+    /// The scenario (its name in JSON).
+    pub scenario: Scenario,
     /// Seed experiment.
     pub seed: String,
     /// Target from issue 3.
@@ -166,21 +169,6 @@ pub fn interleaved(rounds: usize, engines: usize) -> Vec<(usize, usize)> {
     (0..rounds)
         .flat_map(|r| (0..engines).map(move |e| (r, e)))
         .collect()
-}
-
-/// Median (mean of the middle two for an even count); NaN for none.
-pub fn median(values: &[f64]) -> f64 {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn median_opt(v: impl Iterator<Item = Option<f64>>) -> Option<f64> {
@@ -211,12 +199,13 @@ pub fn iso8601(t: SystemTime) -> String {
 
 impl Report {
     /// Build a report (with its summary) from runs.
-    pub fn new(sc: &Scenario, params: &ScenarioParams, runs: Vec<RunRecord>) -> Self {
+    pub fn new(scenario: Scenario, params: &ScenarioParams, runs: Vec<RunRecord>) -> Self {
+        let sc = scenario.spec();
         let mut r = Report {
             date: iso8601(SystemTime::now()),
             machine: Machine::this(),
             command_line: std::env::args().collect(),
-            scenario: sc.name.to_string(),
+            scenario,
             seed: sc.seed.to_string(),
             target: sc.target.to_string(),
             metric: sc.metric,
@@ -474,7 +463,6 @@ pub fn plot(json: &Path, png: &Path) -> Result<bool, ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::scenario;
 
     #[test]
     fn interleave_and_median() {
@@ -512,7 +500,6 @@ mod tests {
 
     #[test]
     fn summary_ratios() {
-        let sc = scenario("unmap-folio").unwrap();
         let runs = vec![
             rec("kernel", "folio=4K", 0, 1.0),
             rec("upager", "folio=4K", 0, 2.0),
@@ -526,7 +513,7 @@ mod tests {
                 ..rec("kernel", "folio=64K", 1, 0.0)
             },
         ];
-        let r = Report::new(sc, &ScenarioParams::default(), runs);
+        let r = Report::new(Scenario::UnmapFolio, &ScenarioParams::default(), runs);
         let row = |v: &str, e: &str| {
             r.summary
                 .iter()

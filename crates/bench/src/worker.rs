@@ -22,8 +22,10 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::env::{self, Cgroup, Undo};
-use crate::tlb::{InterruptCount, Target, TlbCounter, TlbCounts};
+use crate::cgroup::{parse_memory_stat, Cgroup};
+use crate::host::{is_root, SetupError};
+use crate::tracing::{InterruptCount, Target, TlbCountError, TlbCounter, TlbCounts};
+use crate::undo::{forget_undo, register_undo, Undo, UndoId};
 use crate::workloads::{run_workload, WorkerResult, Workload};
 
 /// Errors of running a worker process.
@@ -58,9 +60,9 @@ pub enum WorkerError {
     /// the worker printed a result that is not valid JSON: {0}
     BadResult(String),
     /// setting up the run: {0}
-    Setup(#[from] env::SetupError),
+    Setup(#[from] SetupError),
     /// counting TLB shootdowns: {0}
-    Tlb(#[from] crate::tlb::TlbCountError),
+    Tlb(#[from] TlbCountError),
 }
 
 /// How to start a worker process.
@@ -223,9 +225,10 @@ pub struct WorkerRun {
     pub tlb_irq: Option<u64>,
     /// Peak memory charge of the cgroup.
     pub peak_bytes: Option<u64>,
-    /// `memory.stat` deltas of the cgroup (`pgpgin`/`pgpgout` count folios,
-    /// not pages; `pgfault`, `pgmajfault`), plus `cache_start`/`cache_end`
-    /// (page cache bytes charged before and after).
+    /// `memory.stat` deltas of the cgroup (`pgfault`, `pgmajfault`; on
+    /// cgroup v1 also `pgpgin`/`pgpgout`, which count folios, not pages),
+    /// plus `cache_start`/`cache_end` (page cache bytes charged before and
+    /// after: v1 `cache`, v2 `file`).
     pub cgroup_stat: std::collections::BTreeMap<String, u64>,
     /// /proc/vmstat deltas (system-wide): `pswpout`, `pswpin` (pages).
     pub vmstat: std::collections::BTreeMap<String, u64>,
@@ -235,7 +238,7 @@ pub struct WorkerRun {
 
 struct Reaper {
     child: Child,
-    undo: env::UndoId,
+    undo: UndoId,
 }
 
 impl Drop for Reaper {
@@ -244,7 +247,7 @@ impl Drop for Reaper {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
-        env::forget_undo(self.undo);
+        forget_undo(self.undo);
     }
 }
 
@@ -257,7 +260,7 @@ pub fn run_worker(
 ) -> Result<WorkerRun, WorkerError> {
     let deadline = Instant::now() + opts.timeout;
     let mut run = WorkerRun::default();
-    let root = env::is_root();
+    let root = is_root();
     // The cgroup first, so it outlives the child (guards drop in reverse).
     let cgroup = match (opts.cgroup_limit, root) {
         (Some(l), true) => Some(Cgroup::create("run", l)?),
@@ -281,7 +284,7 @@ pub fn run_worker(
     let pid = child.id();
     let mut reaper = Reaper {
         child,
-        undo: env::register_undo(Undo::KillPid(pid)),
+        undo: register_undo(Undo::kill_pid(pid)),
     };
     let stdout = reaper
         .child
@@ -388,8 +391,8 @@ pub fn run_worker(
                 }
             }
             for (k, s) in [("cache_start", &stat0), ("cache_end", &s1)] {
-                if let Some(v) = s.get("cache") {
-                    run.cgroup_stat.insert(k.to_string(), *v);
+                if let Some(v) = cg.page_cache_bytes(s) {
+                    run.cgroup_stat.insert(k.to_string(), v);
                 }
             }
         }
@@ -413,7 +416,7 @@ pub fn run_worker(
 /// Page-granular swap counters of /proc/vmstat.
 fn vmstat() -> std::collections::BTreeMap<String, u64> {
     std::fs::read_to_string("/proc/vmstat")
-        .map(|s| env::parse_memory_stat(&s))
+        .map(|s| parse_memory_stat(&s))
         .unwrap_or_default()
         .into_iter()
         .filter(|(k, _)| k == "pswpout" || k == "pswpin")

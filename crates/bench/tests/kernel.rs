@@ -11,7 +11,7 @@ mod tests {
     use crate::common::{assert_all_ran, exe, serial};
     use upager_bench::env::{self, is_root};
     use upager_bench::{
-        run_scenario, run_worker, scenario, BenchEnv, Engine, EnvConfig, KernelEngine, RunOptions,
+        run_scenario, run_worker, BenchEnv, Engine, EnvConfig, KernelEngine, RunOptions, Scenario,
         ScenarioParams, SwapKind, Target, TlbCounter, Workload,
     };
 
@@ -19,8 +19,8 @@ mod tests {
         vec![Box::new(KernelEngine::with_worker(exe()))]
     }
 
-    fn tiny(name: &str) -> ScenarioParams {
-        let mut p = (scenario(name).unwrap().tiny)();
+    fn tiny(sc: Scenario) -> ScenarioParams {
+        let mut p = sc.tiny();
         p.drop_caches = false; // machine-wide; not needed to prove the pipeline
         p
     }
@@ -51,7 +51,7 @@ mod tests {
             eprintln!("not root or zram0 busy: data file in the temp dir, no cgroup");
             None
         };
-        for name in ["mmap-read", "random-read"] {
+        for name in [Scenario::MmapRead, Scenario::RandomRead] {
             let mut p = tiny(name);
             if let Some(env) = &env {
                 p = upager_bench::prepare(name, &p, env).unwrap();
@@ -79,7 +79,12 @@ mod tests {
     #[test]
     fn multi_fault() {
         let _g = serial();
-        let r = run_scenario("multi-fault", &tiny("multi-fault"), &engines()).unwrap();
+        let r = run_scenario(
+            Scenario::MultiFault,
+            &tiny(Scenario::MultiFault),
+            &engines(),
+        )
+        .unwrap();
         assert_all_ran(&r);
         assert_eq!(r.summary.len(), 2);
     }
@@ -87,12 +92,12 @@ mod tests {
     #[test]
     fn unmap_folio() {
         let _g = serial();
-        let mut p = tiny("unmap-folio");
+        let mut p = tiny(Scenario::UnmapFolio);
         if !is_root() {
             eprintln!("not root: only 4 KiB pages (mTHP knobs need root)");
             p.folio_sizes_kb = vec![4];
         }
-        let r = run_scenario("unmap-folio", &p, &engines()).unwrap();
+        let r = run_scenario(Scenario::UnmapFolio, &p, &engines()).unwrap();
         assert_all_ran(&r);
     }
 
@@ -110,7 +115,7 @@ mod tests {
             swap_bytes: 64 << 20,
         })
         .unwrap();
-        let r = run_scenario("swap", &tiny("swap"), &engines()).unwrap();
+        let r = run_scenario(Scenario::Swap, &tiny(Scenario::Swap), &engines()).unwrap();
         assert_all_ran(&r);
         let m = r.runs[0].measurement.as_ref().unwrap();
         assert!(

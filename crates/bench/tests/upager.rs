@@ -21,7 +21,7 @@ mod tests {
     use upager_bench::env::is_root;
     use upager_bench::workloads::MapAdvice;
     use upager_bench::{
-        prepare, run_scenario, scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Report,
+        prepare, run_scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Report, Scenario,
         ScenarioParams, SwapKind, UpagerEngine,
     };
 
@@ -45,8 +45,8 @@ mod tests {
         false
     }
 
-    fn tiny(name: &str) -> ScenarioParams {
-        let mut p = (scenario(name).unwrap().tiny)();
+    fn tiny(sc: Scenario) -> ScenarioParams {
+        let mut p = sc.tiny();
         p.drop_caches = false;
         p
     }
@@ -71,14 +71,14 @@ mod tests {
         )
     }
 
-    fn run(name: &str, p: &ScenarioParams) -> Report {
+    fn run(name: Scenario, p: &ScenarioParams) -> Report {
         let r = run_scenario(name, p, &engines()).unwrap();
         assert_all_ran(&r);
         for run in &r.runs {
             let m = run.measurement.as_ref().unwrap();
-            if run.engine.starts_with("upager") && name != "residency" {
+            if run.engine.starts_with("upager") && name != Scenario::Residency {
                 let peak = m.peak_bytes.expect("upager reports its resident peak");
-                let budget = if name == "unmap-folio" {
+                let budget = if name == Scenario::UnmapFolio {
                     p.region_bytes + (64 << 20)
                 } else {
                     p.limit_bytes
@@ -90,7 +90,7 @@ mod tests {
                 );
             }
         }
-        for e in scenario(name).unwrap().engines {
+        for e in name.spec().engines {
             assert!(
                 r.runs.iter().any(|x| x.engine == *e),
                 "engine {e} listed for {name} did not run"
@@ -123,10 +123,10 @@ mod tests {
         let p = ScenarioParams {
             file_bytes: 128 << 20,
             limit_bytes: 8 << 20,
-            ..tiny("mmap-read")
+            ..tiny(Scenario::MmapRead)
         };
-        let p = prepare("mmap-read", &p, &env).unwrap();
-        let r = run("mmap-read", &p);
+        let p = prepare(Scenario::MmapRead, &p, &env).unwrap();
+        let r = run(Scenario::MmapRead, &p);
         let up = m(&r, "upager");
         let evicted = up.evicted_pages.unwrap();
         assert!(evicted >= 16384, "file 16× the budget must evict: {up:?}");
@@ -153,8 +153,8 @@ mod tests {
             return;
         }
         let Some(env) = env(true, false) else { return };
-        let p = prepare("random-read", &tiny("random-read"), &env).unwrap();
-        let r = run("random-read", &p);
+        let p = prepare(Scenario::RandomRead, &tiny(Scenario::RandomRead), &env).unwrap();
+        let r = run(Scenario::RandomRead, &p);
         assert_eq!(m(&r, "upager").ops, p.reads_per_thread * p.threads as u64);
         drop(env);
     }
@@ -165,7 +165,7 @@ mod tests {
         if skip() {
             return;
         }
-        let r = run("multi-fault", &tiny("multi-fault"));
+        let r = run(Scenario::MultiFault, &tiny(Scenario::MultiFault));
         // Faults are counted in whole 2 MiB areas.
         assert_eq!(m(&r, "upager").ops % 512, 0);
     }
@@ -176,8 +176,8 @@ mod tests {
         if skip() {
             return;
         }
-        let p = tiny("unmap-folio");
-        let r = run("unmap-folio", &p);
+        let p = tiny(Scenario::UnmapFolio);
+        let r = run(Scenario::UnmapFolio, &p);
         let up = m(&r, "upager");
         assert_eq!(up.ops, p.region_bytes / 4096);
         assert_eq!(
@@ -193,12 +193,12 @@ mod tests {
             return;
         }
         let Some(env) = env(false, true) else { return };
-        let p = prepare("swap", &tiny("swap"), &env).unwrap();
+        let p = prepare(Scenario::Swap, &tiny(Scenario::Swap), &env).unwrap();
         assert!(
             p.swap_dir.is_some(),
             "upager's swap files go on the zram ext4"
         );
-        let r = run("swap", &p);
+        let r = run(Scenario::Swap, &p);
         for e in ["upager batched", "upager unbatched"] {
             let x = m(&r, e);
             assert!(
@@ -219,8 +219,8 @@ mod tests {
         if skip() {
             return;
         }
-        let p = tiny("residency");
-        let r = run("residency", &p);
+        let p = tiny(Scenario::Residency);
+        let r = run(Scenario::Residency, &p);
         let pages = (p.region_bytes / 4096) as f64;
         let up = m(&r, "upager pagemap");
         assert_eq!(up.extra["present_pages"], pages / 4.0);

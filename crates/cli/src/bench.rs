@@ -9,10 +9,12 @@
 //! `upager_bench::worker`.
 
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
+use clap::builder::PossibleValue;
 use upager_bench::workloads::MapAdvice;
 use upager_bench::{
-    plot, prepare, run_scenario, scenario, scenarios, BenchEnv, Engine, EnvConfig, KernelEngine,
+    plot, prepare, run_scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Scenario,
     ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
 };
 
@@ -37,6 +39,43 @@ pub fn worker_exe() -> Result<WorkerExe, std::io::Error> {
     ))
 }
 
+/// What `upager bench` runs: one scenario, or `all` of them in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScenarioArg {
+    /// Every scenario.
+    All,
+    /// One scenario.
+    One(Scenario),
+}
+
+impl ScenarioArg {
+    /// The scenarios to run, in order.
+    pub fn scenarios(self) -> Vec<Scenario> {
+        match self {
+            ScenarioArg::All => Scenario::ALL.to_vec(),
+            ScenarioArg::One(s) => vec![s],
+        }
+    }
+}
+
+impl clap::ValueEnum for ScenarioArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        static ALL: LazyLock<Vec<ScenarioArg>> = LazyLock::new(|| {
+            let mut v: Vec<ScenarioArg> = Scenario::ALL.map(ScenarioArg::One).to_vec();
+            v.push(ScenarioArg::All);
+            v
+        });
+        &ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            ScenarioArg::All => PossibleValue::new("all").help("every scenario in turn"),
+            ScenarioArg::One(s) => PossibleValue::new(s.name()).help(s.spec().seed),
+        })
+    }
+}
+
 fn list_sizes(s: &str) -> Result<Vec<u64>, String> {
     s.split(',').map(|x| size_arg(x.trim())).collect()
 }
@@ -50,9 +89,9 @@ fn list_counts(s: &str) -> Result<Vec<usize>, String> {
 /// Options of `upager bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Scenario: mmap-read, random-read, multi-fault, unmap-folio, swap,
-    /// residency, or `all`.
-    pub scenario: String,
+    /// The scenario, or `all`.
+    #[arg(value_enum)]
+    pub scenario: ScenarioArg,
     /// Write the JSON report here (one scenario; with `all`, use --out).
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -127,30 +166,15 @@ fn engines(a: &BenchArgs, exe: &WorkerExe) -> Vec<Box<dyn Engine>> {
 
 /// Runs `upager bench`.
 pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let names: Vec<&str> = if a.scenario == "all" {
-        scenarios().iter().map(|s| s.name).collect()
-    } else if scenario(&a.scenario).is_some() {
-        vec![a.scenario.as_str()]
-    } else {
-        return Err(format!(
-            "unknown scenario {:?}; known: {}, all",
-            a.scenario,
-            scenarios()
-                .iter()
-                .map(|s| s.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-        .into());
-    };
+    let names = a.scenario.scenarios();
     if names.len() > 1 && (a.json.is_some() || a.png.is_some()) {
         return Err("--json/--png name one scenario's files; with `all`, use --out DIR".into());
     }
     let exe = worker_exe()?;
     let engines = engines(a, &exe);
     for name in names {
-        let sc = scenario(name).ok_or("unknown scenario")?;
-        let mut p: ScenarioParams = if a.tiny { (sc.tiny)() } else { (sc.defaults)() };
+        let sc = name.spec();
+        let mut p: ScenarioParams = if a.tiny { name.tiny() } else { name.defaults() };
         if let Some(r) = a.rounds {
             p.rounds = r;
         }

@@ -47,9 +47,46 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::env::{self, register_undo, undo_now, Undo, UndoId};
+use crate::host::{self, is_root, write_knob};
+use crate::undo::{defer_until_ok, register_undo, undo_now, Undo, UndoId};
 
 const TRACEFS: &str = "/sys/kernel/tracing";
+
+impl Undo {
+    /// Disable tracing in a tracefs instance and rmdir it (retried after
+    /// exit while this process's drain thread still holds `trace_pipe`).
+    pub(crate) fn remove_trace_instance(p: PathBuf) -> Self {
+        Undo::new(format!("rmdir {}", p.display()), move || {
+            let _ = write_knob(p.join("tracing_on"), "0");
+            let _ = write_knob(p.join("events/tlb/tlb_flush/enable"), "0");
+            match fs::remove_dir(&p) {
+                // Busy while this process's drain thread holds trace_pipe
+                // open (Ctrl-C path): remove it once the process has exited.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    defer_until_ok(&format!("rmdir '{}'", p.display()));
+                    Ok(())
+                }
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    Err(format!("rmdir {}: {e}", p.display()))
+                }
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+/// Remove the tracefs instances that dead benchmark processes left behind;
+/// returns what was removed.
+pub(crate) fn remove_stale(is_stale: impl Fn(&str) -> bool) -> Vec<String> {
+    let Ok(rd) = fs::read_dir(Path::new(TRACEFS).join("instances")) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| is_stale(&e.file_name().to_string_lossy()))
+        .filter(|e| Undo::remove_trace_instance(e.path()).run().is_ok())
+        .map(|e| e.path().display().to_string())
+        .collect()
+}
 
 /// Errors of counting TLB shootdowns.
 #[derive(Debug, displaydoc::Display, thiserror::Error)]
@@ -272,13 +309,13 @@ pub struct TlbCounter {
 }
 
 fn ensure_tracefs() -> Result<(), TlbCountError> {
-    if !env::is_root() {
+    if !is_root() {
         return Err(TlbCountError::NotRoot);
     }
     let t = Path::new(TRACEFS);
     if !t.join("instances").exists() {
         // Mounted on demand, and left mounted: other users may rely on it.
-        env::run_tool(
+        host::run_tool(
             "mount",
             &["-t", "tracefs", "nodev", TRACEFS],
             Duration::from_secs(10),
@@ -312,13 +349,13 @@ impl TlbCounter {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!(
             "{}{}-tlb{}",
-            env::NAME_PREFIX,
+            host::NAME_PREFIX,
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let dir = Path::new(TRACEFS).join("instances").join(name);
         fs::create_dir(&dir).map_err(tio("creating a tracefs instance", &dir))?;
-        let undo = register_undo(Undo::RemoveTraceInstance(dir.clone()));
+        let undo = register_undo(Undo::remove_trace_instance(dir.clone()));
         let mut c = TlbCounter {
             dir,
             undo,
@@ -329,7 +366,7 @@ impl TlbCounter {
         };
         let w = |rel: &str, v: &str| -> Result<(), TlbCountError> {
             let p = c.dir.join(rel);
-            env::write_knob(&p, v).map_err(tio(&format!("writing {v:?}"), &p))
+            write_knob(&p, v).map_err(tio(&format!("writing {v:?}"), &p))
         };
         w("tracing_on", "0")?;
         w("buffer_size_kb", &buffer_kb.to_string())?;
@@ -432,7 +469,7 @@ impl TlbCounter {
     /// Stop counting, drain the buffer, check for lost events, remove the
     /// instance, and return the counts.
     pub fn stop(mut self) -> Result<TlbCounts, TlbCountError> {
-        let _ = env::write_knob(self.dir.join("tracing_on"), "0");
+        let _ = write_knob(self.dir.join("tracing_on"), "0");
         let irq = self.irq.and_then(|i| i.stop().ok());
         self.stop.store(true, Ordering::Release);
         let r = self.drain.take().map(|h| h.join());
@@ -484,7 +521,7 @@ pub fn parse_lost(stats: &str) -> u64 {
 impl Drop for TlbCounter {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        let _ = env::write_knob(self.dir.join("tracing_on"), "0");
+        let _ = write_knob(self.dir.join("tracing_on"), "0");
         if let Some(h) = self.drain.take() {
             let _ = h.join();
         }
