@@ -76,14 +76,14 @@ impl clap::ValueEnum for ScenarioArg {
     }
 }
 
-fn list_sizes(s: &str) -> Result<Vec<u64>, String> {
-    s.split(',').map(|x| size_arg(x.trim())).collect()
+/// One element of a comma-separated size list (`4K,64K,2M`).
+fn size_item(s: &str) -> Result<u64, String> {
+    size_arg(s.trim())
 }
 
-fn list_counts(s: &str) -> Result<Vec<usize>, String> {
-    s.split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("{x:?}: {e}")))
-        .collect()
+/// One element of a comma-separated thread count list (`1,2,4`).
+fn count_item(s: &str) -> Result<usize, String> {
+    s.trim().parse::<usize>().map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// Options of `upager bench`.
@@ -121,7 +121,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Thread counts to sweep, e.g. 1,2,4 (multi-fault, swap).
-    #[arg(long, value_parser = list_counts)]
+    #[arg(long, value_delimiter = ',', value_parser = count_item)]
     pub thread_counts: Option<Vec<usize>>,
     /// Random reads per thread (random-read).
     #[arg(long)]
@@ -133,7 +133,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = size_arg)]
     pub region: Option<u64>,
     /// Folio sizes to sweep, e.g. 4K,64K,2M (unmap-folio).
-    #[arg(long, value_parser = list_sizes)]
+    #[arg(long, value_delimiter = ',', value_parser = size_item)]
     pub folios: Option<Vec<u64>>,
     /// Only the kernel's engines.
     #[arg(long, conflicts_with = "upager_only")]
@@ -347,4 +347,49 @@ pub fn kernel_demo(
         tlb_sends: run.tlb.as_ref().map(upager_bench::TlbCounts::remote_sends),
         notes: run.notes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Top {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(line: &str) -> BenchArgs {
+        Top::try_parse_from(std::iter::once("bench").chain(line.split_whitespace()))
+            .unwrap_or_else(|e| panic!("`upager bench {line}`: {e}"))
+            .bench
+    }
+
+    /// Issue 11: these two command lines panicked inside clap ("Mismatch
+    /// between definition and access of `thread_counts`" / "`folios`").
+    #[test]
+    fn issue_11_list_options_parse() {
+        let a = parse("multi-fault --thread-counts 1,2");
+        assert_eq!(a.scenario, ScenarioArg::One(Scenario::MultiFault));
+        assert_eq!(a.thread_counts, Some(vec![1, 2]));
+        let a = parse("unmap-folio --folios 4K,64K,2M");
+        assert_eq!(a.scenario, ScenarioArg::One(Scenario::UnmapFolio));
+        assert_eq!(a.folios, Some(vec![4 << 10, 64 << 10, 2 << 20]));
+        // Repeating the option adds to the list.
+        let a = parse("swap --thread-counts 1 --thread-counts 4");
+        assert_eq!(a.thread_counts, Some(vec![1, 4]));
+    }
+
+    #[test]
+    fn scenarios_parse_once_from_their_names() {
+        for sc in Scenario::ALL {
+            assert_eq!(parse(sc.name()).scenario.scenarios(), [sc]);
+        }
+        assert_eq!(parse("all").scenario.scenarios(), Scenario::ALL);
+        let e = Top::try_parse_from(["bench", "nope"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue);
+        assert!(e.to_string().contains("mmap-read"), "{e}");
+        assert!(Top::try_parse_from(["bench", "swap", "--folios", "4K,lots"]).is_err());
+    }
 }
