@@ -10,12 +10,50 @@
 
 mod workload;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const USAGE: &str = "usage: upager-stress [--duration 30s|10m|4h] [--budget 24M] [--region-mult 3]
-                     [--workers 4] [--handler-threads 2] [--dir /dev/shm] [--seed N]
-                     [--no-inject] [--progress 10s] [--quiet]";
+use clap::Parser;
+
+/// Long-running reliability stress of upager: checksummed records over
+/// regions many times the budget, with faults injected, regions mapped and
+/// unmapped, flushes and eviction running; verified at the end with plain
+/// reads.
+#[derive(Parser, Debug)]
+#[command(name = "upager-stress", about, long_about = None)]
+struct Args {
+    /// How long the workers run (e.g. 30s, 10m, 4h; units ms, s, m, h).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Pager budget [default: 24M].
+    #[arg(long, value_parser = upager::parse_size)]
+    budget: Option<u64>,
+    /// Each shared region is this many times the budget [default: 3].
+    #[arg(long)]
+    region_mult: Option<u64>,
+    /// Worker threads, at least 1 [default: 4].
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    workers: Option<usize>,
+    /// Fault-handler threads [default: 2].
+    #[arg(long)]
+    handler_threads: Option<usize>,
+    /// Directory for the files and the swap files (RAM-backed is best)
+    /// [default: /dev/shm, else /tmp].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Seed of every random choice [default: 24301].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Do not inject faults.
+    #[arg(long)]
+    no_inject: bool,
+    /// Print a progress line this often.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, overrides_with = "quiet")]
+    progress: Duration,
+    /// No progress lines.
+    #[arg(long, overrides_with = "progress")]
+    quiet: bool,
+}
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(
@@ -33,57 +71,41 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-fn parse_args() -> Result<(workload::Config, PathBuf), String> {
-    let mut duration = Duration::from_secs(30);
-    let mut base = PathBuf::from(if std::path::Path::new("/dev/shm").is_dir() {
-        "/dev/shm"
-    } else {
-        "/tmp"
-    });
-    let mut cfg = workload::Config::ci(&base, duration);
-    cfg.progress = Some(Duration::from_secs(5));
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
-        match a.as_str() {
-            "--duration" => duration = parse_duration(&val()?)?,
-            "--budget" => cfg.budget = upager::parse_size(&val()?)?,
-            "--region-mult" => {
-                cfg.region_mult = val()?.parse().map_err(|e| format!("--region-mult: {e}"))?
-            }
-            "--workers" => cfg.workers = val()?.parse().map_err(|e| format!("--workers: {e}"))?,
-            "--handler-threads" => {
-                cfg.handler_threads = val()?
-                    .parse()
-                    .map_err(|e| format!("--handler-threads: {e}"))?
-            }
-            "--dir" => base = PathBuf::from(val()?),
-            "--seed" => cfg.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
-            "--no-inject" => cfg.inject = false,
-            "--progress" => cfg.progress = Some(parse_duration(&val()?)?),
-            "--quiet" => cfg.progress = None,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+impl Args {
+    /// The run's configuration (the directory is made in `base` later).
+    fn config(&self) -> (workload::Config, PathBuf) {
+        let base = self.dir.clone().unwrap_or_else(|| {
+            PathBuf::from(if Path::new("/dev/shm").is_dir() {
+                "/dev/shm"
+            } else {
+                "/tmp"
+            })
+        });
+        let mut cfg = workload::Config::ci(&base, self.duration);
+        if let Some(b) = self.budget {
+            cfg.budget = b;
         }
+        if let Some(m) = self.region_mult {
+            cfg.region_mult = m;
+        }
+        if let Some(w) = self.workers {
+            cfg.workers = w;
+        }
+        if let Some(h) = self.handler_threads {
+            cfg.handler_threads = h;
+        }
+        if let Some(s) = self.seed {
+            cfg.seed = s;
+        }
+        cfg.inject = !self.no_inject;
+        cfg.progress = (!self.quiet).then_some(self.progress);
+        (cfg, base)
     }
-    if cfg.workers == 0 {
-        return Err("--workers must be at least 1".into());
-    }
-    cfg.duration = duration;
-    Ok((cfg, base))
 }
 
 fn main() {
-    let (mut cfg, base) = match parse_args() {
-        Ok(c) => c,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("upager-stress: {e}");
-            }
-            eprintln!("{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    // Usage errors exit with status 2 (clap's, as before).
+    let (mut cfg, base) = Args::parse().config();
     let dir = match tempfile::Builder::new()
         .prefix("upager-stress")
         .tempdir_in(&base)
@@ -123,6 +145,90 @@ fn main() {
         Err(e) => {
             println!("upager-stress: FAIL: {e}");
             std::process::exit(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(line: &str) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("upager-stress").chain(line.split_whitespace()))
+    }
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    /// The defaults the help text states are `Config::ci`'s.
+    #[test]
+    fn defaults_are_the_ci_config() {
+        let (cfg, base) = parse("").unwrap().config();
+        let ci = workload::Config::ci(&base, Duration::from_secs(30));
+        assert_eq!(cfg.duration, Duration::from_secs(30));
+        assert_eq!((cfg.budget, ci.budget), (24 << 20, 24 << 20));
+        assert_eq!((cfg.region_mult, ci.region_mult), (3, 3));
+        assert_eq!((cfg.workers, ci.workers), (4, 4));
+        assert_eq!((cfg.handler_threads, ci.handler_threads), (2, 2));
+        assert_eq!((cfg.seed, ci.seed), (24301, 24301));
+        assert!(cfg.inject);
+        assert_eq!(cfg.progress, Some(Duration::from_secs(5)));
+        let shm = Path::new("/dev/shm").is_dir();
+        assert_eq!(base, PathBuf::from(if shm { "/dev/shm" } else { "/tmp" }));
+    }
+
+    /// Every flag, as docs/reliability.md lists them.
+    #[test]
+    fn every_flag_parses() {
+        let (cfg, base) = parse(
+            "--duration 1.5m --budget 64M --region-mult 5 --workers 3 --handler-threads 1 \
+             --dir /tmp/x --seed 7 --no-inject --progress 250ms",
+        )
+        .unwrap()
+        .config();
+        assert_eq!(cfg.duration, Duration::from_secs(90));
+        assert_eq!(cfg.budget, 64 << 20);
+        assert_eq!(cfg.region_mult, 5);
+        assert_eq!(cfg.workers, 3);
+        assert_eq!(cfg.handler_threads, 1);
+        assert_eq!(base, PathBuf::from("/tmp/x"));
+        assert_eq!(cfg.seed, 7);
+        assert!(!cfg.inject);
+        assert_eq!(cfg.progress, Some(Duration::from_millis(250)));
+        for (line, h) in [("--duration 4h", 4.0 * 3600.0), ("--duration 10min", 600.0)] {
+            let d = parse(line).unwrap().duration;
+            assert_eq!(d, Duration::from_secs_f64(h));
+        }
+    }
+
+    #[test]
+    fn quiet_and_progress_last_one_wins() {
+        assert_eq!(parse("--quiet").unwrap().config().0.progress, None);
+        assert_eq!(
+            parse("--quiet --progress 10s").unwrap().config().0.progress,
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            parse("--progress 10s --quiet").unwrap().config().0.progress,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_arguments_are_usage_errors() {
+        for line in [
+            "--workers 0",
+            "--duration 3days",
+            "--budget lots",
+            "--seed -1",
+            "--frobnicate",
+            "extra",
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{line}: {e}");
         }
     }
 }
