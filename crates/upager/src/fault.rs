@@ -41,9 +41,9 @@ use std::time::Duration;
 use upager_sys::mem::{AlignedBuf, MapRange};
 use upager_sys::uffd::{Fill, Msg, MSG_SIZE};
 
+use crate::area::Area;
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED, SEQ_MASK};
-use crate::pager::Shared;
-use crate::region::RegionInner;
+use crate::shared::Shared;
 
 /// Messages read per `read(2)` of the userfaultfd.
 const MSGS_PER_READ: usize = 64;
@@ -85,7 +85,7 @@ impl Shared {
                 Ok(0) => {
                     let _ = upager_sys::io::poll2(
                         &self.uffd,
-                        &self.stop_fd,
+                        self.stop_fd(),
                         Duration::from_millis(200),
                     );
                 }
@@ -116,7 +116,7 @@ impl Shared {
     /// when the budget is full after one batch of reclaim.
     pub(crate) fn prefetch_main(
         self: Arc<Self>,
-        rx: std::sync::mpsc::Receiver<crate::marker::PrefetchRequest>,
+        rx: std::sync::mpsc::Receiver<crate::shared::PrefetchRequest>,
     ) {
         let mut ctx = Ctx::new(self.fill_buf_bytes());
         while let Ok(req) = rx.recv() {
@@ -125,8 +125,8 @@ impl Shared {
         }
     }
 
-    fn prefetch_one(&self, ctx: &mut Ctx, req: crate::marker::PrefetchRequest) {
-        let Some(r) = crate::table::Inflight::enter(&req.region) else {
+    fn prefetch_one(&self, ctx: &mut Ctx, req: crate::shared::PrefetchRequest) {
+        let Some(r) = crate::area::Inflight::enter(&req.region) else {
             return;
         };
         for idx in req.folios {
@@ -138,8 +138,8 @@ impl Shared {
             // Make room by evicting at most one batch per folio; stop when
             // even that frees nothing (a prefetch must not push out the
             // working set wholesale). fill() reserves for itself.
-            let full = self.resident.load(Ordering::Relaxed) + r.folio > self.budget;
-            if full && self.evict_batch(crate::reclaim::Mode::Background) == 0 {
+            let full = !self.budget.fits(r.folio);
+            if full && self.evict_batch(crate::gather::Mode::Background) == 0 {
                 break;
             }
             if let Some(old) = folio::try_claim(r.state(idx), |s| {
@@ -218,7 +218,7 @@ impl Shared {
     /// data) and poisoned for a moment, a missing one is poisoned. Returns
     /// false if the folio turned out dirty already (the write needs no new
     /// dirty memory: resolve it as usual).
-    fn refuse_write(&self, r: &Arc<RegionInner>, idx: usize) -> bool {
+    fn refuse_write(&self, r: &Arc<Area>, idx: usize) -> bool {
         let w = r.state(idx);
         loop {
             let s = folio::load(w);
@@ -231,7 +231,7 @@ impl Shared {
                     if old.kind() == Kind::Clean {
                         let _ = self.pidfd.dontneed(&[r.span(idx, 1)]);
                         self.counters.tlb_flush_batches.inc();
-                        self.unreserve(r.folio);
+                        self.budget.uncharge(r.folio);
                     }
                     self.counters.writes_refused.inc();
                     self.counters.faults_failed.inc();
@@ -254,7 +254,7 @@ impl Shared {
     }
 
     /// First write to a claimed resident folio: unprotect it, mark it dirty.
-    fn make_dirty(&self, r: &RegionInner, idx: usize) {
+    fn make_dirty(&self, r: &Area, idx: usize) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
         let res = self.uffd.writeprotect(r.span(idx, 1), false, false);
@@ -269,7 +269,7 @@ impl Shared {
     fn fill(
         &self,
         ctx: &mut Ctx,
-        r: &Arc<RegionInner>,
+        r: &Arc<Area>,
         idx: usize,
         old: State,
         write: bool,
@@ -356,31 +356,31 @@ impl Shared {
         if !prefetch || waiters {
             let _ = self.uffd.wake(addr, total as u64);
         }
-        self.lru_add(r, &queue);
+        self.lru.add(r, &queue);
         self.maybe_kick_reclaimer();
     }
 
     /// A claimed fill could not complete: readahead folios go back to their
     /// old state, the faulting folio is poisoned, the budget is returned.
-    fn fill_failed(&self, r: &Arc<RegionInner>, idx: usize, extras: &[State]) {
+    fn fill_failed(&self, r: &Arc<Area>, idx: usize, extras: &[State]) {
         self.counters.faults_failed.inc();
         for (k, o) in extras.iter().enumerate() {
             let prev = folio::release(r.state(idx + 1 + k), |_| *o);
             self.wake_if_waiter(r, idx + 1 + k, prev);
         }
-        self.unreserve(r.folio * (1 + extras.len() as u64));
+        self.budget.uncharge(r.folio * (1 + extras.len() as u64));
         self.poison(r, idx);
     }
 
     /// A refault within half the budget (in pages) of its eviction.
     fn refault_is_hot(&self, now: u64, old: State) -> bool {
         let distance = (now.wrapping_sub(old.seq())) & SEQ_MASK;
-        distance <= (self.budget / 4096 / 2).min(SEQ_MASK)
+        distance <= (self.budget.limit() / 4096 / 2).min(SEQ_MASK)
     }
 
     /// Claims up to the readahead window of non-resident folios after `idx`
     /// (file regions only), each with budget reserved without reclaiming.
-    fn claim_readahead(&self, r: &RegionInner, idx: usize) -> Vec<State> {
+    fn claim_readahead(&self, r: &Area, idx: usize) -> Vec<State> {
         let max = (self.cfg.readahead / r.folio) as usize;
         if r.is_anon() || max == 0 || idx == 0 {
             return Vec::new();
@@ -410,7 +410,7 @@ impl Shared {
         let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
         let mut out = Vec::new();
         for j in idx + 1..(idx + 1 + window).min(r.nfolios()).min(end_folio) {
-            if !self.try_reserve(r.folio) {
+            if !self.budget.try_charge(r.folio) {
                 break;
             }
             match folio::try_claim(r.state(j), |s| {
@@ -418,7 +418,7 @@ impl Shared {
             }) {
                 Some(o) => out.push(o),
                 None => {
-                    self.unreserve(r.folio);
+                    self.budget.uncharge(r.folio);
                     break;
                 }
             }
@@ -427,13 +427,7 @@ impl Shared {
     }
 
     /// Reads folios `[idx, idx + buf.len()/folio)` into `buf`.
-    fn read_folios(
-        &self,
-        r: &RegionInner,
-        idx: usize,
-        old: State,
-        buf: &mut [u8],
-    ) -> io::Result<()> {
+    fn read_folios(&self, r: &Area, idx: usize, old: State, buf: &mut [u8]) -> io::Result<()> {
         let Some(off) = r.store_offset(idx, old) else {
             buf.fill(0); // anonymous, never written: zero
             return Ok(());
@@ -460,7 +454,7 @@ impl Shared {
 
     /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. False if the
     /// range could not be filled.
-    fn copy_all(&self, r: &RegionInner, dst: MapRange<'_>, src: &[u8], wp: bool) -> bool {
+    fn copy_all(&self, r: &Area, dst: MapRange<'_>, src: &[u8], wp: bool) -> bool {
         let mut done = 0usize;
         let len = src.len();
         for _attempt in 0..16 {
@@ -497,7 +491,7 @@ impl Shared {
 
     /// Makes an access to claimed folio `idx` raise SIGBUS (EFAULT in a
     /// system call) until the reclaimer clears it. Holds no budget.
-    fn poison(&self, r: &Arc<RegionInner>, idx: usize) {
+    fn poison(&self, r: &Arc<Area>, idx: usize) {
         let res = self.uffd.poison(r.span(idx, 1));
         let poisoned = matches!(res, Ok(Fill::Done));
         if !poisoned {
@@ -511,6 +505,6 @@ impl Shared {
             // waiter) so it retries rather than sleeping for ever.
             let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
         }
-        self.lru_add_poisoned(r, idx);
+        self.lru.add_poisoned(r, idx);
     }
 }

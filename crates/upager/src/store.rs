@@ -14,11 +14,12 @@
 //! freed slot may be reused at once, so a punch after the free could wipe
 //! the new owner's data).
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 
 use upager_sys::mem::Mapping;
 use upager_sys::PAGE_SIZE;
@@ -285,6 +286,67 @@ impl Store for SwapFile {
     }
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
         upager_sys::io::punch_hole(&self.file, offset, len)
+    }
+}
+
+/// A swap file and its slots, held weakly.
+type SwapSpace = (Weak<SwapFile>, Weak<Slots>);
+
+/// The stores a pager's regions share: one per distinct file (device,
+/// inode, writable; while its size is unchanged), and one swap file with one
+/// slot allocator per folio size for anonymous regions. Held weakly: a store
+/// closes with the last region using it.
+#[derive(Default)]
+pub(crate) struct Shares {
+    files: Mutex<HashMap<(u64, u64, bool), Weak<FileStore>>>,
+    swap: Mutex<HashMap<u64, SwapSpace>>,
+}
+
+impl Shares {
+    /// The store of a file some live region maps already, if its size is
+    /// still the one the store knows (a read-only mapping may use a
+    /// writable store).
+    pub fn file(&self, meta: &std::fs::Metadata, writable: bool) -> Option<Arc<dyn Store>> {
+        use std::os::unix::fs::MetadataExt;
+        let files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let keys: &[bool] = if writable { &[true] } else { &[false, true] };
+        keys.iter().find_map(|&w| {
+            let st = files.get(&(meta.dev(), meta.ino(), w))?.upgrade()?;
+            (st.len() == meta.len()).then_some(st as Arc<dyn Store>)
+        })
+    }
+
+    /// Records a newly opened file store for sharing.
+    pub fn add_file(
+        &self,
+        meta: &std::fs::Metadata,
+        writable: bool,
+        store: FileStore,
+    ) -> Arc<dyn Store> {
+        use std::os::unix::fs::MetadataExt;
+        let store = Arc::new(store);
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        files.retain(|_, w| w.strong_count() > 0);
+        files.insert((meta.dev(), meta.ino(), writable), Arc::downgrade(&store));
+        store
+    }
+
+    /// The swap file and slots of anonymous regions with `folio`-sized
+    /// folios, made by `create` for the first of them.
+    pub fn swap(
+        &self,
+        folio: u64,
+        create: impl FnOnce() -> io::Result<SwapFile>,
+    ) -> io::Result<(Arc<dyn Store>, Arc<Slots>)> {
+        let mut swap = self.swap.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((f, s)) = swap.get(&folio) {
+            if let (Some(f), Some(s)) = (f.upgrade(), s.upgrade()) {
+                return Ok((f, s));
+            }
+        }
+        let (file, slots) = (Arc::new(create()?), Arc::new(Slots::default()));
+        swap.insert(folio, (Arc::downgrade(&file), Arc::downgrade(&slots)));
+        Ok((file, slots))
     }
 }
 

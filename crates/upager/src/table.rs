@@ -25,15 +25,14 @@
 //! [`Lookup::Locked`](crate::Lookup::Locked) replaces the snapshot with a
 //! reader-writer lock taken on every lookup, for the ablation benchmark.
 
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex, RwLock};
 
 use arc_swap::ArcSwap;
 
+use crate::area::{Area, Inflight};
 use crate::config::Lookup;
-use crate::region::RegionInner;
 
-type Snapshot = Vec<Arc<RegionInner>>;
+type Snapshot = Vec<Arc<Area>>;
 
 pub(crate) enum RegionTable {
     LockFree {
@@ -43,35 +42,7 @@ pub(crate) enum RegionTable {
     Locked(RwLock<Snapshot>),
 }
 
-/// A region pinned against unmap while a fault or eviction works on it.
-pub(crate) struct Inflight(pub Arc<RegionInner>);
-
-impl Inflight {
-    /// Pins `r` unless it is being unmapped.
-    pub fn enter(r: &Arc<RegionInner>) -> Option<Inflight> {
-        r.inflight.fetch_add(1, SeqCst);
-        if r.dying.load(SeqCst) {
-            r.inflight.fetch_sub(1, SeqCst);
-            return None;
-        }
-        Some(Inflight(Arc::clone(r)))
-    }
-}
-
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, SeqCst);
-    }
-}
-
-impl std::ops::Deref for Inflight {
-    type Target = Arc<RegionInner>;
-    fn deref(&self) -> &Arc<RegionInner> {
-        &self.0
-    }
-}
-
-fn find(snap: &Snapshot, addr: u64) -> Option<&Arc<RegionInner>> {
+fn find(snap: &Snapshot, addr: u64) -> Option<&Arc<Area>> {
     let i = snap.partition_point(|r| r.base() <= addr);
     let r = snap.get(i.checked_sub(1)?)?;
     (addr < r.base() + r.map_len()).then_some(r)
@@ -115,7 +86,7 @@ impl RegionTable {
         }
     }
 
-    pub fn insert(&self, r: Arc<RegionInner>) {
+    pub fn insert(&self, r: Arc<Area>) {
         self.update(|v| {
             let i = v.partition_point(|x| x.base() < r.base());
             v.insert(i, r);

@@ -26,8 +26,13 @@
 //! a 4 KiB-aligned start, pageout/prefetch/discard a folio-aligned start and
 //! a length that is a multiple of the folio size or reaches the region's end.
 //!
+//! Pageout and discard are batches of the one batch type (`gather`), claimed
+//! by range.
+//!
 //! Counters: `evict_pageout`, `discards`, `fills_readahead` (prefetch fills),
 //! `evicted_markers` (gauge, computed by `Pager::stats`).
+//!
+//! Uses: `area`, `error`, `folio`, `gather`, `region`, `shared`.
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -36,11 +41,12 @@ use std::sync::Arc;
 use upager_sys::mem::MAX_IOV;
 use upager_sys::pagemap::{PM_PRESENT, PM_SWAPPED};
 
+use crate::area::Area;
 use crate::error::{AdviseError, RangeError};
-use crate::folio::{self, Kind, ACTIVE};
-use crate::reclaim::{Mode, Victim};
-use crate::region::{Region, RegionInner};
-use crate::table::Inflight;
+use crate::folio::{self, Kind};
+use crate::gather::{Gather, Mode};
+use crate::region::Region;
+use crate::shared::PrefetchRequest;
 
 /// What a range of a region holds, from its folio states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,57 +87,6 @@ impl Residency {
             Kind::Never => Residency::NeverTouched,
             Kind::Busy | Kind::Poisoned => Residency::Busy,
         }
-    }
-}
-
-/// A prefetch request for the prefetch thread.
-pub(crate) struct PrefetchRequest {
-    pub region: Arc<RegionInner>,
-    pub folios: Range<usize>,
-}
-
-impl RegionInner {
-    /// Validates `[offset, offset+len)`: non-empty, inside the region,
-    /// start aligned to `align`. Returns the folios it touches.
-    pub(crate) fn folio_range(
-        &self,
-        offset: u64,
-        len: u64,
-        align: u64,
-    ) -> Result<Range<usize>, RangeError> {
-        if len == 0 {
-            return Err(RangeError::Empty);
-        }
-        if offset.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err(RangeError::OutOfRegion {
-                offset,
-                len,
-                region_len: self.len,
-            });
-        }
-        if !offset.is_multiple_of(align) {
-            return Err(RangeError::Unaligned {
-                offset,
-                folio: align,
-            });
-        }
-        let first = (offset >> self.shift) as usize;
-        let last = ((offset + len - 1) >> self.shift) as usize;
-        Ok(first..last + 1)
-    }
-
-    /// Like [`folio_range`](Self::folio_range) for operations that act on
-    /// whole folios: the end must be folio-aligned or the region's end.
-    fn whole_folios(&self, offset: u64, len: u64) -> Result<Range<usize>, RangeError> {
-        let r = self.folio_range(offset, len, self.folio)?;
-        let end = offset + len;
-        if !end.is_multiple_of(self.folio) && end != self.len {
-            return Err(RangeError::Unaligned {
-                offset: end,
-                folio: self.folio,
-            });
-        }
-        Ok(r)
     }
 }
 
@@ -213,49 +168,10 @@ impl Region {
         let r = &self.inner;
         let folios = r.whole_folios(offset, len)?;
         let sh = &self.owner.shared;
-        let batch = sh.batch_folios(r.folio);
-        let mut evicted = 0u64;
-        let mut first_err = None;
-        let mut victims = Vec::with_capacity(batch);
-        let mut run = |victims: &mut Vec<Victim>| match sh
-            .shrink_list(std::mem::take(victims), Mode::Pageout)
-        {
-            Ok(n) => evicted += n as u64,
-            Err(e) => {
-                first_err.get_or_insert(e);
-            }
-        };
-        for idx in folios {
-            // Evict what we hold before waiting on a BUSY folio (see
-            // claim_when_idle).
-            let Some(old) = folio::claim_when_idle(
-                r.state(idx),
-                |s| matches!(s.kind(), Kind::Clean | Kind::Dirty),
-                || {
-                    if !victims.is_empty() {
-                        run(&mut victims);
-                    }
-                },
-            ) else {
-                continue;
-            };
-            let Some(guard) = Inflight::enter(r) else {
-                let prev = folio::release(r.state(idx), |_| old);
-                sh.wake_if_waiter(r, idx, prev);
-                break;
-            };
-            victims.push(Victim {
-                region: guard,
-                idx,
-                old,
-            });
-            if victims.len() >= batch {
-                run(&mut victims);
-            }
-        }
-        if !victims.is_empty() {
-            run(&mut victims);
-        }
+        let mut batch = Gather::new(sh, Mode::Pageout, sh.batch_folios(r.folio));
+        batch.collect(r, folios, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty));
+        let (evicted, first_err) = batch.finish();
+        let evicted = evicted as u64;
         match first_err {
             Some(e) => Err(AdviseError::Writeback(e)),
             None => Ok(evicted),
@@ -296,93 +212,17 @@ impl Region {
     pub fn discard(&self, offset: u64, len: u64) -> Result<(), AdviseError> {
         let r = &self.inner;
         let folios = r.whole_folios(offset, len)?;
-        let Some(_guard) = Inflight::enter(r) else {
-            return Ok(());
-        };
-        let mut claimed = Vec::new();
-        for idx in folios {
-            // Drop what we hold before waiting on a BUSY folio (see
-            // claim_when_idle): its owner may be a fill that needs the
-            // budget our claimed folios hold.
-            let old = folio::claim_when_idle(
-                r.state(idx),
-                |_| true,
-                || {
-                    self.discard_claimed(std::mem::take(&mut claimed));
-                },
-            );
-            if let Some(old) = old {
-                claimed.push((idx, old));
-            }
-            if claimed.len() >= MAX_IOV {
-                self.discard_claimed(std::mem::take(&mut claimed));
-            }
-        }
-        self.discard_claimed(claimed);
-        Ok(())
-    }
-
-    /// Drops claimed folios: one process_madvise per ≤ 1024 ranges, holes
-    /// punched in their swap slots, then the slots freed under one lock.
-    /// Punch before free: a freed slot can be handed at once to a folio
-    /// that eviction is writing back (the reclaimer runs concurrently), and
-    /// a punch after that would wipe the new folio's data.
-    fn discard_claimed(&self, claimed: Vec<(usize, folio::State)>) {
-        if claimed.is_empty() {
-            return;
-        }
-        let r = &self.inner;
+        // Everything in the range goes, whatever its state.
         let sh = &self.owner.shared;
-        let mut ranges: Vec<upager_sys::mem::MapRange<'_>> = Vec::new();
-        let mut resident = 0u64;
-        let mut slots = Vec::new();
-        for &(idx, old) in &claimed {
-            if matches!(old.kind(), Kind::Clean | Kind::Dirty | Kind::Poisoned) {
-                let span = r.span(idx, 1);
-                if !ranges.last_mut().is_some_and(|last| last.try_extend(&span)) {
-                    ranges.push(span);
-                }
-            }
-            if matches!(old.kind(), Kind::Clean | Kind::Dirty) {
-                resident += r.folio;
-            }
-            if old.kind() == Kind::Dirty {
-                sh.dirty_sub(r, 1);
-            }
-            if let Some(s) = old.slot() {
-                slots.push(s);
-            }
-        }
-        for chunk in ranges.chunks(MAX_IOV) {
-            let _ = sh.pidfd.dontneed(chunk);
-            sh.counters.tlb_flush_batches.inc();
-        }
-        if let Some(pool) = &r.slots {
-            // The slots are still ours (their folios are BUSY): punch first.
-            slots.sort_unstable();
-            for run in slots.chunk_by(|a, b| b == &(a + 1)) {
-                let _ = r
-                    .store
-                    .punch(u64::from(run[0]) * r.folio, run.len() as u64 * r.folio);
-            }
-            pool.free(&slots, sh.cfg.batched_removal);
-        }
-        for &(idx, _) in &claimed {
-            let prev = folio::release(r.state(idx), |s| {
-                s.with_kind(Kind::Never)
-                    .with_slot(None)
-                    .with_seq(0)
-                    .set(ACTIVE, false)
-            });
-            sh.wake_if_waiter(r, idx, prev);
-        }
-        sh.unreserve(resident);
-        sh.counters.discards.add(claimed.len() as u64);
+        let mut batch = Gather::new(sh, Mode::Discard, MAX_IOV);
+        batch.collect(r, folios, |_| true);
+        batch.finish();
+        Ok(())
     }
 }
 
 /// Folios in the EVICTED state over `regions` (the `evicted_markers` gauge).
-pub(crate) fn count_markers<'a>(regions: impl Iterator<Item = &'a Arc<RegionInner>>) -> u64 {
+pub(crate) fn count_markers<'a>(regions: impl Iterator<Item = &'a Arc<Area>>) -> u64 {
     regions
         .map(|r| {
             r.touched_folios()

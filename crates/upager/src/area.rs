@@ -1,0 +1,301 @@
+//! An area: the engine-side state of one region — its mapping in the
+//! application's view, the folio state words, the store behind it, its
+//! write-back error and back-off — shared by the region's handle, fault
+//! handlers and reclaim (the kernel's `vm_area_struct` plus its
+//! `address_space`). [`Inflight`] pins an area against unmap.
+//!
+//! Uses: `error`, `folio`, `store`.
+
+use std::io;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use upager_sys::mem::Mapping;
+
+use std::ops::Range;
+
+use crate::error::RangeError;
+use crate::folio::State;
+use crate::store::{Slots, Src, Store};
+
+/// Engine-side state of one region, shared by handles, fault handlers and
+/// the reclaimer.
+pub(crate) struct Area {
+    pub id: u64,
+    pub map: Mapping,
+    /// Bytes the application asked for (the mapping is rounded up to folios).
+    pub len: u64,
+    pub folio: u64,
+    pub shift: u32,
+    pub states: upager_sys::mem::AtomicTable,
+    /// One bit per chunk of [`CHUNK`] folios: set once any folio of the chunk
+    /// has left NEVER. Whole-region walks (flush, unmap, marker counts) skip
+    /// untouched chunks, so a huge sparse region costs what it uses.
+    pub touched: upager_sys::mem::AtomicTable,
+    pub store: Arc<dyn Store>,
+    /// Store offset of the region's first byte (file regions).
+    pub store_off: u64,
+    /// Swap slots (anonymous regions only; shared by the pager's anonymous
+    /// regions of this folio size, like their swap file).
+    pub slots: Option<Arc<Slots>>,
+    pub writable: bool,
+    pub inflight: AtomicU64,
+    pub dying: AtomicBool,
+    /// First write-back error since the last flush reported one.
+    pub wb_error: Mutex<Option<io::Error>>,
+    /// Write-backs to this region's store back off while it refuses them.
+    pub wb_backoff: Backoff,
+}
+
+/// Back-off of write-backs to a store that refuses them (full disk, I/O
+/// error): after [`Backoff::FAILS`] write-backs in a row failed, reclaim and
+/// the dirty limit leave the region's dirty folios alone for a delay that
+/// doubles from 10 ms to 1 s, so a full disk costs a few attempts a second
+/// instead of millions, and reclaim evicts clean folios meanwhile. A store
+/// that fails now and then (a flaky one) never gets there. `flush` ignores
+/// the delay (the caller asked). A success ends it.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    /// Write-backs failed in a row.
+    streak: AtomicU64,
+    /// Until when (ns on [`Backoff::now_ns`]'s clock); 0: not backing off.
+    until_ns: AtomicU64,
+    /// Current delay; 0 when not backing off.
+    delay_ns: AtomicU64,
+}
+
+impl Backoff {
+    /// Failures in a row before backing off (a store failing one write in
+    /// five does so with a chance of 0.2^16, about 1 in 150 billion).
+    const FAILS: u64 = 16;
+    const MIN_NS: u64 = 10_000_000;
+    const MAX_NS: u64 = 1_000_000_000;
+
+    fn now_ns() -> u64 {
+        static EPOCH: OnceLock<Instant> = OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
+    }
+    /// Records the outcome of one write-back call.
+    pub fn record(&self, ok: bool) {
+        if ok {
+            if self.streak.load(Ordering::Relaxed) != 0 {
+                self.streak.store(0, Ordering::Relaxed);
+            }
+            if self.delay_ns.load(Ordering::Relaxed) != 0 {
+                self.delay_ns.store(0, Ordering::Relaxed);
+                self.until_ns.store(0, Ordering::Release);
+            }
+            return;
+        }
+        let n = self.streak.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= Self::FAILS && !self.blocked() {
+            // Once per delay: twice as long as the last one.
+            let d = (self.delay_ns.load(Ordering::Relaxed) * 2).clamp(Self::MIN_NS, Self::MAX_NS);
+            self.delay_ns.store(d, Ordering::Relaxed);
+            self.until_ns.store(Self::now_ns() + d, Ordering::Release);
+        }
+    }
+    /// Within the delay after a run of failures: leave the dirty folios alone.
+    pub fn blocked(&self) -> bool {
+        let u = self.until_ns.load(Ordering::Acquire);
+        u != 0 && Self::now_ns() < u
+    }
+}
+
+impl std::fmt::Debug for Area {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.id)
+            .field("base", &self.base())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Folios per bit of [`Area::touched`].
+pub(crate) const CHUNK: usize = 512;
+
+impl Area {
+    /// Records that folio `idx` has left NEVER (call before filling it).
+    pub fn mark_touched(&self, idx: usize) {
+        let (w, bit) = (idx / CHUNK / 64, 1u64 << (idx / CHUNK % 64));
+        if self.touched[w].load(Ordering::Acquire) & bit == 0 {
+            self.touched[w].fetch_or(bit, Ordering::SeqCst);
+        }
+    }
+
+    /// Folio indexes of the chunks that were ever touched.
+    pub fn touched_folios(&self) -> impl Iterator<Item = usize> + '_ {
+        let n = self.nfolios();
+        self.touched.iter().enumerate().flat_map(move |(w, word)| {
+            let bits = word.load(Ordering::Acquire);
+            (0..64)
+                .filter(move |b| bits & (1 << b) != 0)
+                .flat_map(move |b| {
+                    let start = (w * 64 + b) * CHUNK;
+                    start..(start + CHUNK).min(n)
+                })
+        })
+    }
+
+    pub fn base(&self) -> u64 {
+        self.map.addr()
+    }
+    pub fn map_len(&self) -> u64 {
+        self.map.len() as u64
+    }
+    pub fn nfolios(&self) -> usize {
+        self.states.len()
+    }
+    pub fn folio_addr(&self, idx: usize) -> u64 {
+        self.base() + ((idx as u64) << self.shift)
+    }
+    /// Folios `[idx, idx+n)` of the view, for the calls that fill, protect
+    /// or drop them.
+    pub fn span(&self, idx: usize, n: usize) -> upager_sys::mem::MapRange<'_> {
+        self.map.range(idx << self.shift, n << self.shift)
+    }
+    pub fn state(&self, idx: usize) -> &AtomicU64 {
+        &self.states[idx]
+    }
+    pub fn is_anon(&self) -> bool {
+        self.slots.is_some()
+    }
+    /// Bytes of folio `idx` that belong to the region (the last may be short).
+    pub fn valid_len(&self, idx: usize) -> u64 {
+        self.folio.min(self.len - ((idx as u64) << self.shift))
+    }
+    /// Region memory of folios `[idx, idx+n)`, for writing to a store.
+    pub fn src(&self, idx: usize, bytes: u64) -> Src<'_> {
+        Src {
+            map: &self.map,
+            off: (idx << self.shift),
+            len: bytes as usize,
+        }
+    }
+    /// Store offset of folio `idx` whose state is `s` (anonymous: its slot).
+    pub fn store_offset(&self, idx: usize, s: State) -> Option<u64> {
+        if self.is_anon() {
+            s.slot().map(|slot| u64::from(slot) * self.folio)
+        } else {
+            Some(self.store_off + ((idx as u64) << self.shift))
+        }
+    }
+    pub fn record_error(&self, e: io::Error) {
+        let mut g = self.wb_error.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(e);
+        }
+    }
+    pub fn take_error(&self) -> Option<io::Error> {
+        self.wb_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+/// A region pinned against unmap while a fault or eviction works on it.
+pub(crate) struct Inflight(pub Arc<Area>);
+
+impl Inflight {
+    /// Pins `r` unless it is being unmapped.
+    pub fn enter(r: &Arc<Area>) -> Option<Inflight> {
+        r.inflight.fetch_add(1, SeqCst);
+        if r.dying.load(SeqCst) {
+            r.inflight.fetch_sub(1, SeqCst);
+            return None;
+        }
+        Some(Inflight(Arc::clone(r)))
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, SeqCst);
+    }
+}
+
+impl std::ops::Deref for Inflight {
+    type Target = Arc<Area>;
+    fn deref(&self) -> &Arc<Area> {
+        &self.0
+    }
+}
+
+impl Area {
+    /// Validates `[offset, offset+len)`: non-empty, inside the region,
+    /// start aligned to `align`. Returns the folios it touches.
+    pub(crate) fn folio_range(
+        &self,
+        offset: u64,
+        len: u64,
+        align: u64,
+    ) -> Result<Range<usize>, RangeError> {
+        if len == 0 {
+            return Err(RangeError::Empty);
+        }
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(RangeError::OutOfRegion {
+                offset,
+                len,
+                region_len: self.len,
+            });
+        }
+        if !offset.is_multiple_of(align) {
+            return Err(RangeError::Unaligned {
+                offset,
+                folio: align,
+            });
+        }
+        let first = (offset >> self.shift) as usize;
+        let last = ((offset + len - 1) >> self.shift) as usize;
+        Ok(first..last + 1)
+    }
+
+    /// Like [`folio_range`](Self::folio_range) for operations that act on
+    /// whole folios: the end must be folio-aligned or the region's end.
+    pub(crate) fn whole_folios(&self, offset: u64, len: u64) -> Result<Range<usize>, RangeError> {
+        let r = self.folio_range(offset, len, self.folio)?;
+        let end = offset + len;
+        if !end.is_multiple_of(self.folio) && end != self.len {
+            return Err(RangeError::Unaligned {
+                offset: end,
+                folio: self.folio,
+            });
+        }
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+
+    #[test]
+    fn backoff_starts_after_a_run_of_failures_and_ends_with_a_success() {
+        let b = Backoff::default();
+        for _ in 0..Backoff::FAILS - 1 {
+            b.record(false);
+        }
+        assert!(!b.blocked(), "a few failures are not a refusing store");
+        b.record(true);
+        for _ in 0..Backoff::FAILS - 1 {
+            b.record(false);
+        }
+        assert!(!b.blocked(), "a success reset the run");
+        b.record(false);
+        assert!(b.blocked());
+        for _ in 0..100 {
+            b.record(false); // within the delay: not extended further
+        }
+        assert_eq!(
+            b.delay_ns.load(std::sync::atomic::Ordering::Relaxed),
+            Backoff::MIN_NS
+        );
+        b.record(true);
+        assert!(!b.blocked());
+    }
+}
