@@ -11,9 +11,11 @@ pub const MAX_FOLIO: u64 = 2 << 20;
 pub const MAX_READAHEAD: u64 = 64 << 20;
 /// Default folio size.
 pub const DEFAULT_FOLIO: u64 = 64 << 10;
-/// Bytes an eviction batch covers by default: 4 MiB = 1024 base pages, so one
-/// batch costs at most two TLB shootdowns per 1024 pages (one write-protect,
-/// one unmap). 1024 is also the most ranges one process_madvise call takes.
+/// Bytes an eviction batch covers by default: 4 MiB = 1024 base pages, so a
+/// batch of clean folios costs one TLB shootdown per 1024 pages (the unmap),
+/// plus one per span of dirty folios (the write-protect before write-back:
+/// one for clustered dirty data, more when it is scattered; see `gather`).
+/// 1024 is also the most ranges one process_madvise call takes.
 pub const DEFAULT_BATCH_BYTES: u64 = 4 << 20;
 
 /// How fault handlers find the region of a faulting address.

@@ -17,16 +17,18 @@
 //! ```
 //!
 //! # The five mechanisms
-//! 1. **One TLB shootdown per eviction batch** ([`reclaim`](crate::reclaim)):
-//!    victims leave with one `process_madvise(MADV_DONTNEED)`; dirty ones are
-//!    write-protected with one call first, then written back.
+//! 1. **One TLB shootdown per eviction batch** ([`gather`](crate::gather),
+//!    [`reclaim`](crate::reclaim)): victims leave with one
+//!    `process_madvise(MADV_DONTNEED)`; dirty ones are write-protected first
+//!    (one call per span of dirty folios), then written back.
 //! 2. **A fault path without locks** ([`table`](crate::table),
 //!    [`folio`](crate::folio)): lock-free region lookup, CAS on per-folio state.
 //! 3. **Folios as one unit**: one read, one `UFFDIO_COPY`, one state update.
-//! 4. **Batched removal under one lock**: a batch is isolated from the LRU,
-//!    and gets its swap slots, under one lock acquisition each.
-//! 5. **Markers for evicted pages**: the state word says evicted vs never
-//!    touched without touching the store.
+//! 4. **Batched removal under one lock** ([`lru`](crate::lru),
+//!    [`store`](crate::store)): a batch is isolated from the LRU, and gets
+//!    its swap slots, under one lock acquisition each.
+//! 5. **Markers for evicted pages** ([`advice`](crate::advice)): the state
+//!    word says evicted vs never touched without touching the store.
 //!
 //! # Invariants
 //! - **No lost write**: write-protect (flush) → write back → unmap (flush) →

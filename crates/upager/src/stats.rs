@@ -71,7 +71,7 @@ counters! {
     bytes_written,
     /// Folios evicted (memory released).
     evictions,
-    /// Eviction batches (each: at most one write-protect flush and one unmap flush).
+    /// Eviction batches (each: one unmap flush, plus one write-protect flush per span of dirty folios).
     evict_batches,
     /// Of `evictions`, by a fault that found the budget full (direct reclaim).
     evict_direct,
