@@ -8,6 +8,34 @@ import pytest
 MIB = 1 << 20
 
 
+def in_ci():
+    """Whether the tests run under CI (CI=true), where every test must run."""
+    return os.environ.get("CI") == "true"
+
+
+def skip_or_fail(missing):
+    """A test cannot run here: `missing` says what is missing. Under CI=true
+    the test fails; elsewhere it is skipped with that reason."""
+    if in_ci():
+        pytest.fail(f"{missing} (under CI=true a test that cannot run fails "
+                    "instead of skipping)", pytrace=False)
+    pytest.skip(missing)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skipped test (pytest.skip, a skip or skipif mark,
+    importorskip) is reported as failed: CI never counts a test that did not
+    run as passed. Expected failures (xfail) stay as they are."""
+    outcome = yield
+    rep = outcome.get_result()
+    if in_ci() and rep.skipped and not hasattr(rep, "wasxfail"):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else rep.longrepr
+        rep.outcome = "failed"
+        rep.longrepr = (f"skipped under CI=true ({reason}): a test that cannot "
+                        "run fails instead of skipping")
+
+
 @pytest.fixture
 def scratch():
     """A directory on /dev/shm (RAM), removed afterwards."""

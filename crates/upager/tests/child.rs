@@ -93,8 +93,15 @@ fn writing_a_read_only_region_raises_sigsegv() {
 fn no_access_to_userfaultfd_is_a_clear_error() {
     let unpriv =
         std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
-    if unpriv.trim() == "1" || !std::path::Path::new("/usr/bin/setpriv").exists() {
-        eprintln!("skipping: unprivileged userfaultfd is allowed here, or setpriv is missing");
+    if unpriv.trim() == "1" {
+        skip_or_fail(
+            "no user without access to userfaultfd: vm.unprivileged_userfaultfd \
+             is 1 (every user may create one)",
+        );
+        return;
+    }
+    if !std::path::Path::new("/usr/bin/setpriv").exists() {
+        skip_or_fail("no /usr/bin/setpriv (util-linux) to run the child as another user");
         return;
     }
     // As an unprivileged user (nobody), with no access to /dev/userfaultfd.
@@ -110,7 +117,10 @@ fn no_access_to_userfaultfd_is_a_clear_error() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     if stdout.contains("PAGER OK") {
-        eprintln!("skipping: this user can open userfaultfd");
+        skip_or_fail(
+            "no user without access to userfaultfd: nobody (uid 65534) can open \
+             it here",
+        );
         return;
     }
     assert!(

@@ -111,6 +111,7 @@ impl Store for TestStore {
         self.reads.fetch_add(1, Ordering::SeqCst);
         let delay = self.read_delay_us.load(Ordering::SeqCst);
         if delay > 0 {
+            // The simulated latency of a slow disk, not a wait for anything.
             std::thread::sleep(Duration::from_micros(delay));
         }
         let bad = self.fail_read_at.load(Ordering::SeqCst);
@@ -146,12 +147,82 @@ impl Store for TestStore {
 
 /// Polls `done` every millisecond until it holds; fails the test after
 /// `secs` seconds naming `what` (no wait in a test is unbounded).
+#[track_caller]
 pub fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        // The poll interval of this bounded wait.
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Whether the tests run under CI (`CI=true` in the environment), where
+/// every test must really run.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// A test, or part of one, cannot run here: `missing` says what is missing
+/// (root, tracefs, a tmpfs mount, a tool). Under `CI=true` this fails the
+/// test, so CI never reports green for a test that did not run; elsewhere
+/// it prints `skipping: <missing>` and the caller skips.
+#[track_caller]
+pub fn skip_or_fail(missing: &str) {
+    if in_ci() {
+        panic!("{missing} (under CI=true a test that cannot run fails instead of skipping)");
+    }
+    eprintln!("skipping: {missing}");
+}
+
+/// Thread ids of this process whose name (`comm`) starts with `prefix`.
+pub fn threads_named(prefix: &str) -> Vec<u32> {
+    my_tids()
+        .into_iter()
+        .filter(|t| {
+            std::fs::read_to_string(format!("/proc/self/task/{t}/comm"))
+                .is_ok_and(|c| c.starts_with(prefix))
+        })
+        .collect()
+}
+
+/// Whether thread `tid` of this process is asleep in the kernel (state `S`
+/// or `D`: blocked on a lock, a condition, a sleep, a poll or a page
+/// fault). False while it runs, and once it has exited.
+pub fn thread_sleeping(tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).is_ok_and(|s| {
+        // "pid (comm) S ...": the comm may hold spaces and parentheses.
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('S' | 'D')))
+    })
+}
+
+/// Runs `f` on a new thread and returns its handle once that thread is
+/// asleep inside `f` (see [`thread_sleeping`]): a call that blocks, seen
+/// blocking. Fails the test if it does not block within `secs` seconds
+/// (or returns first).
+#[track_caller]
+pub fn spawn_until_blocked<T: Send + 'static>(
+    what: &str,
+    secs: u64,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        tx.send(upager_sys::io::gettid()).unwrap();
+        f()
+    });
+    let tid = rx
+        .recv_timeout(Duration::from_secs(secs))
+        .expect("the thread started");
+    wait_until(&format!("{what} to block"), secs, || {
+        assert!(!h.is_finished(), "{what} returned instead of blocking");
+        thread_sleeping(tid)
+    });
+    h
 }
 
 /// Runs this test binary's `child_main` test with `UPAGER_CHILD=scenario`,
@@ -187,6 +258,7 @@ pub fn run_child(scenario: &str, wrap: &[&str], timeout: Duration) -> Output {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        // The poll interval of this bounded wait for the child's exit.
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -199,7 +271,9 @@ pub struct TlbTrace {
 }
 
 impl TlbTrace {
-    /// None (with a message) when tracefs is not available (not root).
+    /// None (with a message; a failure under `CI=true`: see
+    /// [`skip_or_fail`]) when tracefs is not available (not root).
+    #[track_caller]
     pub fn start(tids: &[u32]) -> Option<TlbTrace> {
         let root = Path::new("/sys/kernel/tracing");
         if !root.join("instances").is_dir() {
@@ -210,13 +284,19 @@ impl TlbTrace {
                 .status();
         }
         if !root.join("instances").is_dir() {
-            eprintln!("skipping shootdown count: no tracefs at {}", root.display());
+            skip_or_fail(&format!(
+                "no tracefs at {} to count shootdowns (mounting it needs root)",
+                root.display()
+            ));
             return None;
         }
         let dir = root.join(format!("instances/upager-test-{}", std::process::id()));
         let _ = std::fs::remove_dir(&dir);
         if let Err(e) = std::fs::create_dir(&dir) {
-            eprintln!("skipping shootdown count: cannot create a tracefs instance: {e}");
+            skip_or_fail(&format!(
+                "no tracefs instance to count shootdowns: creating {} failed: {e}",
+                dir.display()
+            ));
             return None;
         }
         let pids: Vec<String> = tids.iter().map(|t| format!("common_pid == {t}")).collect();
@@ -365,6 +445,7 @@ impl ChildProc {
                 let _ = self.child.wait();
                 panic!("child did not exit within {timeout:?}; saw {:?}", self.seen);
             }
+            // The poll interval of this bounded wait for the child's exit.
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -392,8 +473,10 @@ pub struct SmallTmpfs {
 }
 
 impl SmallTmpfs {
-    /// Mounts a tmpfs of `size` bytes; None (with a message) if mounting is
-    /// not allowed here.
+    /// Mounts a tmpfs of `size` bytes; None (with a message; a failure
+    /// under `CI=true`: see [`skip_or_fail`]) if mounting is not allowed
+    /// here.
+    #[track_caller]
     pub fn mount(size: u64) -> Option<SmallTmpfs> {
         let dir = tempfile::Builder::new()
             .prefix("upager-tmpfs")
@@ -412,8 +495,17 @@ impl SmallTmpfs {
             .status();
         match st {
             Ok(s) if s.success() => Some(SmallTmpfs { dir }),
-            _ => {
-                eprintln!("skipping part of the test: cannot mount a tmpfs (not root?)");
+            Ok(s) => {
+                skip_or_fail(&format!(
+                    "no private tmpfs for this test's checks: `mount -t tmpfs` failed \
+                     ({s}; mounting needs root)"
+                ));
+                None
+            }
+            Err(e) => {
+                skip_or_fail(&format!(
+                    "no private tmpfs for this test's checks: cannot run `mount`: {e}"
+                ));
                 None
             }
         }
@@ -480,13 +572,8 @@ pub fn blocked_syscall_fault(
     let out = std::fs::File::create(dir.join("blocked-syscall-out")).unwrap();
     let before = store.reads_blocked.load(Ordering::SeqCst);
     let syscall = std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
-    let t0 = Instant::now();
-    while store.reads_blocked.load(Ordering::SeqCst) == before {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the fault never reached the store"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until("the fault to reach the store's closed gate", 10, || {
+        store.reads_blocked.load(Ordering::SeqCst) != before
+    });
     syscall
 }
