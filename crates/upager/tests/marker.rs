@@ -23,17 +23,11 @@ const F: u64 = 64 << 10;
 /// Per-folio residency, once transient BUSY states (a filler between its
 /// COPY and publishing the state) have settled (bounded wait).
 fn states(r: &Region) -> Vec<Residency> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while r
-        .residency(0, r.len() as u64)
-        .unwrap()
-        .iter()
-        .any(|(_, s)| *s == Residency::Busy)
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let runs = r.residency(0, r.len() as u64).unwrap();
+    let mut runs = Vec::new();
+    wait_until("busy folios to settle", 5, || {
+        runs = r.residency(0, r.len() as u64).unwrap();
+        runs.iter().all(|(_, s)| *s != Residency::Busy)
+    });
     let mut out = Vec::new();
     for (range, s) in runs {
         for _ in 0..(range.end - range.start).div_ceil(r.folio_size()) {

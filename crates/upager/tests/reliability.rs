@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use upager::{MapError, MapOptions, Pager, Region};
+use upager::{MapError, MapOptions, Pager, Region, Residency};
 use workload::{FlakyStore, Sampler};
 
 const MIB: u64 = 1 << 20;
@@ -55,6 +55,7 @@ impl Watch {
             std::thread::spawn(move || {
                 while !stop.load(Relaxed) {
                     s.sample();
+                    // The sampling period, not a wait for anything.
                     std::thread::sleep(Duration::from_millis(1));
                 }
             })
@@ -128,6 +129,15 @@ fn read_by_syscall(
         .collect())
 }
 
+/// Sets a stop flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, SeqCst);
+    }
+}
+
 fn sink(dir: &Path, name: &str) -> std::fs::File {
     std::fs::File::options()
         .read(true)
@@ -172,21 +182,30 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
     let stop = AtomicBool::new(false);
     let efaults = AtomicU64::new(0);
     let verified = AtomicU64::new(0);
+    let enough = || {
+        store.injected_read_errors.load(SeqCst) > 10
+            && efaults.load(SeqCst) > 0
+            && verified.load(SeqCst) > 10
+    };
     std::thread::scope(|s| {
+        // Stops the workers however this closure ends (a failed wait
+        // panics, and the scope joins them before it passes the panic on).
+        let _stop = StopOnDrop(&stop);
+        let mut workers = Vec::new();
         // Plain loads from the healthy region never see an error (a SIGBUS
         // here would kill the test process).
-        s.spawn(|| {
+        workers.push(s.spawn(|| {
             let mut x = 7u64;
             while !stop.load(Relaxed) {
                 x = workload::mix(x);
                 let w = (x % (good.len() as u64 / 8)) as usize;
                 assert_eq!(good.words()[w].load(Relaxed), word(w as u64 * 8, 32));
             }
-        });
+        }));
         for t in 0..3u64 {
             let (bad, efaults, verified, stop) = (&bad, &efaults, &verified, &stop);
             let sink = sink(dir.path(), &format!("sink{t}"));
-            s.spawn(move || {
+            workers.push(s.spawn(move || {
                 let mut x = t + 100;
                 while !stop.load(Relaxed) {
                     x = workload::mix(x);
@@ -208,10 +227,20 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
                         }
                     }
                 }
-            });
+            }));
         }
-        std::thread::sleep(Duration::from_secs(2));
-        stop.store(true, SeqCst);
+        // The workload runs for 2 s (its length, not a wait for anything)
+        // and on until it has produced what is checked below; a worker that
+        // ends early has failed, and the scope reports it.
+        let t0 = Instant::now();
+        wait_until(
+            "injected read errors, EFAULTs and verified reads",
+            60,
+            || {
+                workers.iter().any(|w| w.is_finished())
+                    || (t0.elapsed() >= Duration::from_secs(2) && enough())
+            },
+        );
     });
     let injected = store.injected_read_errors.load(SeqCst);
     let s = pager.stats();
@@ -222,15 +251,30 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
         injected,
         store.injected_delays.load(SeqCst)
     );
-    assert!(injected > 10 && efaults.load(SeqCst) > 0 && verified.load(SeqCst) > 10);
+    assert!(enough());
     assert_eq!(s.read_errors, injected, "every failed read is counted once");
     assert_eq!(s.faults_failed, injected, "and fails exactly one fault");
-    // The store recovers: after the poison hold every byte reads again.
+    // The store recovers: once the reclaimer has cleared the poisoned
+    // folios (after their hold) every byte reads again. Until then a read
+    // touching one gets EFAULT from the kernel.
     store.heal();
-    std::thread::sleep(Duration::from_millis(300));
     let sink = sink(dir.path(), "final");
     for off in (0..bad.len() as u64).step_by(MIB as usize) {
-        let words = read_by_syscall(&sink, &bad, off, MIB).expect("recovered");
+        let mut words = Vec::new();
+        wait_until(
+            &format!("MiB {} to read again", off / MIB),
+            10,
+            || match read_by_syscall(&sink, &bad, off, MIB) {
+                Ok(w) => {
+                    words = w;
+                    true
+                }
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(14), "{e}");
+                    false
+                }
+            },
+        );
         for (k, &v) in words.iter().enumerate() {
             assert_eq!(v, word(off + 8 * k as u64, 31));
         }
@@ -435,17 +479,14 @@ fn a_folio_whose_eviction_write_back_failed_stays_evictable() {
     }
     // Wait until every one of the 64 folios has failed an eviction
     // write-back (the reclaimer retries every 50 ms while above its high
-    // watermark), so none is left on the LRU.
-    let t0 = Instant::now();
-    while pager.stats().writeback_errors < 64 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "reclaimer never tried: {:?}",
-            pager.stats()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    std::thread::sleep(Duration::from_millis(200));
+    // watermark), so none is left on the LRU, and the reclaimer has put its
+    // last failed batch back: every folio resident and dirty, none busy.
+    let all_dirty = vec![(0..4 * MIB, Residency::ResidentDirty)];
+    wait_until(
+        "64 failed write-backs, and every folio back, resident and dirty",
+        10,
+        || pager.stats().writeback_errors >= 64 && r.residency(0, 4 * MIB).unwrap() == all_dirty,
+    );
     store.heal();
     let _ = r.flush();
     r.flush().unwrap();
@@ -492,6 +533,10 @@ fn a_full_file_system_reports_enospc_and_a_later_flush_writes_everything() {
         assert_eq!(r.words()[w].load(Relaxed), workload::mix(w as u64));
     }
     fs.remount("size=32m");
+    // The background reclaimer cleans dirty data too, and its write-backs
+    // failed until the remount: a flush may report such an error once
+    // (write-back errors are sticky until reported, like fsync's).
+    let _ = r.flush();
     r.flush().unwrap();
     let file = file_words(&path);
     assert!(file
@@ -668,30 +713,20 @@ fn dropping_a_region_and_its_pager_with_a_fault_in_flight_does_not_hang() {
     drop(pager);
     watch.forget(&r);
     watch.finish();
-    let dropper = std::thread::spawn(move || {
+    // The drop starts and blocks: it waits for the fault in flight.
+    let dropper = spawn_until_blocked("dropping a region with a fault in flight", 10, move || {
         drop(r);
         Instant::now()
     });
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        !dropper.is_finished(),
-        "the drop waits for the fault in flight"
-    );
     let opened = Instant::now();
     store.set_gate(false);
-    let t1 = Instant::now();
-    while !dropper.is_finished() {
-        assert!(t1.elapsed() < Duration::from_secs(10), "drop hangs");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("the drop to finish once the fault can", 10, || {
+        dropper.is_finished()
+    });
     assert!(dropper.join().unwrap() >= opened);
-    while !syscall.is_finished() {
-        assert!(
-            t1.elapsed() < Duration::from_secs(10),
-            "the faulting system call hangs"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until("the faulting system call to return", 10, || {
+        syscall.is_finished()
+    });
     match syscall.join().unwrap() {
         Ok(n) => assert_eq!(n, 4096),
         Err(e) => assert_eq!(e.raw_os_error(), Some(14)),
@@ -709,17 +744,20 @@ fn child_exit_in_flight() {
     store.set_gate(true);
     let addr = r.as_ptr() as u64;
     let out = std::fs::File::create(dir.path().join("out")).unwrap();
-    std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
+    let _syscall = spawn_until_blocked("a system call faulting on the region", 10, move || {
+        upager_sys::io::pwrite_from(&out, addr, 4096, 0)
+    });
     let r2 = Arc::clone(&r);
-    std::thread::spawn(move || {
+    let _load = spawn_until_blocked("a plain load faulting on the region", 10, move || {
         // A plain load blocked in a fault, too.
         let v = r2.words()[(2 * MIB / 8) as usize].load(Relaxed);
         println!("not reached {v}");
     });
-    while store.reads_blocked.load(SeqCst) == 0 {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(50));
+    // Both threads are blocked in their faults; at least one fault is
+    // held at the store's gate (a handler may hold the other behind it).
+    wait_until("a fault to block in the store", 10, || {
+        store.reads_blocked.load(SeqCst) >= 1
+    });
     println!("BLOCKED {}", store.reads_blocked.load(SeqCst));
     std::process::exit(0);
 }
@@ -797,8 +835,8 @@ fn child_crash() {
             }
         }
         pass += 1;
-        if pass == 1 {
-            println!("UNFLUSHED");
+        if pass <= 2 {
+            println!("UNFLUSHED {pass} writebacks {}", pager.stats().writebacks);
         }
     }
 }
@@ -839,21 +877,17 @@ fn after_sigkill_every_flushed_write_is_in_the_file_and_nothing_else_changed() {
     if let (Some(fs), Some(u0)) = (&fs, used0) {
         assert!(fs.used_bytes() > u0, "the anonymous region swapped");
     }
-    c.wait_line("UNFLUSHED", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(200));
+    // Two whole passes of unflushed writes, with eviction writing some of
+    // them back; the kill lands in the third.
+    c.wait_line("UNFLUSHED 2 ", Duration::from_secs(60));
     let status = c.kill();
     assert_eq!(status.signal(), Some(9), "{status:?}");
     // Nothing of the swap file survives the process.
     assert_eq!(std::fs::read_dir(&swap).unwrap().count(), 0);
     if let (Some(fs), Some(u0)) = (&fs, used0) {
-        let t0 = Instant::now();
-        while fs.used_bytes() != u0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "swap space not freed after the kill"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until("the swap space to be freed after the kill", 5, || {
+            fs.used_bytes() == u0
+        });
     }
     // Every flushed write is there; unflushed ones are there or not (whole
     // words), and every other word is as it was.

@@ -461,11 +461,21 @@ fn child_main() {
     match scenario.as_str() {
         "huge_readahead" => {
             for ra in [1u64 << 40, u64::MAX] {
-                match Pager::builder().budget(16 * MIB).readahead(ra).build() {
+                let built = Pager::builder()
+                    .budget(16 * MIB)
+                    .readahead(ra)
+                    .handler_threads(2)
+                    .build();
+                match built {
                     Ok(p) => {
-                        // Handler threads allocate their buffers now; give
-                        // them time, then use the pager.
-                        std::thread::sleep(Duration::from_millis(300));
+                        // Its threads allocate their fill buffers as they
+                        // start: wait until all four (two handlers, the
+                        // prefetcher, the reclaimer) are past that, asleep
+                        // waiting for work, then use the pager.
+                        wait_until("the pager's threads to wait for work", 10, || {
+                            let t = threads_named("upager-");
+                            t.len() >= 4 && t.iter().all(|&t| thread_sleeping(t))
+                        });
                         assert_usable(&p);
                         println!("readahead {ra}: accepted and usable");
                     }

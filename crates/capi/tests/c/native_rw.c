@@ -91,13 +91,15 @@ int main(void) {
     w[2 * MIB / 8 + 1] = 42; /* one dirty folio at 2 MiB */
     /* The engine marks a folio resident just after the faulting access
      * resumes: wait until no run is busy before looking. */
-    for (int tries = 0; tries < 2000; tries++) {
-        int k = upager_residency(r, 0, 4 * MIB, ext, 64), busy = 0;
+    int busy = 1;
+    for (int tries = 0; busy && tries < 5000; tries++) {
+        if (tries) usleep(1000); /* the poll interval of a bounded wait */
+        int k = upager_residency(r, 0, 4 * MIB, ext, 64);
+        busy = 0;
         for (int i = 0; i < k && i < 64; i++)
             busy |= ext[i].state == UPAGER_BUSY;
-        if (!busy) break;
-        usleep(1000);
     }
+    CHECK(!busy, "a folio still busy after 5 s");
     unsigned char vec[1024];
     TRY(upager_mincore(r, 0, 4 * MIB, vec));
     CHECK(vec[0] == 1 && vec[2 * MIB / 4096] == 1, "mincore %d %d", vec[0],
