@@ -146,6 +146,53 @@ def test_memoryview_and_residency_advice(data64):
     region.close()
 
 
+# The counter names and their order are ABI, shared with Rust (Stats::NAMES,
+# pinned in crates/upager/tests/engine.rs) and C (upager_stat_name(i), pinned
+# in crates/capi/tests/c/stat_names.c). Written out, not read from the
+# package, so a rename, removal or reorder fails here; a new counter goes at
+# the end of all three lists.
+PINNED_STAT_NAMES = [
+    "faults_missing",
+    "faults_wp",
+    "faults_deferred",
+    "faults_stale",
+    "faults_failed",
+    "fills",
+    "fills_readahead",
+    "bytes_read",
+    "bytes_written",
+    "evictions",
+    "evict_batches",
+    "evict_direct",
+    "evict_background",
+    "evict_pageout",
+    "reclaim_scanned",
+    "writebacks",
+    "writeback_errors",
+    "read_errors",
+    "tlb_flush_batches",
+    "wp_unprotects",
+    "direct_reclaim_stalls",
+    "refaults",
+    "refaults_activated",
+    "deactivations",
+    "flushes",
+    "resident_bytes",
+    "resident_peak_bytes",
+    "budget_bytes",
+    "discards",
+    "reclaim_lock_acquisitions",
+    "evicted_markers",
+    "dirty_bytes",
+    "dirty_throttled",
+    "writes_refused",
+]
+
+
+def test_stat_names_are_pinned_in_order():
+    assert list(upager.STAT_NAMES) == PINNED_STAT_NAMES
+
+
 def test_stats_use_the_stable_names():
     pager = upager.Pager(budget=BUDGET)
     s = pager.stats()

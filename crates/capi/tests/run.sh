@@ -28,6 +28,7 @@ build native_rw_static "$SRC/native_rw.c" $(pkg-config --cflags upager) \
 build umap_rw "$SRC/umap_rw.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build umap_atexit "$SRC/umap_atexit.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build errors "$SRC/errors.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lupager $RPATH
+build stat_names "$SRC/stat_names.c" $(pkg-config --cflags --libs upager) $RPATH
 
 # -lumap records the soname of the one library.
 readelf -d "$OUT/umap_rw" | grep -q 'NEEDED.*libupager.so.0' ||
@@ -48,4 +49,5 @@ run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
 # Whole file in the buffer (nothing evicted): only the atexit flush saves it.
 run env UMAP_BUFSIZE=4096 "$OUT/umap_atexit"
 run env UMAP_BUFSIZE=256 "$OUT/errors"
+run "$OUT/stat_names"
 echo "C tests passed"
