@@ -6,6 +6,7 @@
 //!   throughput and the engine's counters.
 //! - `upager bench <scenario>`: the benchmark suite (see docs/benchmarks.md).
 //! - `upager stat`: residency picture of a mapped file after a workload.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod demo;
@@ -36,6 +37,7 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
+    upager::log_to_stderr();
     if let Some(code) = bench::worker_hook() {
         return code;
     }

@@ -7,6 +7,7 @@
 //! ```
 //! Exit status 0: every invariant held; 1: a violation (printed); 2: usage;
 //! 3: no result 5 minutes after the duration (a hang).
+#![forbid(unsafe_code)]
 
 mod workload;
 
