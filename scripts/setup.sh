@@ -24,6 +24,19 @@ if ! command -v cargo >/dev/null; then
   exit 1
 fi
 
+# rustfmt and clippy: the test command checks formatting and lints.
+for tool in fmt clippy; do
+  if ! cargo "$tool" --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null; then
+      rustup component add "$([ "$tool" = fmt ] && echo rustfmt || echo clippy)" ||
+        { echo "setup: cargo $tool is missing and rustup could not add it" >&2; exit 1; }
+    else
+      echo "setup: cargo $tool is missing; install it with your Rust toolchain" >&2
+      exit 1
+    fi
+  fi
+done
+
 # tracefs: the shootdown counts of the tests and benchmarks (tlb:tlb_flush).
 if [ "$(id -u)" -eq 0 ] && [ ! -d /sys/kernel/tracing/instances ]; then
   mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || echo "setup: warning: could not mount tracefs; shootdown counts will be skipped" >&2

@@ -31,7 +31,7 @@ const MIB: u64 = 1 << 20;
 /// through a 16 MiB budget (`stride` folios apart, wrapping, so every folio
 /// is written once) with a spinner on the other CPU; returns (IPI sends,
 /// engine counters).
-fn run(len: u64, stride: usize, batch: Option<usize>) -> (u64, Stats) {
+fn run(len: u64, stride: usize, batch: Option<usize>) -> Option<(u64, Stats)> {
     let dir = ram_dir();
     let path = dir.path().join("sparse");
     std::fs::File::create(&path).unwrap().set_len(len).unwrap();
@@ -57,7 +57,8 @@ fn run(len: u64, stride: usize, batch: Option<usize>) -> (u64, Stats) {
         })
     };
     let _ = upager_sys::io::pin_to_cpu(0);
-    let trace = TlbTrace::start(&my_tids()).expect("counting shootdowns needs root and tracefs");
+    // None: no tracefs, reported by TlbTrace::start (a failure under CI).
+    let trace = TlbTrace::start(&my_tids())?;
     let folios = r.len() / (64 << 10);
     let words_per_folio = (64 << 10) / 8;
     for k in 0..folios {
@@ -75,7 +76,7 @@ fn run(len: u64, stride: usize, batch: Option<usize>) -> (u64, Stats) {
         len >> 20,
         s.evict_batches, s.evictions, s.tlb_flush_batches, s.wp_unprotects, s.writebacks
     );
-    (ipis, s)
+    Some((ipis, s))
 }
 
 #[test]
@@ -88,7 +89,9 @@ fn dirty_batches_cost_two_shootdowns_in_order_and_one_per_span_scattered() {
     // faults stopped reading ahead, this wrote 2,048 folios with 2,042
     // shootdowns: every read-ahead folio was write-protected, so each
     // write paid an unprotect flush; now 52.)
-    let (ipis, s) = run(128 * MIB, 1, None);
+    let Some((ipis, s)) = run(128 * MIB, 1, None) else {
+        return;
+    };
     assert!(s.evict_batches >= 20 && s.writebacks >= 1500, "{s:?}");
     assert!(
         ipis <= 2 * (s.evict_batches + s.flushes) + 8,
@@ -101,7 +104,7 @@ fn dirty_batches_cost_two_shootdowns_in_order_and_one_per_span_scattered() {
     // cleaner writes dirty folios back in 4 MiB batches, sorted, so most of
     // them are one span; measured 1,552 flush calls for 996 batches.) Every
     // shootdown is a call the engine counts.
-    let (ipis, s) = run(512 * MIB, 331, Some(8));
+    let (ipis, s) = run(512 * MIB, 331, Some(8)).expect("tracefs went away");
     assert!(s.evict_batches >= 100, "{s:?}");
     assert!(
         s.tlb_flush_batches <= 9 * (s.evict_batches + s.flushes + s.dirty_throttled) + 64,
