@@ -57,10 +57,7 @@ fn budget_holds_with_threads_over_a_region_8x_the_budget() {
             std::thread::spawn(move || {
                 let mut x = t + 1;
                 for i in 0..60_000u64 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let w = (x % words as u64) as usize;
+                    let w = (upager_testdata::xorshift64(&mut x) % words as u64) as usize;
                     if i % 4 == 0 && w % 4 == t as usize {
                         r.words()[w].store(!word(w as u64 * 8, 1), Relaxed);
                     } else {

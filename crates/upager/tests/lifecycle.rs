@@ -79,10 +79,7 @@ fn race_child() {
         std::thread::spawn(move || {
             let mut x = 0x2545_F491_4F6C_DD1D_u64 ^ t;
             loop {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let w = x % words;
+                let w = upager_testdata::xorshift64(&mut x) % words;
                 // SAFETY: `base` is the region's mapping, `w` < its length in
                 // words, and the word is only accessed atomically. Once the
                 // region is unmapped the access raises SIGSEGV, which is what

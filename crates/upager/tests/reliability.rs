@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use upager::{MapError, MapOptions, Pager, Region, Residency};
+use upager_testdata::mix;
 use workload::{FlakyStore, Sampler};
 
 const MIB: u64 = 1 << 20;
@@ -197,7 +198,7 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
         workers.push(s.spawn(|| {
             let mut x = 7u64;
             while !stop.load(Relaxed) {
-                x = workload::mix(x);
+                x = mix(x);
                 let w = (x % (good.len() as u64 / 8)) as usize;
                 assert_eq!(good.words()[w].load(Relaxed), word(w as u64 * 8, 32));
             }
@@ -208,7 +209,7 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
             workers.push(s.spawn(move || {
                 let mut x = t + 100;
                 while !stop.load(Relaxed) {
-                    x = workload::mix(x);
+                    x = mix(x);
                     let off = (x % (bad.len() as u64 / 4096 - 16)) * 4096;
                     match read_by_syscall(&sink, bad, off, 16 * 4096) {
                         Ok(words) => {
@@ -526,11 +527,11 @@ fn a_full_file_system_reports_enospc_and_a_later_flush_writes_everything() {
     let watch = Watch::new(budget, &[&r]);
     // 8 MiB of data for a 2 MiB file system: the kernel's writes come back
     // short, then with ENOSPC.
-    write_words(&r, 1, |w| workload::mix(w as u64));
+    write_words(&r, 1, |w| mix(w as u64));
     let e = r.flush().unwrap_err().to_string();
     assert!(e.contains("No space left on device"), "{e}");
     for w in (0..r.len() / 8).step_by(333) {
-        assert_eq!(r.words()[w].load(Relaxed), workload::mix(w as u64));
+        assert_eq!(r.words()[w].load(Relaxed), mix(w as u64));
     }
     fs.remount("size=32m");
     // The background reclaimer cleans dirty data too, and its write-backs
@@ -539,10 +540,7 @@ fn a_full_file_system_reports_enospc_and_a_later_flush_writes_everything() {
     let _ = r.flush();
     r.flush().unwrap();
     let file = file_words(&path);
-    assert!(file
-        .iter()
-        .enumerate()
-        .all(|(w, &x)| x == workload::mix(w as u64)));
+    assert!(file.iter().enumerate().all(|(w, &x)| x == mix(w as u64)));
     watch.finish();
     r.unmap().unwrap();
 }

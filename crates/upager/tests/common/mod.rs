@@ -2,7 +2,7 @@
 //! or block on demand, child processes, and a TLB-shootdown counter.
 #![allow(dead_code)]
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,26 +11,15 @@ use std::time::{Duration, Instant};
 
 use upager::{FileStore, Src, Store};
 
-/// The word stored at byte offset `off` of a pattern file.
-pub fn word(off: u64, seed: u64) -> u64 {
-    (off ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
+/// The word stored at byte offset `off` of a pattern file made with `seed`
+/// (`(off ^ seed) * GOLDEN`, see `upager_testdata::word`).
+pub use upager_testdata::mul_word as word;
 
-/// Writes a file of `len` bytes (a multiple of 8) of pattern words.
+/// Writes `dir/name`: `len` bytes (rounded up to whole words) of pattern
+/// words ([`word`] with `seed`).
 pub fn pattern_file(dir: &Path, name: &str, len: u64, seed: u64) -> PathBuf {
     let path = dir.join(name);
-    let mut f = io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    let mut chunk = Vec::with_capacity(1 << 20);
-    let mut off = 0;
-    while off < len {
-        chunk.clear();
-        while chunk.len() < 1 << 20 && off < len {
-            chunk.extend_from_slice(&word(off, seed).to_le_bytes());
-            off += 8;
-        }
-        f.write_all(&chunk).unwrap();
-    }
-    f.flush().unwrap();
+    upager_testdata::write_file(&path, len.div_ceil(8) * 8, |off| word(off, seed)).unwrap();
     path
 }
 
