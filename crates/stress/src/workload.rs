@@ -1,7 +1,8 @@
 //! The stress workload, shared by the `upager-stress` binary (hours) and the
 //! CI test `crates/upager/tests/reliability_stress.rs` (seconds), which
-//! includes this file with `#[path]`. It uses only `std`, `upager` and
-//! `upager_sys`, so both can build it.
+//! includes this file with `#[path]`. It uses only `std`, `upager`,
+//! `upager_sys` and `upager_testdata` (its generator, hash and pattern
+//! checks), so both can build it.
 //!
 //! What runs, all at once, against ONE pager:
 //!
@@ -43,44 +44,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use upager::{FileStore, MapOptions, Pager, Region, Src, Store};
+use upager_testdata::{first_mismatch, mix, write_file, Rng};
 
 /// Bytes per record.
 pub const RECORD: u64 = 64;
 const WORDS: usize = (RECORD / 8) as usize;
-
-/// splitmix64 finaliser: the hash of everything here.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// A small fast generator (xorshift64*), one per thread.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded generator (a zero seed is remapped).
-    pub fn new(seed: u64) -> Rng {
-        Rng(mix(seed) | 1)
-    }
-    /// Next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// True with probability `per_million / 1e6`.
-    pub fn chance(&mut self, per_million: u64) -> bool {
-        self.below(1_000_000) < per_million
-    }
-}
 
 /// The eight words of record `idx` of a region with `salt`, at `version`
 /// (version 0: never written, all zeros).
@@ -583,6 +551,11 @@ impl World {
     }
 }
 
+/// The word at byte `off` of the syscaller's read-only pattern file.
+fn sys_word(off: u64) -> u64 {
+    mix((off / 8) ^ 0xABCD)
+}
+
 fn zero_file(path: &Path, len: u64) -> io::Result<()> {
     let f = File::create(path)?;
     f.set_len(len)?;
@@ -654,14 +627,7 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
     // The read-only region of the syscaller: a pattern file whose store
     // fails reads at random.
     let sys_path = cfg.dir.join("stress-sys.bin");
-    {
-        let n = 8u64 << 20;
-        let mut data = Vec::with_capacity(n as usize);
-        for i in 0..n / 8 {
-            data.extend_from_slice(&mix(i ^ 0xABCD).to_le_bytes());
-        }
-        std::fs::write(&sys_path, &data).map_err(|e| err("write sys file", &e))?;
-    }
+    write_file(&sys_path, 8 << 20, sys_word).map_err(|e| err("write sys file", &e))?;
     let sys_store =
         Arc::new(FlakyStore::open(&sys_path, false, cfg.seed ^ 99).map_err(|e| err("open", &e))?);
     if cfg.inject {
@@ -1173,15 +1139,13 @@ fn syscaller(w: &World, r: &Region, store: &FlakyStore) {
                 if let Err(e) = sink.read_exact_at(&mut buf[..n - n % 8], 0) {
                     return w.fail(format!("sink read: {e}"));
                 }
-                for (k, c) in buf[..n - n % 8].chunks(8).enumerate() {
-                    let i = off / 8 + k as u64;
-                    let got = u64::from_le_bytes(c.try_into().expect("8"));
-                    if got != mix(i ^ 0xABCD) {
-                        return w.fail(format!(
-                            "write(2) from the flaky region: word {i} = {got:#x}, want {:#x}",
-                            mix(i ^ 0xABCD)
-                        ));
-                    }
+                if let Some(m) = first_mismatch(&buf[..n - n % 8], off, sys_word) {
+                    return w.fail(format!(
+                        "write(2) from the flaky region: word {} = {:#x}, want {:#x}",
+                        m.offset / 8,
+                        m.found,
+                        m.expected
+                    ));
                 }
                 w.syscall_ok.fetch_add(1, Relaxed);
             }
