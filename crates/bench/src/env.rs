@@ -16,8 +16,8 @@
 //!   tracefs instance per counter) and /proc/interrupts.
 //! - `thp`: [`ThpKnobs`] to enable exactly one mTHP size for a run.
 //! - `pattern`: [`create_pattern_file`] for data files whose every 8-byte
-//!   word can be checked ([`pattern_word`]); [`drop_caches`] (here) between
-//!   runs.
+//!   word can be checked (`upager_testdata::xor_word`: `offset ^ seed`);
+//!   [`drop_caches`] (here) between runs.
 //!
 //! Everything that changes the machine registers an undo action first (see
 //! `undo`): the owning guard's `Drop` runs it, and
@@ -37,7 +37,7 @@ pub use crate::cgroup::{
 pub use crate::host::{
     find_tool, is_root, ncpu, require_root, require_tools, SetupError, NAME_PREFIX,
 };
-pub use crate::pattern::{create_pattern_file, evict_file, pattern_word, verify_pattern_file};
+pub use crate::pattern::{create_pattern_file, evict_file, verify_pattern_file};
 pub use crate::swap::{SwapDevice, SwapKind};
 pub use crate::thp::{mthp_fault_stats, mthp_sizes_kb, parse_sysfs_choice, ThpKnobs};
 pub use crate::undo::{cleanup_all, install_signal_cleanup};

@@ -4,7 +4,7 @@
 //!
 //! Each workload times only its measured part ([`Meter`]) and reports the CPU
 //! time (`getrusage`, all threads) and page faults of that part. Data files
-//! have a known pattern ([`pattern_word`]) and every word read is checked, so
+//! have a known pattern ([`xor_word`]) and every word read is checked, so
 //! an engine that returns wrong data fails loudly instead of looking fast.
 
 use std::collections::BTreeMap;
@@ -15,10 +15,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use memmap2::{Advice, MmapMut};
+use upager_testdata::{word_at, xor_word, xorshift64, GOLDEN};
 
 use crate::host::ncpu;
 use crate::meter::{wio, Meter, WorkerResult, WorkloadError};
-use crate::pattern::{pattern_word, word_at, xorshift};
 use crate::raw;
 use crate::thp::mthp_fault_stats;
 
@@ -80,7 +80,7 @@ pub(crate) fn mmap_read(
                     let mut bad = 0u64;
                     for p in a..b {
                         let off = p * PAGE;
-                        if word_at(map, off) != pattern_word(off as u64, seed) {
+                        if word_at(map, off) != xor_word(off as u64, seed) {
                             bad += 1;
                         }
                     }
@@ -119,14 +119,14 @@ pub(crate) fn random_read(
             .map(|t| {
                 let (map, barrier) = (&map, &barrier);
                 s.spawn(move || {
-                    let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) << 32) ^ seed;
+                    let mut rng = GOLDEN ^ ((t as u64 + 1) << 32) ^ seed;
                     barrier.wait();
                     let mut bad = 0u64;
                     for _ in 0..reads {
-                        let r = xorshift(&mut rng);
+                        let r = xorshift64(&mut rng);
                         let off =
                             ((r % pages) as usize) * PAGE + ((r >> 40) as usize % (PAGE / 8)) * 8;
-                        if word_at(map, off) != pattern_word(off as u64, seed) {
+                        if word_at(map, off) != xor_word(off as u64, seed) {
                             bad += 1;
                         }
                     }
@@ -325,7 +325,7 @@ pub(crate) fn mixed(
         let mut bad = 0;
         let lo = (t * per).min(words);
         for (i, x) in w[lo..((t + 1) * per).min(words)].iter().enumerate() {
-            if x.load(Relaxed) != pattern_word((lo + i) as u64 * 8, seed) {
+            if x.load(Relaxed) != xor_word((lo + i) as u64 * 8, seed) {
                 bad += 1;
             }
         }
@@ -335,8 +335,8 @@ pub(crate) fn mixed(
         let mut rng = 0x1234_5678u64 + t as u64;
         let mut bad = 0;
         for _ in 0..reads {
-            let k = (xorshift(&mut rng) % words as u64) as usize;
-            if w[k].load(Relaxed) != pattern_word(k as u64 * 8, seed) {
+            let k = (xorshift64(&mut rng) % words as u64) as usize;
+            if w[k].load(Relaxed) != xor_word(k as u64 * 8, seed) {
                 bad += 1;
             }
         }
@@ -345,8 +345,8 @@ pub(crate) fn mixed(
     let (writes_s, _) = phase(&|t| {
         let mut rng = 0x9abc_def0u64 + t as u64;
         for _ in 0..writes {
-            let k = (xorshift(&mut rng) % words as u64) as usize;
-            w[k].store(!pattern_word(k as u64 * 8, seed), Relaxed);
+            let k = (xorshift64(&mut rng) % words as u64) as usize;
+            w[k].store(!xor_word(k as u64 * 8, seed), Relaxed);
         }
         0
     });

@@ -19,7 +19,10 @@
 //!
 //! The kernel's side uses no upager code; upager's side uses only its public
 //! API (and `upager-sys`'s pagemap readers for the kernel's residency
-//! answer). The crate's few `unsafe` calls (mapping a file, MADV_DONTNEED,
+//! answer). Both check every word they read against the data files'
+//! pattern and draw random offsets from one generator, both from
+//! `upager-testdata` (shared with the engine's tests, the stress run and the
+//! demo). The crate's few `unsafe` calls (mapping a file, MADV_DONTNEED,
 //! getrusage, CPU pinning) are in one private module with their safety
 //! arguments.
 //!
@@ -35,7 +38,7 @@
 //! | `raw` | the only `unsafe`: mmap, madvise, getrusage, affinity, fadvise | — |
 //! | `host` | [`SetupError`], root check, tools, knob files, names | — |
 //! | `undo` | undo actions, Ctrl-C cleanup | host |
-//! | `pattern` | pattern files, xorshift, reading words | host, raw |
+//! | `pattern` | data files: made, synced, dropped from the page cache, checked | host, raw |
 //! | `meter` | [`WorkerResult`], `Meter`, `median` | raw |
 //! | `cgroup` | memory cgroups, v2 and v1 | host, undo |
 //! | `blockdev` | zram, loop devices, ext4; mounts and swaps | host, pattern, undo |
@@ -43,8 +46,8 @@
 //! | `thp` | mTHP knobs and counters | host, undo |
 //! | `tracing` | TLB shootdowns: tracepoint, /proc/interrupts | host, undo |
 //! | `env` | [`BenchEnv`], stale clean-up; re-exports the environment | blockdev, cgroup, host, pattern, swap, thp, tracing, undo |
-//! | `kernel_workloads` | the kernel's workloads | host, meter, pattern, raw, thp |
-//! | `upager_workloads` | upager's workloads, in the worker | host, meter, pattern, raw |
+//! | `kernel_workloads` | the kernel's workloads | host, meter, raw, thp |
+//! | `upager_workloads` | upager's workloads, in the worker | host, meter, raw |
 //! | `workloads` | [`Workload`], `run_workload` | kernel_workloads, meter, pattern, upager_workloads |
 //! | `worker` | the worker process: protocol, [`run_worker`] | cgroup, host, tracing, undo, workloads |
 //! | `measurement` | [`Measurement`], [`Metric`] | worker |

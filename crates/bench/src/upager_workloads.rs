@@ -18,10 +18,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use upager::{Lookup, MapOptions, Pager, Region, Residency};
+use upager_testdata::{xor_word, xorshift64, GOLDEN};
 
 use crate::host::{ncpu, NAME_PREFIX};
 use crate::meter::{median, wio, Meter, WorkerResult, WorkloadError};
-use crate::pattern::{pattern_word, xorshift};
 use crate::raw;
 
 const PAGE: usize = 4096;
@@ -270,7 +270,7 @@ fn mmap_read(
         let mut bad = 0u64;
         for pg in lo..hi {
             let off = pg * PAGE;
-            if words[off / 8].load(Relaxed) != pattern_word(off as u64, seed) {
+            if words[off / 8].load(Relaxed) != xor_word(off as u64, seed) {
                 bad += 1;
             }
         }
@@ -300,13 +300,13 @@ fn random_read(
     let words = region.words();
     let (meter, res) = timed(threads, |t, b| {
         // The same sequence as the kernel workload.
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) << 32) ^ seed;
+        let mut rng = GOLDEN ^ ((t as u64 + 1) << 32) ^ seed;
         b.wait();
         let mut bad = 0u64;
         for _ in 0..reads {
-            let r = xorshift(&mut rng);
+            let r = xorshift64(&mut rng);
             let off = ((r % pages) as usize) * PAGE + ((r >> 40) as usize % (PAGE / 8)) * 8;
-            if words[off / 8].load(Relaxed) != pattern_word(off as u64, seed) {
+            if words[off / 8].load(Relaxed) != xor_word(off as u64, seed) {
                 bad += 1;
             }
         }
