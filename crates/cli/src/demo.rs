@@ -9,8 +9,6 @@
 //!    words hold the new value, all others the pattern;
 //! 6. print throughput and the engine's counters; remove the dataset.
 
-use std::fs::File;
-use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -19,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use upager::{format_size, MapOptions, Pager, Region, Stats};
+use upager_testdata::{odd_word, Rng};
 
 use crate::size_arg;
 
@@ -54,9 +53,12 @@ pub struct DemoArgs {
     pub compare: bool,
 }
 
+/// The seed of the dataset's pattern.
+const SEED: u64 = 0x5bd1_e995;
+
 /// The pattern word at byte offset `off`.
 fn word(off: u64) -> u64 {
-    (off ^ 0x5bd1_e995_u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+    odd_word(off, SEED)
 }
 
 /// The value the write phase stores at `off`.
@@ -64,15 +66,14 @@ fn written(off: u64) -> u64 {
     !word(off)
 }
 
-/// xorshift64*: the random sequence of one thread (replayable).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
+/// The random sequence of reader thread `t` (replayable).
+fn read_rng(t: u64) -> Rng {
+    Rng::from_state(0x1234_5678 + t)
+}
+
+/// The random sequence of writer thread `t`, replayed by the verification.
+fn write_rng(t: u64) -> Rng {
+    Rng::from_state(0x9abc_def0 + t)
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
@@ -220,10 +221,10 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let done = Arc::new(AtomicU64::new(0));
     let total_reads = a.reads * a.threads as u64;
     let el = parallel(a.threads, total_reads * 8, "random reads", &done, |t| {
-        let mut rng = Rng(0x1234_5678 + t as u64);
+        let mut rng = read_rng(t as u64);
         let w = region.words();
         for i in 0..a.reads {
-            let k = rng.next() % words;
+            let k = rng.next_u64() % words;
             assert_eq!(
                 w[k as usize].load(Relaxed),
                 word(k * 8),
@@ -248,10 +249,10 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let total_writes = a.writes * a.threads as u64;
     let nt = a.threads as u64;
     let el = parallel(a.threads, total_writes * 8, "random writes", &done, |t| {
-        let mut rng = Rng(0x9abc_def0 + t as u64);
+        let mut rng = write_rng(t as u64);
         let w = region.words();
         for i in 0..a.writes {
-            let k = write_index(rng.next(), words, nt, t as u64);
+            let k = write_index(rng.next_u64(), words, nt, t as u64);
             w[k as usize].store(written(k * 8), Relaxed);
             if i % 1024 == 0 {
                 done.fetch_add(1024 * 8, Relaxed);
@@ -358,21 +359,10 @@ fn unmap(region: Region) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn make_dataset(path: &Path, size: u64) -> Result<(), Box<dyn std::error::Error>> {
-    let f = File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-    let mut out = BufWriter::with_capacity(4 << 20, f);
     let pb = bar(size, "make dataset");
-    let mut chunk = vec![0u8; 4 << 20];
-    let mut off = 0u64;
-    while off < size {
-        let n = (chunk.len() as u64).min(size - off) as usize;
-        for (i, c) in chunk[..n].chunks_exact_mut(8).enumerate() {
-            c.copy_from_slice(&word(off + i as u64 * 8).to_le_bytes());
-        }
-        out.write_all(&chunk[..n])?;
-        off += n as u64;
-        pb.set_position(off);
-    }
-    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    let f = upager_testdata::write_file_with_progress(path, size, word, |off| pb.set_position(off))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    f.sync_all()?;
     pb.finish_and_clear();
     Ok(())
 }
@@ -395,42 +385,40 @@ impl Bits {
 fn replay_writes(a: &DemoArgs, words: u64) -> Bits {
     let mut bits = Bits(vec![0; words.div_ceil(64) as usize]);
     for t in 0..a.threads as u64 {
-        let mut rng = Rng(0x9abc_def0 + t);
+        let mut rng = write_rng(t);
         for _ in 0..a.writes {
-            bits.set(write_index(rng.next(), words, a.threads as u64, t));
+            bits.set(write_index(rng.next_u64(), words, a.threads as u64, t));
         }
     }
     bits
 }
 
+/// Reads the dataset back and checks every byte: rewritten words hold
+/// [`written`], all others the pattern.
 fn verify(path: &Path, size: u64, written_words: &Bits) -> Result<(), Box<dyn std::error::Error>> {
-    let mut f = File::open(path)?;
-    let pb = bar(size, "verify");
-    let mut buf = vec![0u8; 4 << 20];
-    let mut off = 0u64;
-    while off < size {
-        let n = (buf.len() as u64).min(size - off) as usize;
-        f.read_exact(&mut buf[..n])?;
-        for (i, c) in buf[..n].chunks_exact(8).enumerate() {
-            let at = off + i as u64 * 8;
-            let got = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            let want = if written_words.get(at / 8) {
-                written(at)
-            } else {
-                word(at)
-            };
-            if got != want {
-                return Err(format!(
-                    "verification failed at byte {at}: file has {got:#x}, expected {want:#x}"
-                )
-                .into());
-            }
-        }
-        off += n as u64;
-        pb.set_position(off);
+    let len = std::fs::metadata(path)?.len();
+    if len != size {
+        return Err(format!("verification failed: the dataset is {len} bytes, not {size}").into());
     }
+    let pb = bar(size, "verify");
+    let expected = |at: u64| {
+        if written_words.get(at / 8) {
+            written(at)
+        } else {
+            word(at)
+        }
+    };
+    let bad =
+        upager_testdata::verify_file_with_progress(path, expected, |off| pb.set_position(off))?;
     pb.finish_and_clear();
-    Ok(())
+    match bad {
+        None => Ok(()),
+        Some(m) => Err(format!(
+            "verification failed at byte {}: file has {:#x}, expected {:#x}",
+            m.offset, m.found, m.expected
+        )
+        .into()),
+    }
 }
 
 fn print_stats(s: &Stats) {
@@ -457,4 +445,45 @@ fn print_stats(s: &Stats) {
         format_size(s.resident_peak_bytes),
         format_size(s.budget_bytes)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_checks_every_word_of_the_dataset() {
+        let dir =
+            TempDir(std::env::temp_dir().join(format!("upager-demo-test-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let path = dir.0.join("dataset.bin");
+        let size = (4 << 20) + 4096;
+        let words = size / 8;
+        make_dataset(&path, size).unwrap();
+        let none = Bits(vec![0; words.div_ceil(64) as usize]);
+        verify(&path, size, &none).unwrap();
+
+        // A rewritten word is right only where the replay says it was written.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[40..48].copy_from_slice(&written(40).to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = verify(&path, size, &none).unwrap_err().to_string();
+        assert!(e.starts_with("verification failed at byte 40:"), "{e}");
+        let mut fifth = Bits(vec![0; words.div_ceil(64) as usize]);
+        fifth.set(5);
+        verify(&path, size, &fifth).unwrap();
+
+        // One flipped bit in the last byte of the last chunk is found.
+        bytes[size as usize - 1] ^= 0x80;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = verify(&path, size, &fifth).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("verification failed at byte {}:", size - 8)),
+            "{e}"
+        );
+
+        // A short dataset fails too.
+        std::fs::write(&path, &bytes[..size as usize - 8]).unwrap();
+        assert!(verify(&path, size, &fifth).is_err());
+    }
 }
