@@ -26,13 +26,11 @@ fn main() {
         for k in 0..threads {
             let r = &r;
             s.spawn(move || {
-                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ k as u64;
+                let mut x = upager_testdata::GOLDEN ^ k as u64;
                 let mut acc = 0u64;
                 for _ in 0..reads {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    acc = acc.wrapping_add(r.words()[(x % words) as usize].load(Relaxed));
+                    let i = upager_testdata::xorshift64(&mut x) % words;
+                    acc = acc.wrapping_add(r.words()[i as usize].load(Relaxed));
                 }
                 std::hint::black_box(acc);
             });
