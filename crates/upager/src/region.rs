@@ -149,9 +149,13 @@ impl Region {
         Ok(())
     }
 
-    /// Makes a writable region read-only (`stop`) or writable again.
+    /// Makes a writable file region read-only (`stop`) or writable again.
+    /// Anonymous regions skip it: nothing of theirs is flushed, so a write
+    /// racing with their unmap has nothing to land in either way, and the
+    /// `mprotect` would walk every resident page (measured: +15% on the
+    /// unmap of 1 GiB of 4 KiB folios).
     fn stop_writes(&self, stop: bool) {
-        if self.inner.writable {
+        if self.inner.writable && !self.inner.is_anon() {
             if let Err(e) = self.inner.map.set_writable(!stop) {
                 log::error!("mprotect of region {} failed: {e}", self.inner.id);
             }
