@@ -11,9 +11,7 @@
 
 mod common;
 
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 use common::*;
 use upager::{MapOptions, Pager};
@@ -29,18 +27,7 @@ fn run(path: &std::path::Path, batch: Option<usize>) -> Option<(u64, u64, u64)> 
     }
     let pager = b.build().unwrap();
     let r = pager.map_file(path, &MapOptions::new()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let spins = Arc::new(AtomicU64::new(0));
-    let spinner = {
-        let (stop, spins) = (Arc::clone(&stop), Arc::clone(&spins));
-        std::thread::spawn(move || {
-            let _ = upager_sys::io::pin_to_cpu(1);
-            while !stop.load(Relaxed) {
-                spins.fetch_add(1, Relaxed);
-            }
-        })
-    };
-    let _ = upager_sys::io::pin_to_cpu(0);
+    let spinner = Spinner::start();
     let trace = TlbTrace::start(&my_tids());
     assert!(
         trace.is_some() || !upager_sys::io::is_root(),
@@ -53,8 +40,7 @@ fn run(path: &std::path::Path, batch: Option<usize>) -> Option<(u64, u64, u64)> 
         }
     }
     let ipis = trace.map(|t| t.stop());
-    stop.store(true, SeqCst);
-    spinner.join().unwrap();
+    drop(spinner);
     let s = pager.stats();
     eprintln!("batch {batch:?}: {ipis:?} IPI sends, {} evictions ({} pages), {} batches, {} flush calls (sum {sum})", s.evictions, s.evictions * 16, s.evict_batches, s.tlb_flush_batches);
     Some((ipis?, s.evictions * 16, s.evict_batches))

@@ -18,9 +18,7 @@
 
 mod common;
 
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 use common::*;
 use upager::{MapOptions, Pager, Stats};
@@ -45,18 +43,7 @@ fn run(len: u64, stride: usize, batch: Option<usize>) -> Option<(u64, Stats)> {
     let r = pager
         .map_file(&path, &MapOptions::new().writable(true))
         .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let spins = Arc::new(AtomicU64::new(0));
-    let spinner = {
-        let (stop, spins) = (Arc::clone(&stop), Arc::clone(&spins));
-        std::thread::spawn(move || {
-            let _ = upager_sys::io::pin_to_cpu(1);
-            while !stop.load(Relaxed) {
-                spins.fetch_add(1, Relaxed);
-            }
-        })
-    };
-    let _ = upager_sys::io::pin_to_cpu(0);
+    let spinner = Spinner::start();
     // None: no tracefs, reported by TlbTrace::start (a failure under CI).
     let trace = TlbTrace::start(&my_tids())?;
     let folios = r.len() / (64 << 10);
@@ -67,8 +54,7 @@ fn run(len: u64, stride: usize, batch: Option<usize>) -> Option<(u64, Stats)> {
     }
     r.flush().unwrap();
     let ipis = trace.stop();
-    stop.store(true, SeqCst);
-    spinner.join().unwrap();
+    drop(spinner);
     let s = pager.stats();
     eprintln!(
         "{} MiB, stride {stride}: {ipis} IPI sends, {} evict batches, {} evictions, {} flush calls, \

@@ -315,6 +315,43 @@ impl Drop for TlbTrace {
     }
 }
 
+/// A thread pinned to CPU 1 that spins until dropped, while the caller is
+/// pinned to CPU 0: the address space stays live on the other CPU, so every
+/// TLB flush of ours must interrupt it (a remote shootdown to count).
+pub struct Spinner {
+    stop: std::sync::Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    pub fn start() -> Spinner {
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let _ = upager_sys::io::pin_to_cpu(1);
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let _ = upager_sys::io::pin_to_cpu(0);
+        Spinner {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Thread ids of this process.
 pub fn my_tids() -> Vec<u32> {
     std::fs::read_dir("/proc/self/task")
