@@ -53,6 +53,8 @@ pub(crate) struct Ctx {
     buf: AlignedBuf,
     raw: Vec<u8>,
     msgs: Vec<Msg>,
+    /// LRU entries of the fill in progress (reused: no allocation per fault).
+    queue: Vec<(usize, bool)>,
 }
 
 impl Ctx {
@@ -61,6 +63,7 @@ impl Ctx {
             buf: AlignedBuf::zeroed(buf_bytes),
             raw: vec![0; MSGS_PER_READ * MSG_SIZE],
             msgs: Vec::new(),
+            queue: Vec::new(),
         }
     }
 }
@@ -307,25 +310,7 @@ impl Shared {
             self.fill_failed(r, idx, &extras);
             return;
         }
-        // Account before installing: the COPY wakes the faulting thread, and
-        // whatever it reads next (counters included) must see this fill.
         let now = self.evict_seq.load(Ordering::Relaxed);
-        let activate: Vec<bool> = (0..n)
-            .map(|k| {
-                let o = if k == 0 { old } else { extras[k - 1] };
-                let hot = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
-                if o.kind() == Kind::Evicted {
-                    self.counters.refaults.inc();
-                    self.counters.refaults_activated.add(u64::from(hot));
-                }
-                hot
-            })
-            .collect();
-        self.counters.fills.add(n as u64);
-        self.counters
-            .fills_readahead
-            .add(extras.len() as u64 + u64::from(prefetch));
-
         let addr = r.folio_addr(idx);
         let ok = if write {
             self.copy_all(r, r.span(idx, 1), &buf[..folio as usize], false)
@@ -341,15 +326,26 @@ impl Shared {
             return;
         }
 
-        // Publish: state words (Release), wake the faulting thread and any
-        // waiters (the COPY did not: whoever runs next sees the folios
-        // resident), then the LRU (one lock).
+        // Publish: counters and state words (Release), then wake the
+        // faulting thread and any waiters (the COPY did not: whoever runs
+        // next sees the folios resident and counted), then the LRU (one
+        // lock). No allocation: the LRU batch reuses the context's buffer.
         if write {
             self.dirty_add(r, 1);
         }
-        let mut queue = Vec::with_capacity(n);
+        self.counters.fills.add(n as u64);
+        self.counters
+            .fills_readahead
+            .add(extras.len() as u64 + u64::from(prefetch));
+        ctx.queue.clear();
         let mut waiters = false;
-        for (k, &hot) in activate.iter().enumerate() {
+        for k in 0..n {
+            let o = if k == 0 { old } else { extras[k - 1] };
+            let hot = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
+            if o.kind() == Kind::Evicted {
+                self.counters.refaults.inc();
+                self.counters.refaults_activated.add(u64::from(hot));
+            }
             let kind = if k == 0 && write {
                 Kind::Dirty
             } else {
@@ -360,13 +356,13 @@ impl Shared {
             });
             waiters |= prev.has(folio::WAITER);
             if !prev.has(QUEUED) {
-                queue.push((idx + k, hot));
+                ctx.queue.push((idx + k, hot));
             }
         }
         if !prefetch || waiters {
             let _ = self.uffd.wake(addr, total as u64);
         }
-        self.lru.add(r, &queue);
+        self.lru.add(r, &ctx.queue);
         self.maybe_kick_reclaimer();
     }
 
