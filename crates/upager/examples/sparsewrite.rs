@@ -15,8 +15,12 @@ use upager::{MapOptions, Pager};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    let size = a.get(2).map_or(512 << 20, |s| upager::parse_size(s).unwrap());
-    let folio = a.get(3).map_or(64 << 10, |s| upager::parse_size(s).unwrap());
+    let size = a
+        .get(2)
+        .map_or(512 << 20, |s| upager::parse_size(s).unwrap());
+    let folio = a
+        .get(3)
+        .map_or(64 << 10, |s| upager::parse_size(s).unwrap());
     let path = std::path::Path::new(&a[1]).join("upager-sparsewrite");
     std::fs::File::create(&path).unwrap().set_len(size).unwrap();
     let pager = Pager::new(size / 8).unwrap();
