@@ -1,5 +1,7 @@
 //! Random 8-byte reads over a file region 8× the budget: fault-path cost.
 //! Usage: randread FILE [folio=4K] [threads=2] [reads_per_thread=100000] [handlers=2]
+//! With `UPAGER_FAULT_TIMING=1`, also where the engine spends each fill
+//! (`PagerBuilder::fault_timing`).
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 use upager::{MapOptions, Pager};
@@ -15,6 +17,7 @@ fn main() {
         .budget(len / 8)
         .readahead(0)
         .handler_threads(handlers)
+        .fault_timing(std::env::var_os("UPAGER_FAULT_TIMING").is_some())
         .build()
         .unwrap();
     let r = pager
@@ -46,4 +49,7 @@ fn main() {
         s.direct_reclaim_stalls,
         el * 1e6 * threads as f64 / s.faults_missing as f64
     );
+    if let Some(p) = pager.fault_phases() {
+        println!("  {p}");
+    }
 }

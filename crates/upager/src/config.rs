@@ -44,6 +44,7 @@ pub struct PagerBuilder {
     pub(crate) direct_io: bool,
     pub(crate) handler_spin: std::time::Duration,
     pub(crate) dirty_limit: Option<u64>,
+    pub(crate) fault_timing: bool,
 }
 
 impl Default for PagerBuilder {
@@ -60,6 +61,7 @@ impl Default for PagerBuilder {
             direct_io: true,
             handler_spin: std::time::Duration::ZERO,
             dirty_limit: None,
+            fault_timing: false,
         }
     }
 }
@@ -138,6 +140,14 @@ impl PagerBuilder {
     /// clean and stored data go on working. Default: half the budget.
     pub fn dirty_limit(mut self, bytes: u64) -> Self {
         self.dirty_limit = Some(bytes);
+        self
+    }
+    /// Time the phases of every fill of a missing fault (region lookup,
+    /// budget, store read, `UFFDIO_COPY`, wake, LRU) and sum them, read with
+    /// [`Pager::fault_phases`](crate::Pager::fault_phases). Costs a few clock
+    /// reads per fault; default off.
+    pub fn fault_timing(mut self, on: bool) -> Self {
+        self.fault_timing = on;
         self
     }
     /// Creates the pager.

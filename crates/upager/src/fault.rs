@@ -55,6 +55,8 @@ pub(crate) struct Ctx {
     msgs: Vec<Msg>,
     /// LRU entries of the fill in progress (reused: no allocation per fault).
     queue: Vec<(usize, bool)>,
+    /// Start of the phase being timed (`fault_timing`).
+    mark: Option<std::time::Instant>,
 }
 
 impl Ctx {
@@ -64,6 +66,7 @@ impl Ctx {
             raw: vec![0; MSGS_PER_READ * MSG_SIZE],
             msgs: Vec::new(),
             queue: Vec::new(),
+            mark: None,
         }
     }
 }
@@ -155,6 +158,9 @@ impl Shared {
 
     /// Resolves one fault at `addr`.
     pub(crate) fn handle_fault(&self, ctx: &mut Ctx, addr: u64, write: bool, wp: bool) {
+        if self.cfg.fault_timing {
+            ctx.mark = Some(std::time::Instant::now());
+        }
         let Some(r) = self.table.lookup(addr) else {
             // Unmapped meanwhile: unregistering woke the thread already.
             self.counters.faults_stale.inc();
@@ -279,6 +285,7 @@ impl Shared {
         prefetch: bool,
     ) {
         let folio = r.folio;
+        self.lap(&mut ctx.mark, &self.phases.lookup);
         let beyond_end =
             !r.is_anon() && r.store_offset(idx, old).is_some_and(|o| o >= r.store.len());
         if beyond_end || !self.reserve(folio) {
@@ -286,6 +293,7 @@ impl Shared {
             self.poison(r, idx);
             return;
         }
+        self.lap(&mut ctx.mark, &self.phases.reserve);
         // Readahead on read faults only: folios read ahead are installed
         // write-protected (CLEAN), so a writer streaming through them would
         // pay one write-protect fault and one unprotect flush per folio
@@ -310,6 +318,7 @@ impl Shared {
             self.fill_failed(r, idx, &extras);
             return;
         }
+        self.lap(&mut ctx.mark, &self.phases.read);
         let now = self.evict_seq.load(Ordering::Relaxed);
         let addr = r.folio_addr(idx);
         let ok = if write {
@@ -326,6 +335,7 @@ impl Shared {
             return;
         }
 
+        self.lap(&mut ctx.mark, &self.phases.copy);
         // Publish: counters and state words (Release), then wake the
         // faulting thread and any waiters (the COPY did not: whoever runs
         // next sees the folios resident and counted), then the LRU (one
@@ -362,8 +372,26 @@ impl Shared {
         if !prefetch || waiters {
             let _ = self.uffd.wake(addr, total as u64);
         }
+        self.lap(&mut ctx.mark, &self.phases.wake);
         self.lru.add(r, &ctx.queue);
         self.maybe_kick_reclaimer();
+        if self.lap(&mut ctx.mark, &self.phases.lru) {
+            self.phases.fills.inc();
+        }
+        ctx.mark = None;
+    }
+
+    /// Adds the time since the last mark to `phase` and marks now, when a
+    /// fault is being timed (`fault_timing`; prefetch fills are not).
+    /// Returns whether it timed.
+    fn lap(&self, mark: &mut Option<std::time::Instant>, phase: &crate::stats::Padded) -> bool {
+        let Some(then) = *mark else {
+            return false;
+        };
+        let now = std::time::Instant::now();
+        phase.add(now.duration_since(then).as_nanos() as u64);
+        *mark = Some(now);
+        true
     }
 
     /// A claimed fill could not complete: readahead folios go back to their

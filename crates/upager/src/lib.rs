@@ -77,7 +77,7 @@ pub use error::{
 };
 pub use pager::Pager;
 pub use region::Region;
-pub use stats::Stats;
+pub use stats::{FaultPhases, Stats};
 pub use store::{FileStore, Src, Store, SwapFile};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that

@@ -342,6 +342,13 @@ impl Pager {
         s
     }
 
+    /// Where fills spend their time, if the pager was built with
+    /// [`PagerBuilder::fault_timing`] (None otherwise).
+    pub fn fault_phases(&self) -> Option<crate::FaultPhases> {
+        let sh = self.shared();
+        sh.cfg.fault_timing.then(|| sh.phases.snapshot())
+    }
+
     /// The budget in bytes.
     pub fn budget(&self) -> u64 {
         self.shared().budget.limit()

@@ -30,7 +30,7 @@ use crate::config::{PagerBuilder, DEFAULT_BATCH_BYTES, MAX_FOLIO, MIN_FOLIO};
 use crate::error::PagerError;
 use crate::folio::{State, WAITER};
 use crate::lru::Lru;
-use crate::stats::Counters;
+use crate::stats::{Counters, PhaseClock};
 use crate::store::Shares;
 use crate::table::RegionTable;
 
@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub pidfd: SelfPidfd,
     pub cfg: PagerBuilder,
     pub counters: Counters,
+    /// Phase times of fills, when `fault_timing` is on.
+    pub phases: PhaseClock,
     pub table: RegionTable,
     pub budget: Budget,
     pub lru: Lru,
@@ -84,6 +86,7 @@ impl Shared {
             uffd,
             pidfd: SelfPidfd::open().map_err(PagerError::Pidfd)?,
             counters: Counters::default(),
+            phases: PhaseClock::default(),
             table: RegionTable::new(cfg.lookup),
             budget: Budget::new(cfg.budget, cfg.dirty_limit),
             lru: Lru::default(),

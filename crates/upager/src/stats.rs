@@ -121,6 +121,85 @@ counters! {
     writes_refused,
 }
 
+/// Where the fills of missing faults spend their time in the engine,
+/// summed over the fills timed ([`PagerBuilder::fault_timing`]): what
+/// upager adds to a fault besides the kernel's own round trip (the wake of a
+/// handler thread, the faulting thread's retry), which no handler can see.
+///
+/// [`PagerBuilder::fault_timing`]: crate::PagerBuilder::fault_timing
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FaultPhases {
+    /// Fills timed.
+    pub fills: u64,
+    /// From the handler taking the message to the folio claimed: region
+    /// lookup, state word, dirty-limit check.
+    pub lookup_ns: u64,
+    /// Charging the budget (direct reclaim included when it was full).
+    pub reserve_ns: u64,
+    /// Readahead decision and the store read.
+    pub read_ns: u64,
+    /// `UFFDIO_COPY`.
+    pub copy_ns: u64,
+    /// Publishing counters and state words, `UFFDIO_WAKE`.
+    pub wake_ns: u64,
+    /// LRU insertion and the reclaimer's kick.
+    pub lru_ns: u64,
+}
+
+impl FaultPhases {
+    /// `(phase, µs per fill)` in fault order.
+    pub fn per_fill_us(&self) -> [(&'static str, f64); 6] {
+        let n = self.fills.max(1) as f64 * 1000.0;
+        [
+            ("lookup", self.lookup_ns as f64 / n),
+            ("reserve", self.reserve_ns as f64 / n),
+            ("read", self.read_ns as f64 / n),
+            ("copy", self.copy_ns as f64 / n),
+            ("wake", self.wake_ns as f64 / n),
+            ("lru", self.lru_ns as f64 / n),
+        ]
+    }
+}
+
+impl std::fmt::Display for FaultPhases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let phases = self.per_fill_us();
+        let total: f64 = phases.iter().map(|p| p.1).sum();
+        write!(f, "{} fills, {total:.2} us each in the engine:", self.fills)?;
+        for (name, us) in phases {
+            write!(f, " {name} {us:.2}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The running sums behind [`FaultPhases`].
+#[derive(Default, Debug)]
+pub(crate) struct PhaseClock {
+    pub fills: Padded,
+    pub lookup: Padded,
+    pub reserve: Padded,
+    pub read: Padded,
+    pub copy: Padded,
+    pub wake: Padded,
+    pub lru: Padded,
+}
+
+impl PhaseClock {
+    pub fn snapshot(&self) -> FaultPhases {
+        FaultPhases {
+            fills: self.fills.get(),
+            lookup_ns: self.lookup.get(),
+            reserve_ns: self.reserve.get(),
+            read_ns: self.read.get(),
+            copy_ns: self.copy.get(),
+            wake_ns: self.wake.get(),
+            lru_ns: self.lru.get(),
+        }
+    }
+}
+
 /// A relaxed counter on its own cache line.
 #[derive(Default, Debug)]
 #[repr(align(64))]

@@ -636,3 +636,29 @@ fn counters_have_stable_names_in_a_stable_order() {
     assert_eq!(s.get("budget_bytes"), Some(8 * MIB));
     assert_eq!(s.get("no_such_counter"), None);
 }
+
+#[test]
+fn fault_timing_sums_the_phases_of_every_fill() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 21);
+    let pager = Pager::builder()
+        .budget(16 * MIB)
+        .readahead(0)
+        .fault_timing(true)
+        .build()
+        .unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(4096))
+        .unwrap();
+    for w in (0..r.len() / 8).step_by(512) {
+        assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 21));
+    }
+    let p = pager.fault_phases().unwrap();
+    assert_eq!(p.fills, pager.stats().faults_missing);
+    assert_eq!(p.fills, 1024);
+    for (name, us) in p.per_fill_us() {
+        assert!(us > 0.0, "{name}: {p}");
+    }
+    assert!(p.to_string().starts_with("1024 fills, "), "{p}");
+    assert!(small_pager(8 * MIB).fault_phases().is_none());
+}
