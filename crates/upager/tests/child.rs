@@ -75,7 +75,7 @@ fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!stdout.contains("not reached"));
-    assert_eq!(out.status.signal(), Some(libc_sigbus()), "{:?}", out.status);
+    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
 }
 
 #[test]
@@ -86,7 +86,7 @@ fn writing_a_read_only_region_raises_sigsegv() {
         stdout.contains("read ok") && !stdout.contains("not reached"),
         "{stdout}"
     );
-    assert_eq!(out.status.signal(), Some(11), "{:?}", out.status);
+    assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{:?}", out.status);
 }
 
 #[test]
@@ -146,8 +146,4 @@ fn a_process_exits_promptly_with_regions_mapped() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("exiting with"));
-}
-
-fn libc_sigbus() -> i32 {
-    7
 }

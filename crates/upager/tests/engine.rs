@@ -226,7 +226,7 @@ fn unmap_waits_for_faults_in_flight_and_does_not_block_other_regions() {
     // unmap) saw unmapped memory; it never hangs.
     match syscall.join().unwrap() {
         Ok(n) => assert_eq!(n, 4096),
-        Err(e) => assert_eq!(e.raw_os_error(), Some(14)),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EFAULT)),
     }
     assert_eq!(pager.stats().resident_bytes, b.len() as u64);
 }
@@ -333,7 +333,7 @@ fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
                 true
             }
             Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(14), "{e}");
+                assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
                 false
             }
         },

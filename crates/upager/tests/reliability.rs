@@ -223,7 +223,7 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
                             verified.fetch_add(1, Relaxed);
                         }
                         Err(e) => {
-                            assert_eq!(e.raw_os_error(), Some(14), "{e}");
+                            assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
                             efaults.fetch_add(1, Relaxed);
                         }
                     }
@@ -271,7 +271,7 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
                     true
                 }
                 Err(e) => {
-                    assert_eq!(e.raw_os_error(), Some(14), "{e}");
+                    assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
                     false
                 }
             },
@@ -435,7 +435,7 @@ fn a_budget_full_of_unwritable_dirty_data_fails_the_fault_instead_of_hanging() {
     let e = read_by_syscall(&sink, &r, 8 * MIB, 4096).unwrap_err();
     let waited = t0.elapsed();
     eprintln!("fault failed after {waited:?}: {e}");
-    assert_eq!(e.raw_os_error(), Some(14));
+    assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
     assert!(waited < Duration::from_secs(15), "{waited:?}");
     assert!(pager.stats().faults_failed >= 1);
     // The store recovers: nothing written before is lost.
@@ -599,9 +599,9 @@ fn a_read_only_file_can_never_be_written_through_upager() {
     let src_dir = ram_dir();
     let src = std::fs::File::open(pattern_file(src_dir.path(), "src", MIB, 38)).unwrap();
     let e = upager_sys::io::pread_into(&src, &r.bytes()[..4096], 0).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(14), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
     let e = upager_sys::io::pread_into(&src, &r.bytes()[MIB as usize..][..4096], 0).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(14), "{e}");
+    assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.write_at(0, b"x")));
     assert!(panic.is_err());
     assert!(r.flush().is_ok());
@@ -727,7 +727,7 @@ fn dropping_a_region_and_its_pager_with_a_fault_in_flight_does_not_hang() {
     });
     match syscall.join().unwrap() {
         Ok(n) => assert_eq!(n, 4096),
-        Err(e) => assert_eq!(e.raw_os_error(), Some(14)),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EFAULT)),
     }
 }
 
@@ -879,7 +879,7 @@ fn after_sigkill_every_flushed_write_is_in_the_file_and_nothing_else_changed() {
     // them back; the kill lands in the third.
     c.wait_line("UNFLUSHED 2 ", Duration::from_secs(60));
     let status = c.kill();
-    assert_eq!(status.signal(), Some(9), "{status:?}");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     // Nothing of the swap file survives the process.
     assert_eq!(std::fs::read_dir(&swap).unwrap().count(), 0);
     if let (Some(fs), Some(u0)) = (&fs, used0) {

@@ -105,7 +105,7 @@ impl Store for TestStore {
         }
         let bad = self.fail_read_at.load(Ordering::SeqCst);
         if (offset..offset + buf.len() as u64).contains(&bad) {
-            return Err(io::Error::from_raw_os_error(5));
+            return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let mut g = self.gate_closed.lock().unwrap();
         if *g {
@@ -124,7 +124,7 @@ impl Store for TestStore {
     }
     fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
         if self.fail_writes.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.inner.write_from(src, offset)
