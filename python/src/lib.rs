@@ -100,7 +100,12 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 /// A demand pager with a hard memory budget.
 ///
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
-///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True)
+///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
+///       dirty_limit=None)
+///
+/// `dirty_limit` (default half the budget): most bytes of file data dirty at
+/// once; writes beyond it wait for write-back, and a full disk stops writes
+/// (SIGBUS) but not reads.
 ///
 /// Sizes are ints (bytes) or strings like "64KiB", "512M", "1.5G".
 /// `folio` is the default folio size of the regions this pager maps.
@@ -132,7 +137,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -144,6 +149,7 @@ impl PyPager {
         swap_dir: Option<std::path::PathBuf>,
         direct_io: bool,
         background_reclaim: bool,
+        dirty_limit: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
         let folio = opt_size(folio, "folio")?.unwrap_or(upager::DEFAULT_FOLIO);
@@ -167,6 +173,9 @@ impl PyPager {
         }
         if let Some(d) = swap_dir {
             b = b.swap_dir(d);
+        }
+        if let Some(l) = opt_size(dirty_limit, "dirty_limit")? {
+            b = b.dirty_limit(l);
         }
         let pager = py.allow_threads(|| b.build()).map_err(engine_err)?;
         Ok(PyPager {

@@ -235,6 +235,9 @@ def test_bad_arguments_raise_clear_errors(data64, scratch):
         pager.anonymous(0)
     with pytest.raises(ValueError, match="eviction batch"):
         upager.Pager(budget="1MiB", batch=64).map_file(path)
+    with pytest.raises(ValueError, match="dirty limit"):
+        upager.Pager(budget="1MiB", dirty_limit="2MiB")
+    upager.Pager(budget="8MiB", dirty_limit="2MiB").close()
     # The default batch fits a small budget.
     with upager.Pager(budget="1MiB") as small:
         r = small.map_file(path)

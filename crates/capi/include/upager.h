@@ -73,10 +73,7 @@ struct upager_options {
     size_t size;              /* sizeof(struct upager_options); set by init */
     uint64_t budget;          /* most bytes resident at once, over all the
                                  pager's regions. Default 256 MiB. With a
-                                 chosen batch, at least batch x folio. Half
-                                 of it at most is dirty file data at once
-                                 (then writes wait for write-back; a full
-                                 disk stops writes with SIGBUS, not reads). */
+                                 chosen batch, at least batch x folio. */
     uint32_t batch;           /* folios evicted per batch (one TLB shootdown
                                  each), 1..1024. 0 = default: as many as
                                  cover 4 MiB, or half the budget if less. */
@@ -94,6 +91,12 @@ struct upager_options {
     int background_reclaim;   /* a reclaimer thread evicting between the
                                  watermarks. -1 = default (on), 0 = off (only
                                  faults reclaim, when the budget is full). */
+    uint64_t dirty_limit;     /* most bytes of file data dirty (written, not
+                                 yet written back) at once, 4 KiB..budget;
+                                 writes beyond it wait for write-back, and a
+                                 store that refuses writes (full disk) stops
+                                 writes with SIGBUS but not reads. 0 =
+                                 default (half the budget). */
 };
 
 /* Fills *opts with the defaults (including opts->size). NULL is ignored. */

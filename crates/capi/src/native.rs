@@ -51,6 +51,8 @@ pub struct upager_options {
     pub direct_io: c_int,
     /// Background reclaimer: -1 default (on), 0 off, 1 on.
     pub background_reclaim: c_int,
+    /// Most dirty file-backed bytes at once; 0 = default (half the budget).
+    pub dirty_limit: u64,
 }
 
 /// Region options (`struct upager_map_options`); see upager.h.
@@ -86,6 +88,7 @@ fn default_options() -> upager_options {
         swap_dir: std::ptr::null(),
         direct_io: -1,
         background_reclaim: -1,
+        dirty_limit: 0,
     }
 }
 
@@ -211,6 +214,9 @@ pub unsafe extern "C" fn upager_create(
         let mut b = Pager::builder().budget(o.budget);
         if o.batch != 0 {
             b = b.batch(o.batch as usize);
+        }
+        if o.dirty_limit != 0 {
+            b = b.dirty_limit(o.dirty_limit);
         }
         if o.handler_threads != 0 {
             b = b.handler_threads(o.handler_threads as usize);

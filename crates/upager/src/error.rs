@@ -27,6 +27,13 @@ pub enum PagerError {
     HandlerThreads(usize),
     /// the eviction batch must be 1 to 1024 folios, got {0}
     Batch(usize),
+    /// the dirty limit must be at least 4 KiB and at most the budget ({budget} bytes), got {limit} bytes
+    DirtyLimit {
+        /// The dirty limit asked for.
+        limit: u64,
+        /// The budget.
+        budget: u64,
+    },
     /// readahead {0} bytes is more than the 64 MiB upager allows (each fault handler keeps a buffer of that size)
     Readahead(u64),
     /// could not start a pager thread: {0}
@@ -274,6 +281,7 @@ impl ErrorCode for PagerError {
             PagerError::BudgetTooSmall(_)
             | PagerError::HandlerThreads(_)
             | PagerError::Batch(_)
+            | PagerError::DirtyLimit { .. }
             | PagerError::Readahead(_) => errno::EINVAL,
             PagerError::Api(s)
             | PagerError::Pidfd(s)

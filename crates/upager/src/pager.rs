@@ -67,6 +67,14 @@ impl Pager {
         if cfg.readahead > crate::config::MAX_READAHEAD {
             return Err(PagerError::Readahead(cfg.readahead));
         }
+        if let Some(limit) = cfg.dirty_limit {
+            if !(MIN_FOLIO..=cfg.budget).contains(&limit) {
+                return Err(PagerError::DirtyLimit {
+                    limit,
+                    budget: cfg.budget,
+                });
+            }
+        }
         if let Some(b) = cfg.batch {
             if !(1..=upager_sys::mem::MAX_IOV).contains(&b) {
                 return Err(PagerError::Batch(b));

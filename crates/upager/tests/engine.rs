@@ -573,6 +573,15 @@ fn errors_are_clear_and_leave_nothing_behind() {
         Pager::builder().batch(2000).build(),
         Err(PagerError::Batch(2000))
     ));
+    assert_eq!(
+        Pager::builder()
+            .budget(MIB)
+            .dirty_limit(2 * MIB)
+            .build()
+            .unwrap_err()
+            .to_string(),
+        "the dirty limit must be at least 4 KiB and at most the budget (1048576 bytes), got 2097152 bytes"
+    );
     // Nothing was left mapped or accounted, and the pager still works.
     assert_eq!(pager.stats().resident_bytes, 0);
     let r = pager.map_file(&path, &MapOptions::new()).unwrap();

@@ -85,6 +85,15 @@ int main(void) {
         expect(upager_map_file(small, path, NULL, &r), EINVAL,
                "eviction batch", "budget below batch");
         upager_destroy(small);
+        upager_options_init(&po);
+        po.budget = 1 * MIB;
+        po.dirty_limit = 2 * MIB;
+        small = NULL;
+        expect(upager_create(&po, &small), EINVAL, "dirty limit",
+               "dirty limit above the budget");
+        po.dirty_limit = MIB / 2;
+        CHECK(upager_create(&po, &small) == 0, "a dirty limit of half the budget");
+        upager_destroy(small);
     }
     expect(upager_map_fd(pg, -1, NULL, &r), EBADF, "not open", "bad fd");
     int fd = open(path, O_RDONLY);
