@@ -7,14 +7,13 @@
 //! Uses: `error`, `folio`, `store`.
 
 use std::io;
+use std::ops::Range;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use upager_sys::mem::Mapping;
-
-use std::ops::Range;
 
 use crate::error::RangeError;
 use crate::folio::State;

@@ -32,6 +32,8 @@
 //! `faults_stale`, `faults_failed`, `fills`, `fills_readahead`,
 //! `bytes_read`, `read_errors`, `refaults`, `refaults_activated`,
 //! `wp_unprotects`.
+//!
+//! Uses: `area`, `folio`, `gather`, `reclaim`, `shared`, `table`.
 
 use std::io;
 use std::sync::atomic::Ordering;

@@ -24,6 +24,8 @@
 //!
 //! [`Lookup::Locked`](crate::Lookup::Locked) replaces the snapshot with a
 //! reader-writer lock taken on every lookup, for the ablation benchmark.
+//!
+//! Uses: `area`, `config`.
 
 use std::sync::{Arc, Mutex, RwLock};
 
