@@ -353,25 +353,49 @@ pub fn mincore(addr: u64, len: u64) -> io::Result<Vec<u8>> {
     Ok(vec)
 }
 
-/// A zero-filled, page-aligned heap buffer (for O_DIRECT and UFFDIO_COPY).
+/// A zero-filled, page-aligned buffer (for O_DIRECT and UFFDIO_COPY),
+/// backed by its own anonymous mapping: pages become resident only when
+/// used, so a handler's fill buffer sized for the largest readahead (4 MiB)
+/// costs what its fills touch. (A heap allocation of that alignment is
+/// zeroed by writing it: 12 MiB resident for a pager's three buffers
+/// before any fault.)
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: AlignedBuf uniquely owns its allocation, like Vec<u8>.
+// SAFETY: AlignedBuf uniquely owns its mapping, like Vec<u8> its allocation.
 unsafe impl Send for AlignedBuf {}
 // SAFETY: shared access only yields &[u8].
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes (> 0) aligned to the page size.
+    /// A zeroed buffer of `len` bytes aligned to the page size. Aborts like
+    /// a failed allocation if no memory can be mapped.
     pub fn zeroed(len: usize) -> AlignedBuf {
-        let layout = Layout::from_size_align(len.max(1), PAGE_SIZE).expect("valid layout");
-        // SAFETY: the layout has non-zero size.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        let bytes = len.max(1).next_multiple_of(PAGE_SIZE);
+        // SAFETY: a fresh private anonymous mapping at an address the kernel
+        // chooses; no existing memory is affected.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            let layout = Layout::from_size_align(bytes, PAGE_SIZE).expect("valid layout");
+            alloc::handle_alloc_error(layout);
+        }
+        let ptr = NonNull::new(raw.cast::<u8>()).expect("mmap never returns 0 here");
         AlignedBuf { ptr, len }
+    }
+
+    fn mapped_len(&self) -> usize {
+        self.len.max(1).next_multiple_of(PAGE_SIZE)
     }
 }
 
@@ -392,9 +416,9 @@ impl std::ops::DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len.max(1), PAGE_SIZE).expect("valid layout");
-        // SAFETY: allocated in `zeroed` with this layout, freed once.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+        // SAFETY: mapped in `zeroed` with this length, unmapped once; no
+        // slice of it outlives &self.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped_len()) };
     }
 }
 
@@ -509,8 +533,17 @@ mod tests {
         assert!(t
             .iter()
             .all(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0));
-        let b = AlignedBuf::zeroed(8192);
+        let mut b = AlignedBuf::zeroed(1 << 22);
         assert_eq!(b.as_ptr() as usize % PAGE_SIZE, 0);
-        assert!(b.iter().all(|&x| x == 0));
+        assert!(b[..8192].iter().all(|&x| x == 0));
+        b[4096] = 7;
+        // Only the pages used are resident.
+        let resident = mincore(b.as_ptr() as u64, 1 << 22)
+            .unwrap()
+            .iter()
+            .filter(|&&p| p & 1 != 0)
+            .count();
+        assert!(resident <= 2, "{resident} pages resident");
+        assert_eq!(AlignedBuf::zeroed(0).len(), 0);
     }
 }
