@@ -22,8 +22,10 @@
 //!   system call gets EFAULT); the reclaimer clears the poison after
 //!   [`POISON_HOLD`](crate::reclaim::POISON_HOLD) so a later access retries.
 //!
-//! Readahead: when the two folios before the faulting one are resident (a
-//! sequential stream, whatever thread runs it), the fill also claims the
+//! Readahead (read faults only: read-ahead folios are installed
+//! write-protected, so a writer would pay an unprotect flush for each): when
+//! the two folios before the faulting one are resident (a sequential
+//! stream, whatever thread runs it), the fill also claims the
 //! following non-resident folios, up to twice the run of resident folios
 //! before the fault and at most the configured readahead: the window grows
 //! 2, 4, 8, … like the kernel's context readahead, with no per-stream state.
