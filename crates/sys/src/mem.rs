@@ -101,16 +101,19 @@ impl Mapping {
         Ok(())
     }
 
-    /// Makes the mapping read-only (`writable = false`) or read-write again
-    /// (`mprotect`). A store into a read-only mapping raises SIGSEGV, as on a
-    /// `PROT_READ` mapping; userfaultfd write-protection of its pages is kept
-    /// either way.
-    pub fn set_writable(&self, writable: bool) -> io::Result<()> {
-        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+    /// Changes the mapping's protection (`mprotect`). An access the new
+    /// protection forbids raises SIGSEGV; userfaultfd write-protection of
+    /// its pages is kept either way.
+    pub fn protect(&self, access: Access) -> io::Result<()> {
+        let prot = match access {
+            Access::None => libc::PROT_NONE,
+            Access::Read => libc::PROT_READ,
+            Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        };
         // SAFETY: the range is exactly this mapping; changing its protection
-        // frees nothing and moves nothing. A later store through a view of a
-        // read-only mapping raises SIGSEGV (a crash, like any PROT_READ page),
-        // it cannot write memory it should not.
+        // frees nothing and moves nothing. A later access through a view that
+        // the protection forbids raises SIGSEGV (a crash, like any protected
+        // page); it cannot reach memory it should not.
         let ret = unsafe { libc::mprotect(self.addr.as_ptr().cast(), self.len, prot) };
         cvt(ret.into())?;
         Ok(())
@@ -199,6 +202,17 @@ impl Mapping {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.addr.as_ptr().add(offset), data.len())
         }
     }
+}
+
+/// What a [`Mapping`] allows ([`Mapping::protect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing: every access raises SIGSEGV.
+    None,
+    /// Loads only.
+    Read,
+    /// Loads and stores.
+    ReadWrite,
 }
 
 /// Part of a [`Mapping`]. Operations that replace or discard memory
@@ -502,11 +516,11 @@ mod tests {
     fn inaccessible_mapping_stays_reserved() {
         let m = Mapping::anonymous(1 << 16, PAGE_SIZE, true).unwrap();
         m.write_at(0, b"x");
-        m.set_writable(false).unwrap();
+        m.protect(Access::Read).unwrap();
         let mut b = [0u8; 1];
         m.read_at(0, &mut b);
         assert_eq!(&b, b"x");
-        m.set_writable(true).unwrap();
+        m.protect(Access::ReadWrite).unwrap();
         m.make_inaccessible().unwrap();
         // Still mapped (reserved), no page resident.
         assert!(mincore(m.addr(), 1 << 16)

@@ -198,21 +198,6 @@ impl Uffd {
         Ok(reg.ioctls)
     }
 
-    /// `UFFDIO_UNREGISTER` of a mapping; wakes every thread waiting on it.
-    /// A fault on the still-mapped range is then filled with zeros by the
-    /// kernel: make it inaccessible first ([`Mapping::make_inaccessible`]).
-    pub fn unregister(&self, map: &Mapping) -> io::Result<()> {
-        let mut range = k::uffdio_range {
-            start: map.addr(),
-            len: map.len() as u64,
-        };
-        // SAFETY: `range` is a valid uffdio_range.
-        let ret =
-            unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_UNREGISTER as _, &mut range) };
-        cvt(ret.into())?;
-        Ok(())
-    }
-
     /// `UFFDIO_COPY` of `src` to `dst` (a registered range of `src.len()`
     /// bytes); `wp` installs the pages write-protected; without `wake` the
     /// threads waiting on the range stay asleep until [`Uffd::wake`].

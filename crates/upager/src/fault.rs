@@ -166,7 +166,8 @@ impl Shared {
             ctx.mark = Some(std::time::Instant::now());
         }
         let Some(r) = self.table.lookup(addr) else {
-            // Unmapped meanwhile: unregistering woke the thread already.
+            // Being unmapped: the unmap wakes the thread once the range is
+            // inaccessible, and the retry gets SIGSEGV.
             self.counters.faults_stale.inc();
             return;
         };

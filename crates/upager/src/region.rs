@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use upager_sys::mem::Access;
+
 use crate::area::Area;
 use crate::error::{FlushError, UnmapError};
 use crate::folio::{self, Kind};
@@ -156,7 +158,12 @@ impl Region {
     /// unmap of 1 GiB of 4 KiB folios).
     fn stop_writes(&self, stop: bool) {
         if self.inner.writable && !self.inner.is_anon() {
-            if let Err(e) = self.inner.map.set_writable(!stop) {
+            let access = if stop {
+                Access::Read
+            } else {
+                Access::ReadWrite
+            };
+            if let Err(e) = self.inner.map.protect(access) {
                 log::error!("mprotect of region {} failed: {e}", self.inner.id);
             }
         }
@@ -201,12 +208,14 @@ impl Region {
         //    SIGSEGV. Every folio is settled (nothing is in flight), so the
         //    state words below are final.
         if let Err(e) = r.map.make_inaccessible() {
-            // Cannot happen short of the mapping-count limit; the fallback
-            // still ends every access in SIGSEGV, pages are freed below.
+            // Cannot happen short of the mapping-count limit (the range may
+            // split a merged neighbour). Fall back to PROT_NONE in place;
+            // the range stays registered either way, never readable while
+            // unregistered, and its pages go with the munmap of the drop.
             log::error!("replacing region {} failed: {e}", r.id);
-            let _ = r.map.set_writable(false);
-            let _ = sh.uffd.unregister(&r.map);
-            let _ = sh.pidfd.dontneed(&[r.map.whole()]);
+            if let Err(e) = r.map.protect(Access::None) {
+                log::error!("and protecting it failed: {e}; faults there wait");
+            }
         }
         let _ = sh.uffd.wake(r.base(), r.map_len());
         // 4) Drop its LRU entries (a fill that finished during 2) may have

@@ -671,3 +671,41 @@ fn fault_timing_sums_the_phases_of_every_fill() {
     assert!(p.to_string().starts_with("1024 fills, "), "{p}");
     assert!(small_pager(8 * MIB).fault_phases().is_none());
 }
+
+/// The dirty gauge (what the dirty limit counts) follows every way a file
+/// folio stops being dirty: flush, pageout, discard, eviction, unmap; and
+/// anonymous memory is not counted.
+#[test]
+fn the_dirty_gauge_follows_every_transition() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 25);
+    let pager = small_pager(16 * MIB);
+    let f = 64u64 << 10;
+    let r = pager
+        .map_file(&path, &MapOptions::new().writable(true))
+        .unwrap();
+    let dirty = || pager.stats().dirty_bytes;
+    let write = |folios: std::ops::Range<u64>| {
+        for k in folios {
+            r.words()[(k * f / 8) as usize].store(k, Relaxed);
+        }
+    };
+    write(0..16);
+    assert_eq!(dirty(), 16 * f);
+    r.flush().unwrap();
+    assert_eq!(dirty(), 0, "flush");
+    write(0..16);
+    r.pageout(0, 8 * f).unwrap();
+    assert_eq!(dirty(), 8 * f, "pageout of half");
+    r.discard(8 * f, 4 * f).unwrap();
+    assert_eq!(dirty(), 4 * f, "discard of a quarter");
+    // The rest leaves through the eviction batch (pageout runs it).
+    r.pageout(0, 64 * f).unwrap();
+    assert_eq!(dirty(), 0, "eviction");
+    write(0..4);
+    r.unmap().map_err(|(e, _)| e).unwrap();
+    assert_eq!(dirty(), 0, "unmap");
+    let a = pager.map_anonymous(4 * MIB, &MapOptions::new()).unwrap();
+    a.words()[0].store(1, Relaxed);
+    assert_eq!(dirty(), 0, "anonymous memory is not counted");
+}
