@@ -59,6 +59,46 @@ fn open_map(file: &PathBuf, advice: MapAdvice) -> Result<memmap2::Mmap, Workload
     Ok(m)
 }
 
+/// Runs `threads` workers and measures them together: each runs `setup(t)`
+/// (unmeasured: mapping its memory, pinning), then all start at once and
+/// the [`Meter`] runs until every `work(t, state)` has returned; their
+/// `(ops, bad)` are summed. A setup that fails still reaches the start line,
+/// so the others are never left waiting.
+fn measured_threads<S, Setup, Work>(
+    threads: usize,
+    setup: Setup,
+    work: Work,
+) -> Result<WorkerResult, WorkloadError>
+where
+    Setup: Fn(usize) -> Result<S, WorkloadError> + Sync,
+    Work: Fn(usize, S) -> Result<(u64, u64), WorkloadError> + Sync,
+{
+    let barrier = Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, setup, work) = (&barrier, &setup, &work);
+                s.spawn(move || {
+                    let state = setup(t);
+                    barrier.wait();
+                    work(t, state?)
+                })
+            })
+            .collect();
+        let meter = Meter::start();
+        barrier.wait();
+        let (mut ops, mut bad) = (0, 0);
+        for h in hs {
+            let (o, b) = h
+                .join()
+                .map_err(|_| WorkloadError::Invalid("a thread panicked".into()))??;
+            ops += o;
+            bad += b;
+        }
+        meter?.stop(ops, bad)
+    })
+}
+
 pub(crate) fn mmap_read(
     file: &PathBuf,
     threads: usize,
@@ -68,36 +108,21 @@ pub(crate) fn mmap_read(
     let map = open_map(file, advice)?;
     let threads = threads.max(1);
     let pages = map.len() / PAGE;
-    let barrier = Barrier::new(threads + 1);
-    let mut meter = None;
-    let (ops, bad) = std::thread::scope(|s| -> Result<(u64, u64), WorkloadError> {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let (map, barrier) = (&map, &barrier);
-                s.spawn(move || {
-                    let (a, b) = (pages * t / threads, pages * (t + 1) / threads);
-                    barrier.wait();
-                    let mut bad = 0u64;
-                    for p in a..b {
-                        let off = p * PAGE;
-                        if word_at(map, off) != xor_word(off as u64, seed) {
-                            bad += 1;
-                        }
-                    }
-                    ((b - a) as u64, bad)
-                })
-            })
-            .collect();
-        meter = Some(Meter::start()?);
-        barrier.wait();
-        Ok(hs
-            .into_iter()
-            .map(|h| h.join().unwrap_or((0, u64::MAX)))
-            .fold((0, 0), |x, y| (x.0 + y.0, x.1 + y.1)))
-    })?;
-    let mut r = meter
-        .ok_or_else(|| WorkloadError::Invalid("no meter".into()))?
-        .stop(ops, bad)?;
+    let mut r = measured_threads(
+        threads,
+        |_| Ok(()),
+        |t, ()| {
+            let (a, b) = (pages * t / threads, pages * (t + 1) / threads);
+            let mut bad = 0u64;
+            for p in a..b {
+                let off = p * PAGE;
+                if word_at(&map, off) != xor_word(off as u64, seed) {
+                    bad += 1;
+                }
+            }
+            Ok(((b - a) as u64, bad))
+        },
+    )?;
     r.extra.insert("bytes".into(), map.len() as f64);
     Ok(r)
 }
@@ -112,38 +137,22 @@ pub(crate) fn random_read(
     let map = open_map(file, advice)?;
     let threads = threads.max(1);
     let pages = (map.len() / PAGE) as u64;
-    let barrier = Barrier::new(threads + 1);
-    let mut meter = None;
-    let (ops, bad) = std::thread::scope(|s| -> Result<(u64, u64), WorkloadError> {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let (map, barrier) = (&map, &barrier);
-                s.spawn(move || {
-                    let mut rng = GOLDEN ^ ((t as u64 + 1) << 32) ^ seed;
-                    barrier.wait();
-                    let mut bad = 0u64;
-                    for _ in 0..reads {
-                        let r = xorshift64(&mut rng);
-                        let off =
-                            ((r % pages) as usize) * PAGE + ((r >> 40) as usize % (PAGE / 8)) * 8;
-                        if word_at(map, off) != xor_word(off as u64, seed) {
-                            bad += 1;
-                        }
-                    }
-                    (reads, bad)
-                })
-            })
-            .collect();
-        meter = Some(Meter::start()?);
-        barrier.wait();
-        Ok(hs
-            .into_iter()
-            .map(|h| h.join().unwrap_or((0, u64::MAX)))
-            .fold((0, 0), |x, y| (x.0 + y.0, x.1 + y.1)))
-    })?;
-    meter
-        .ok_or_else(|| WorkloadError::Invalid("no meter".into()))?
-        .stop(ops, bad)
+    measured_threads(
+        threads,
+        |_| Ok(()),
+        |t, ()| {
+            let mut rng = GOLDEN ^ ((t as u64 + 1) << 32) ^ seed;
+            let mut bad = 0u64;
+            for _ in 0..reads {
+                let r = xorshift64(&mut rng);
+                let off = ((r % pages) as usize) * PAGE + ((r >> 40) as usize % (PAGE / 8)) * 8;
+                if word_at(&map, off) != xor_word(off as u64, seed) {
+                    bad += 1;
+                }
+            }
+            Ok((reads, bad))
+        },
+    )
 }
 
 pub(crate) fn multi_fault(
@@ -154,45 +163,29 @@ pub(crate) fn multi_fault(
     let threads = threads.max(1);
     let area = area.max(PAGE) / PAGE * PAGE;
     let n = ncpu();
-    let barrier = Barrier::new(threads + 1);
-    let mut meter = None;
-    let faults = std::thread::scope(|s| -> Result<u64, WorkloadError> {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<u64, WorkloadError> {
-                    let _ = raw::pin_to_cpu(t % n);
-                    let mut m = MmapMut::map_anon(area).map_err(wio("mmap"))?;
-                    m.advise(Advice::NoHugePage)
-                        .map_err(wio("madvise(NOHUGEPAGE)"))?;
-                    barrier.wait();
-                    let end = Instant::now() + Duration::from_secs_f64(seconds);
-                    let mut faults = 0u64;
-                    while Instant::now() < end {
-                        for o in (0..area).step_by(PAGE) {
-                            m[o] = 1;
-                        }
-                        black_box(&mut m);
-                        faults += (area / PAGE) as u64;
-                        raw::discard(&m, 0, area).map_err(wio("madvise(DONTNEED)"))?;
-                    }
-                    Ok(faults)
-                })
-            })
-            .collect();
-        meter = Some(Meter::start()?);
-        barrier.wait();
-        let mut total = 0;
-        for h in hs {
-            total += h
-                .join()
-                .map_err(|_| WorkloadError::Invalid("a thread panicked".into()))??;
-        }
-        Ok(total)
-    })?;
-    let mut r = meter
-        .ok_or_else(|| WorkloadError::Invalid("no meter".into()))?
-        .stop(faults, 0)?;
+    let mut r = measured_threads(
+        threads,
+        |t| {
+            let _ = raw::pin_to_cpu(t % n);
+            let m = MmapMut::map_anon(area).map_err(wio("mmap"))?;
+            m.advise(Advice::NoHugePage)
+                .map_err(wio("madvise(NOHUGEPAGE)"))?;
+            Ok(m)
+        },
+        |_, mut m| {
+            let end = Instant::now() + Duration::from_secs_f64(seconds);
+            let mut faults = 0u64;
+            while Instant::now() < end {
+                for o in (0..area).step_by(PAGE) {
+                    m[o] = 1;
+                }
+                black_box(&mut m);
+                faults += (area / PAGE) as u64;
+                raw::discard(&m, 0, area).map_err(wio("madvise(DONTNEED)"))?;
+            }
+            Ok((faults, 0))
+        },
+    )?;
     r.extra.insert("threads".into(), threads as f64);
     Ok(r)
 }
@@ -243,46 +236,26 @@ pub(crate) fn usemem(
     let threads = threads.max(1);
     let per_thread = per_thread.max(PAGE) / PAGE * PAGE;
     let passes = passes.max(1);
-    let barrier = Barrier::new(threads + 1);
-    let mut meter = None;
-    let (ops, bad) = std::thread::scope(|s| -> Result<(u64, u64), WorkloadError> {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<(u64, u64), WorkloadError> {
-                    let mut m = MmapMut::map_anon(per_thread).map_err(wio("mmap"))?;
-                    barrier.wait();
-                    let (mut ops, mut bad) = (0u64, 0u64);
-                    for p in 0..passes {
-                        for o in (0..per_thread).step_by(PAGE) {
-                            let v = ((t as u64) << 48) ^ o as u64;
-                            if p == 0 {
-                                m[o..o + 8].copy_from_slice(&v.to_le_bytes());
-                            } else if word_at(&m, o) != v {
-                                bad += 1;
-                            }
-                        }
-                        black_box(&mut m);
-                        ops += (per_thread / PAGE) as u64;
+    let mut r = measured_threads(
+        threads,
+        |_| MmapMut::map_anon(per_thread).map_err(wio("mmap")),
+        |t, mut m| {
+            let (mut ops, mut bad) = (0u64, 0u64);
+            for p in 0..passes {
+                for o in (0..per_thread).step_by(PAGE) {
+                    let v = ((t as u64) << 48) ^ o as u64;
+                    if p == 0 {
+                        m[o..o + 8].copy_from_slice(&v.to_le_bytes());
+                    } else if word_at(&m, o) != v {
+                        bad += 1;
                     }
-                    Ok((ops, bad))
-                })
-            })
-            .collect();
-        meter = Some(Meter::start()?);
-        barrier.wait();
-        let mut acc = (0, 0);
-        for h in hs {
-            let (o, b) = h
-                .join()
-                .map_err(|_| WorkloadError::Invalid("a thread panicked".into()))??;
-            acc = (acc.0 + o, acc.1 + b);
-        }
-        Ok(acc)
-    })?;
-    let mut r = meter
-        .ok_or_else(|| WorkloadError::Invalid("no meter".into()))?
-        .stop(ops, bad)?;
+                }
+                black_box(&mut m);
+                ops += (per_thread / PAGE) as u64;
+            }
+            Ok((ops, bad))
+        },
+    )?;
     r.extra
         .insert("bytes".into(), (per_thread * threads) as f64);
     Ok(r)
