@@ -290,7 +290,11 @@ impl Shared {
         prefetch: bool,
     ) {
         let folio = r.folio;
-        self.lap(&mut ctx.mark, &self.phases.lookup);
+        // Counted at its start, like `faults_missing`: the faulting thread
+        // may read the counters as soon as the wake below lets it go.
+        if self.lap(&mut ctx.mark, &self.phases.lookup) {
+            self.phases.fills.inc();
+        }
         let beyond_end =
             !r.is_anon() && r.store_offset(idx, old).is_some_and(|o| o >= r.store.len());
         if beyond_end || !self.reserve(folio) {
@@ -380,9 +384,7 @@ impl Shared {
         self.lap(&mut ctx.mark, &self.phases.wake);
         self.lru.add(r, &ctx.queue);
         self.maybe_kick_reclaimer();
-        if self.lap(&mut ctx.mark, &self.phases.lru) {
-            self.phases.fills.inc();
-        }
+        self.lap(&mut ctx.mark, &self.phases.lru);
         ctx.mark = None;
     }
 

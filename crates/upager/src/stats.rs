@@ -130,7 +130,8 @@ counters! {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FaultPhases {
-    /// Fills timed.
+    /// Fills timed (counted when they start; a fill that fails early adds
+    /// to the phases it went through).
     pub fills: u64,
     /// From the handler taking the message to the folio claimed: region
     /// lookup, state word, dirty-limit check.
