@@ -449,8 +449,10 @@ fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
     // Counted in folios: one failed 4 MiB write-back call counts 1,024. The
     // run of 16 failed calls before the back-off starts is 16,384; idle, at
     // most one call per back-off delay (10 ms doubling to 1 s: 2 s idle see
-    // at most a handful).
-    assert!(s.writeback_errors - e0 <= 8 * 1024, "{s:?}");
+    // 5-8 calls), unless successes (rewrites of blocks the full disk already
+    // holds) decayed the delay to nothing during the reads: then at most one
+    // more run of 16. Without the back-off: 1.7 million in 2 s.
+    assert!(s.writeback_errors - e0 <= 16 * 1024, "{s:?}");
     assert!(s.writeback_errors < 40_000, "{s:?}");
     assert!(s.resident_peak_bytes <= budget, "{s:?}");
 
