@@ -30,6 +30,79 @@ pub enum Lookup {
     Locked,
 }
 
+/// How a pager resolves faults: one name on every face (Rust, C, the UMap
+/// drop-in, Python, the CLI and the `UPAGER_FAULT_MODE` environment
+/// variable): `handlers` or `in-thread`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FaultMode {
+    /// Handler threads read fault messages from the userfaultfd and resolve
+    /// them; the faulting thread sleeps in the kernel meanwhile. System calls
+    /// on region memory (`write(fd, region, n)`) fault pages in like any
+    /// access. Default.
+    #[default]
+    Handlers,
+    /// The faulting thread resolves its own fault: regions are registered on
+    /// a userfaultfd opened with `UFFD_FEATURE_SIGBUS`, and a SIGBUS handler
+    /// installed by upager fills the folio (or waits for it) and returns, so
+    /// the access retries. Saves the cross-CPU wakeup of a handler thread
+    /// (the largest cost of a fault on a VM). A system call that reads or
+    /// writes a non-resident page of a region fails with EFAULT instead of
+    /// faulting it in: make the range resident first
+    /// ([`Region::fault_in`](crate::Region::fault_in)) or use
+    /// [`Region::read_at`](crate::Region::read_at) /
+    /// [`Region::write_at`](crate::Region::write_at).
+    InThread,
+}
+
+impl FaultMode {
+    /// The environment variable that chooses the mode where no code does.
+    pub const ENV: &'static str = "UPAGER_FAULT_MODE";
+
+    /// The mode's name: `handlers` or `in-thread`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultMode::Handlers => "handlers",
+            FaultMode::InThread => "in-thread",
+        }
+    }
+
+    /// The mode named by `UPAGER_FAULT_MODE`: None when unset or empty, an
+    /// error naming the variable when it names no mode.
+    pub fn from_env() -> Result<Option<FaultMode>, String> {
+        match std::env::var(Self::ENV) {
+            Ok(v) if v.trim().is_empty() => Ok(None),
+            Ok(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|e| format!("{}={v:?}: {e}", Self::ENV)),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(format!("{} is not valid UTF-8", Self::ENV))
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for FaultMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "handlers" => Ok(FaultMode::Handlers),
+            "in-thread" => Ok(FaultMode::InThread),
+            other => Err(format!(
+                "unknown fault mode {other:?}: use \"handlers\" or \"in-thread\""
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for FaultMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Options of a [`Pager`](crate::Pager); build one with [`Pager::builder`](crate::Pager::builder).
 #[derive(Debug, Clone)]
 pub struct PagerBuilder {
@@ -45,6 +118,9 @@ pub struct PagerBuilder {
     pub(crate) handler_spin: std::time::Duration,
     pub(crate) dirty_limit: Option<u64>,
     pub(crate) fault_timing: bool,
+    /// The fault mode, or why `UPAGER_FAULT_MODE` named none (reported by
+    /// `build`; an explicit [`PagerBuilder::fault_mode`] clears it).
+    pub(crate) fault_mode: Result<FaultMode, String>,
 }
 
 impl Default for PagerBuilder {
@@ -62,6 +138,7 @@ impl Default for PagerBuilder {
             handler_spin: std::time::Duration::ZERO,
             dirty_limit: None,
             fault_timing: false,
+            fault_mode: FaultMode::from_env().map(Option::unwrap_or_default),
         }
     }
 }
@@ -148,6 +225,13 @@ impl PagerBuilder {
     /// reads per fault; default off.
     pub fn fault_timing(mut self, on: bool) -> Self {
         self.fault_timing = on;
+        self
+    }
+    /// How faults are resolved: [`FaultMode::Handlers`] (handler threads)
+    /// or [`FaultMode::InThread`] (the faulting thread, in a SIGBUS handler).
+    /// Default: `UPAGER_FAULT_MODE` if set, else `Handlers`.
+    pub fn fault_mode(mut self, mode: FaultMode) -> Self {
+        self.fault_mode = Ok(mode);
         self
     }
     /// Creates the pager.
@@ -275,5 +359,16 @@ mod tests {
         assert!(parse_size("99999999999T").is_err());
         assert_eq!(format_size(64 << 10), "64 KiB");
         assert_eq!(format_size(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn fault_mode_names() {
+        for m in [FaultMode::Handlers, FaultMode::InThread] {
+            assert_eq!(m.name().parse::<FaultMode>(), Ok(m));
+            assert_eq!(m.to_string(), m.name());
+        }
+        assert_eq!(" In-Thread ".parse::<FaultMode>(), Ok(FaultMode::InThread));
+        let e = "sigbus".parse::<FaultMode>().unwrap_err();
+        assert!(e.contains("\"handlers\" or \"in-thread\""), "{e}");
     }
 }

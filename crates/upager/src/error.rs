@@ -36,6 +36,8 @@ pub enum PagerError {
     },
     /// readahead {0} bytes is more than the 64 MiB upager allows (each fault handler keeps a buffer of that size)
     Readahead(u64),
+    /// {0}
+    FaultMode(String),
     /// could not start a pager thread: {0}
     Spawn(#[source] io::Error),
     /// could not create an eventfd: {0}
@@ -282,7 +284,8 @@ impl ErrorCode for PagerError {
             | PagerError::HandlerThreads(_)
             | PagerError::Batch(_)
             | PagerError::DirtyLimit { .. }
-            | PagerError::Readahead(_) => errno::EINVAL,
+            | PagerError::Readahead(_)
+            | PagerError::FaultMode(_) => errno::EINVAL,
             PagerError::Api(s)
             | PagerError::Pidfd(s)
             | PagerError::Spawn(s)

@@ -64,6 +64,15 @@ impl Pager {
         if !(1..=64).contains(&cfg.handler_threads) {
             return Err(PagerError::HandlerThreads(cfg.handler_threads));
         }
+        match &cfg.fault_mode {
+            Err(e) => return Err(PagerError::FaultMode(e.clone())),
+            Ok(crate::FaultMode::InThread) => {
+                return Err(PagerError::FaultMode(
+                    "fault mode in-thread is not built yet (issue 12, in progress)".into(),
+                ))
+            }
+            Ok(_) => {}
+        }
         if cfg.readahead > crate::config::MAX_READAHEAD {
             return Err(PagerError::Readahead(cfg.readahead));
         }
@@ -360,6 +369,11 @@ impl Pager {
     /// The budget in bytes.
     pub fn budget(&self) -> u64 {
         self.shared().budget.limit()
+    }
+
+    /// How this pager resolves faults.
+    pub fn fault_mode(&self) -> crate::FaultMode {
+        self.shared().mode
     }
 }
 

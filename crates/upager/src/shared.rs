@@ -26,7 +26,7 @@ use upager_sys::uffd::{feature, Uffd};
 
 use crate::area::Area;
 use crate::budget::Budget;
-use crate::config::{PagerBuilder, DEFAULT_BATCH_BYTES, MAX_FOLIO, MIN_FOLIO};
+use crate::config::{FaultMode, PagerBuilder, DEFAULT_BATCH_BYTES, MAX_FOLIO, MIN_FOLIO};
 use crate::error::PagerError;
 use crate::folio::{State, WAITER};
 use crate::lru::Lru;
@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub uffd: Uffd,
     pub pidfd: SelfPidfd,
     pub cfg: PagerBuilder,
+    /// How faults are resolved (from `cfg`, checked by the builder).
+    pub mode: FaultMode,
     pub counters: Counters,
     /// Phase times of fills, when `fault_timing` is on.
     pub phases: PhaseClock,
@@ -97,6 +99,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             stop_fd: upager_sys::io::EventFd::new().map_err(PagerError::EventFd)?,
             next_id: AtomicU64::new(1),
+            mode: cfg.fault_mode.clone().unwrap_or_default(),
             cfg,
         })
     }
