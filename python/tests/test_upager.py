@@ -186,6 +186,8 @@ PINNED_STAT_NAMES = [
     "dirty_bytes",
     "dirty_throttled",
     "writes_refused",
+    "faults_in_thread",
+    "faults_handed_off",
 ]
 
 

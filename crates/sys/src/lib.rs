@@ -19,10 +19,16 @@
 //! - [`io`]: positional I/O from raw mapping addresses, hole punching, poll,
 //!   eventfd, thread ids and CPU pinning.
 //! - [`pagemap`]: `/proc/self/pagemap` and the `PAGEMAP_SCAN` ioctl.
+//! - [`futex`]: futex wait/wake on atomics (async-signal-safe waits).
+//! - [`signal`]: the process's SIGBUS handler for in-thread faults.
+//! - [`snapshot`]: a value readable from a signal handler while replaced.
 
+pub mod futex;
 pub mod io;
 pub mod mem;
 pub mod pagemap;
+pub mod signal;
+pub mod snapshot;
 pub mod uffd;
 
 /// Size of a base page on the architectures upager supports (x86-64, arm64

@@ -42,6 +42,9 @@ pub mod feature {
     pub const POISON: u64 = k::UFFD_FEATURE_POISON as u64;
     /// `UFFDIO_MOVE`.
     pub const MOVE: u64 = k::UFFD_FEATURE_MOVE as u64;
+    /// Faults raise SIGBUS in the faulting thread instead of queueing a
+    /// message (in-thread resolution).
+    pub const SIGBUS: u64 = k::UFFD_FEATURE_SIGBUS as u64;
     /// Write-protect-async mode (no fault, PAGEMAP_SCAN reports written pages).
     pub const WP_ASYNC: u64 = k::UFFD_FEATURE_WP_ASYNC as u64;
 }

@@ -32,7 +32,7 @@
 //! Counters: `evict_pageout`, `discards`, `fills_readahead` (prefetch fills),
 //! `evicted_markers` (gauge, computed by `Pager::stats`).
 //!
-//! Uses: `area`, `error`, `folio`, `gather`, `region`, `shared`.
+//! Uses: `area`, `error`, `fault`, `folio`, `gather`, `region`, `shared`.
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -43,10 +43,11 @@ use upager_sys::pagemap::{PM_PRESENT, PM_SWAPPED};
 
 use crate::area::Area;
 use crate::error::{AdviseError, RangeError};
+use crate::fault::Outcome;
 use crate::folio::{self, Kind};
 use crate::gather::{Gather, Mode};
 use crate::region::Region;
-use crate::shared::PrefetchRequest;
+use crate::shared::{Ctx, PrefetchRequest};
 
 /// What a range of a region holds, from its folio states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -188,6 +189,61 @@ impl Region {
             region: Arc::clone(&self.inner),
             folios,
         });
+        Ok(())
+    }
+
+    /// Makes the range resident now, in the calling thread, as faults
+    /// there would (`write`: as write faults: the folios become dirty, as
+    /// the system call that follows will make them), without touching the
+    /// memory: a folio that cannot be filled is an error here, not a
+    /// SIGBUS. For passing region memory to a system call under
+    /// [`FaultMode::InThread`](crate::FaultMode::InThread), where a system
+    /// call on a non-resident page fails with EFAULT instead of faulting it
+    /// in: fault the range in, then make the call. Nothing pins the range:
+    /// under memory pressure a folio may be evicted again before the call,
+    /// so keep such ranges well under the budget and retry a call that
+    /// fails with EFAULT (or use [`Region::read_at`] / [`Region::write_at`],
+    /// which copy through memory accesses). Works in both fault modes.
+    pub fn fault_in(&self, offset: u64, len: u64, write: bool) -> Result<(), AdviseError> {
+        let r = &self.inner;
+        let folios = r.folio_range(offset, len, 1)?;
+        if write && !r.writable {
+            return Err(AdviseError::Unsupported(
+                "a write to a read-only region (map it writable)",
+            ));
+        }
+        let sh = &self.owner.shared;
+        let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
+        for idx in folios {
+            let addr = r.folio_addr(idx);
+            loop {
+                let s = folio::load(r.state(idx));
+                match s.kind() {
+                    Kind::Clean | Kind::Dirty if !write => break,
+                    // A dirty folio may still be write-protected (a
+                    // write-back that failed leaves it so): unprotect it
+                    // as a write fault would (no flush if it was not).
+                    Kind::Clean | Kind::Dirty => {
+                        if sh.resolve(&mut ctx, r, addr, true, true) == Outcome::Done
+                            && folio::load(r.state(idx)).kind() == Kind::Dirty
+                        {
+                            break;
+                        }
+                    }
+                    Kind::Poisoned => {
+                        return Err(AdviseError::Unfilled {
+                            offset: idx as u64 * r.folio,
+                        })
+                    }
+                    // Someone else's fill, write-back or eviction: it ends
+                    // in bounded time.
+                    Kind::Busy => std::thread::sleep(std::time::Duration::from_micros(50)),
+                    Kind::Never | Kind::Evicted => {
+                        let _ = sh.resolve(&mut ctx, r, addr, write, write);
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

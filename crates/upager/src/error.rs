@@ -38,6 +38,8 @@ pub enum PagerError {
     Readahead(u64),
     /// {0}
     FaultMode(String),
+    /// could not install upager's SIGBUS handler for fault mode in-thread: {0}
+    SignalHandler(#[source] io::Error),
     /// could not start a pager thread: {0}
     Spawn(#[source] io::Error),
     /// could not create an eventfd: {0}
@@ -185,6 +187,11 @@ pub enum AdviseError {
     Writeback(#[source] io::Error),
     /// the region is read-only or its store cannot drop data: {0}
     Unsupported(&'static str),
+    /// the folio at offset {offset} cannot be made resident: its store read failed or its store refuses writes (an access there raises SIGBUS; see the log)
+    Unfilled {
+        /// Offset of the folio in the region.
+        offset: u64,
+    },
 }
 
 /// The errno a C or Python face reports for an error (Linux numbering):
@@ -207,6 +214,8 @@ pub mod errno {
     pub const EIO: i32 = libc::EIO;
     /// Out of memory (or address space).
     pub const ENOMEM: i32 = libc::ENOMEM;
+    /// Bad address (memory that cannot be made resident).
+    pub const EFAULT: i32 = libc::EFAULT;
     /// Permission denied.
     pub const EACCES: i32 = libc::EACCES;
     /// Invalid argument.
@@ -289,7 +298,8 @@ impl ErrorCode for PagerError {
             PagerError::Api(s)
             | PagerError::Pidfd(s)
             | PagerError::Spawn(s)
-            | PagerError::EventFd(s) => io_errno(s),
+            | PagerError::EventFd(s)
+            | PagerError::SignalHandler(s) => io_errno(s),
         }
     }
 }
@@ -345,6 +355,7 @@ impl ErrorCode for AdviseError {
             AdviseError::Range(_) => errno::EINVAL,
             AdviseError::Writeback(s) => io_errno(s),
             AdviseError::Unsupported(_) => errno::EOPNOTSUPP,
+            AdviseError::Unfilled { .. } => errno::EFAULT,
         }
     }
 }

@@ -42,43 +42,39 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use upager_sys::mem::{AlignedBuf, MapRange};
-use upager_sys::uffd::{Fill, Msg, MSG_SIZE};
+use upager_sys::futex;
+use upager_sys::mem::MapRange;
+use upager_sys::uffd::{Fill, Msg};
 
 use crate::area::Area;
+use crate::config::FaultMode;
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED, SEQ_MASK};
-use crate::shared::Shared;
+use crate::shared::{Ctx, Shared};
 
-/// Messages read per `read(2)` of the userfaultfd.
-const MSGS_PER_READ: usize = 64;
+/// Longest wait of an in-thread fault on a BUSY folio before it retries
+/// (its owner wakes it sooner: this bounds a missed wake).
+const BUSY_WAIT: Duration = Duration::from_millis(20);
 
-/// Per-thread scratch space of a fault handler.
-pub(crate) struct Ctx {
-    buf: AlignedBuf,
-    raw: Vec<u8>,
-    msgs: Vec<Msg>,
-    /// LRU entries of the fill in progress (reused: no allocation per fault).
-    queue: Vec<(usize, bool)>,
-    /// Start of the phase being timed (`fault_timing`).
-    mark: Option<std::time::Instant>,
-}
-
-impl Ctx {
-    pub fn new(buf_bytes: usize) -> Ctx {
-        Ctx {
-            buf: AlignedBuf::zeroed(buf_bytes),
-            raw: vec![0; MSGS_PER_READ * MSG_SIZE],
-            msgs: Vec::new(),
-            queue: Vec::new(),
-            mark: None,
-        }
-    }
+/// How a fault ended in one resolution attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Outcome {
+    /// Resolved, or left to someone who will wake the faulting thread.
+    Done,
+    /// In a SIGBUS handler, a step that is not async-signal-safe is needed
+    /// (reclaim, the dirty limit, a store that may allocate, an error):
+    /// nothing was changed; hand the fault to a resolver thread.
+    HandOff,
+    /// In-thread: the folio is poisoned (its store read failed, or a write
+    /// was refused): the access must end in SIGBUS, as the kernel's
+    /// poison marker gives in handler mode.
+    Sigbus,
 }
 
 impl Shared {
     /// Body of a fault-handler thread.
     pub(crate) fn handler_main(self: Arc<Self>) {
-        let mut ctx = Ctx::new(self.fill_buf_bytes());
+        let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
         let spin = self.cfg.handler_spin;
         let mut spin_until = std::time::Instant::now();
         while !self.stopping() {
@@ -105,7 +101,7 @@ impl Shared {
                             addr, write, wp, ..
                         } = *m
                         {
-                            self.handle_fault(&mut ctx, addr, write, wp);
+                            let _ = self.handle_fault(&mut ctx, addr, write, wp);
                         }
                     }
                     spin_until = std::time::Instant::now() + spin;
@@ -128,7 +124,7 @@ impl Shared {
         self: Arc<Self>,
         rx: std::sync::mpsc::Receiver<crate::shared::PrefetchRequest>,
     ) {
-        let mut ctx = Ctx::new(self.fill_buf_bytes());
+        let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
         while let Ok(req) = rx.recv() {
             self.prefetch_one(&mut ctx, req);
             self.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
@@ -155,13 +151,14 @@ impl Shared {
             if let Some(old) = folio::try_claim(r.state(idx), |s| {
                 matches!(s.kind(), Kind::Never | Kind::Evicted)
             }) {
-                self.fill(ctx, &r, idx, old, false, true);
+                let _ = self.fill(ctx, &r, idx, old, false, true);
             }
         }
     }
 
-    /// Resolves one fault at `addr`.
-    pub(crate) fn handle_fault(&self, ctx: &mut Ctx, addr: u64, write: bool, wp: bool) {
+    /// Resolves one fault at `addr` reported by the userfaultfd (handler
+    /// mode) or handed over by an in-thread SIGBUS handler.
+    pub(crate) fn handle_fault(&self, ctx: &mut Ctx, addr: u64, write: bool, wp: bool) -> Outcome {
         if self.cfg.fault_timing {
             ctx.mark = Some(std::time::Instant::now());
         }
@@ -169,38 +166,77 @@ impl Shared {
             // Being unmapped: the unmap wakes the thread once the range is
             // inaccessible, and the retry gets SIGSEGV.
             self.counters.faults_stale.inc();
-            return;
+            return Outcome::Done;
         };
+        self.resolve(ctx, &r, addr, write, wp)
+    }
+
+    /// Resolves a fault at `addr` in region `r` (pinned by the caller).
+    /// `wp`: a write to a resident folio (a write-protect fault). With
+    /// `ctx.in_signal`, takes only async-signal-safe steps and returns
+    /// [`Outcome::HandOff`], having changed nothing, where it would need
+    /// another.
+    pub(crate) fn resolve(
+        &self,
+        ctx: &mut Ctx,
+        r: &Arc<Area>,
+        addr: u64,
+        write: bool,
+        wp: bool,
+    ) -> Outcome {
+        let in_thread = self.mode == FaultMode::InThread;
         let idx = ((addr - r.base()) >> r.shift) as usize;
         let w = r.state(idx);
         // The dirty limit: a write that would make a file folio dirty waits
         // for write-back above it, and is refused (SIGBUS) when the store
         // refuses writes. Reads never wait here.
-        if (write || wp)
-            && r.writable
-            && !r.is_anon()
-            && folio::load(w).kind() != Kind::Dirty
-            && !self.balance_dirty(&r)
-            && self.refuse_write(&r, idx)
-        {
-            return;
+        if (write || wp) && r.writable && !r.is_anon() && folio::load(w).kind() != Kind::Dirty {
+            if ctx.in_signal {
+                if !self.budget.dirty_fits(r.folio) {
+                    return Outcome::HandOff;
+                }
+            } else if !self.balance_dirty(r) && self.refuse_write(r, idx) {
+                return Outcome::Done;
+            }
         }
         loop {
             let s = folio::load(w);
             match s.kind() {
                 Kind::Never | Kind::Evicted => {
+                    if ctx.in_signal && !r.store.signal_safe() {
+                        return Outcome::HandOff;
+                    }
                     if let Some(old) =
                         folio::try_claim(w, |s| matches!(s.kind(), Kind::Never | Kind::Evicted))
                     {
-                        self.counters.faults_missing.inc();
-                        self.fill(ctx, &r, idx, old, write, false);
-                        return;
+                        // In a signal handler, counted when the fill is
+                        // published (it may still be handed off).
+                        if !ctx.in_signal {
+                            self.counters.faults_missing.inc();
+                        }
+                        return self.fill(ctx, r, idx, old, write, false);
+                    }
+                }
+                Kind::Busy if in_thread => {
+                    // The faulting thread waits on the state word (a
+                    // resolver thread does not: the faulting thread retries
+                    // and waits itself).
+                    if !ctx.in_signal {
+                        return Outcome::Done;
+                    }
+                    if folio::add_waiter(w) {
+                        self.counters.faults_deferred.inc();
+                        let v = folio::load(w);
+                        if v.kind() == Kind::Busy {
+                            futex::wait_low(w, v.0 as u32, Some(BUSY_WAIT));
+                        }
+                        return Outcome::Done;
                     }
                 }
                 Kind::Busy => {
                     if folio::add_waiter(w) {
                         self.counters.faults_deferred.inc();
-                        return;
+                        return Outcome::Done;
                     }
                 }
                 Kind::Clean | Kind::Dirty if wp && r.writable => {
@@ -209,18 +245,21 @@ impl Shared {
                     {
                         self.counters.faults_wp.inc();
                         if old.kind() == Kind::Clean {
-                            self.dirty_add(&r, 1);
+                            self.dirty_add(r, 1);
                         }
-                        self.make_dirty(&r, idx);
-                        return;
+                        self.make_dirty(r, idx);
+                        return Outcome::Done;
                     }
                 }
+                Kind::Poisoned if in_thread => return Outcome::Sigbus,
                 Kind::Clean | Kind::Dirty | Kind::Poisoned => {
-                    // Resolved before we read the message (or poisoned: the
-                    // retry raises SIGBUS). Waking is harmless if no one waits.
+                    // Resolved before we got here (or poisoned: the retry
+                    // raises SIGBUS). Waking is harmless if no one waits.
                     self.counters.faults_stale.inc();
-                    let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
-                    return;
+                    if !in_thread {
+                        let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+                    }
+                    return Outcome::Done;
                 }
             }
         }
@@ -253,14 +292,14 @@ impl Shared {
                     return true;
                 }
                 Kind::Busy => {
-                    if folio::add_waiter(w) {
+                    if self.mode == FaultMode::InThread || folio::add_waiter(w) {
                         self.counters.faults_deferred.inc();
                         return true;
                     }
                 }
                 Kind::Poisoned => {
                     self.counters.faults_stale.inc();
-                    let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+                    self.wake_resolved(r, idx, 1, false);
                     return true;
                 }
             }
@@ -274,9 +313,20 @@ impl Shared {
         let res = self.uffd.writeprotect(r.span(idx, 1), false, false);
         debug_assert!(res.is_ok(), "unprotect failed: {res:?}");
         self.counters.wp_unprotects.inc();
-        folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
-        let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+        let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
+        self.wake_resolved(r, idx, 1, prev.has(folio::WAITER));
         self.maybe_kick_reclaimer();
+    }
+
+    /// After resolving a fault on folios `[idx, idx+n)`: in handler mode,
+    /// wake the faulting thread and any waiters (`UFFDIO_WAKE`); in-thread,
+    /// the faulting thread is running, so wake only waiters (`waiters`:
+    /// some replaced state had WAITER).
+    fn wake_resolved(&self, r: &Area, idx: usize, n: usize, waiters: bool) {
+        match self.mode {
+            FaultMode::InThread if !waiters => {}
+            _ => self.wake_folios(r, idx, n),
+        }
     }
 
     /// Fills claimed folio `idx` (previous state `old`), plus readahead.
@@ -288,19 +338,26 @@ impl Shared {
         old: State,
         write: bool,
         prefetch: bool,
-    ) {
+    ) -> Outcome {
         let folio = r.folio;
         // Counted at its start, like `faults_missing`: the faulting thread
         // may read the counters as soon as the wake below lets it go.
-        if self.lap(&mut ctx.mark, &self.phases.lookup) {
+        if self.lap(&mut ctx.mark, &self.phases.lookup) && !ctx.in_signal {
             self.phases.fills.inc();
         }
         let beyond_end =
             !r.is_anon() && r.store_offset(idx, old).is_some_and(|o| o >= r.store.len());
-        if beyond_end || !self.reserve(folio) {
+        if ctx.in_signal {
+            // No reclaim here: the background reclaimer keeps room ahead of
+            // the faults; when it is behind, a resolver thread reclaims.
+            if beyond_end || !self.budget.try_charge(folio) {
+                self.kick_reclaimer();
+                return self.fill_undo(r, idx, old, &[], false);
+            }
+        } else if beyond_end || !self.reserve(folio) {
             self.counters.faults_failed.inc();
             self.poison(r, idx);
-            return;
+            return Outcome::Done;
         }
         self.lap(&mut ctx.mark, &self.phases.reserve);
         // Readahead on read faults only: folios read ahead are installed
@@ -309,11 +366,30 @@ impl Shared {
         // (2,042 shootdowns for 2,048 folios written in order, test
         // tlb_dirty); without readahead each folio costs one missing fault
         // and no flush.
-        let extras = if write {
-            Vec::new()
-        } else {
-            self.claim_readahead(r, idx)
-        };
+        let mut extras = std::mem::take(&mut ctx.extras);
+        extras.clear();
+        if !write {
+            self.claim_readahead(r, idx, &mut extras);
+        }
+        let out = self.fill_claimed(ctx, r, idx, old, &extras, write, prefetch);
+        ctx.extras = extras;
+        out
+    }
+
+    /// [`fill`](Self::fill) once the budget is reserved and the readahead
+    /// folios `extras` are claimed: read, install, publish.
+    #[allow(clippy::too_many_arguments)]
+    fn fill_claimed(
+        &self,
+        ctx: &mut Ctx,
+        r: &Arc<Area>,
+        idx: usize,
+        old: State,
+        extras: &[State],
+        write: bool,
+        prefetch: bool,
+    ) -> Outcome {
+        let folio = r.folio;
         let n = 1 + extras.len();
         // Before anything can see these folios resident (whole-region walks
         // visit touched chunks only).
@@ -323,40 +399,74 @@ impl Shared {
         let total = n * folio as usize;
         let buf = &mut ctx.buf[..total];
         if self.read_folios(r, idx, old, buf).is_err() {
+            if ctx.in_signal {
+                return self.fill_undo(r, idx, old, extras, true);
+            }
             self.counters.read_errors.inc();
-            self.fill_failed(r, idx, &extras);
-            return;
+            self.fill_failed(r, idx, extras);
+            return Outcome::Done;
         }
         self.lap(&mut ctx.mark, &self.phases.read);
         let now = self.evict_seq.load(Ordering::Relaxed);
         let addr = r.folio_addr(idx);
+        let quiet = ctx.in_signal;
         let ok = if write {
-            self.copy_all(r, r.span(idx, 1), &buf[..folio as usize], false)
+            self.copy_all(r, r.span(idx, 1), &buf[..folio as usize], false, quiet)
                 && (extras.is_empty()
-                    || self.copy_all(r, r.span(idx + 1, n - 1), &buf[folio as usize..], true))
+                    || self.copy_all(
+                        r,
+                        r.span(idx + 1, n - 1),
+                        &buf[folio as usize..],
+                        true,
+                        quiet,
+                    ))
         } else {
-            self.copy_all(r, r.span(idx, n), buf, r.writable)
+            self.copy_all(r, r.span(idx, n), buf, r.writable, quiet)
         };
         if !ok {
             // Drop whatever part of the run was installed before giving up.
             let _ = self.pidfd.dontneed(&[r.span(idx, n)]);
-            self.fill_failed(r, idx, &extras);
-            return;
+            if ctx.in_signal {
+                return self.fill_undo(r, idx, old, extras, true);
+            }
+            self.fill_failed(r, idx, extras);
+            return Outcome::Done;
         }
-
         self.lap(&mut ctx.mark, &self.phases.copy);
+        // The LRU entries: (folio, active) for each folio without one. In a
+        // SIGBUS handler they are queued before the folios are published
+        // (the folios are BUSY: reclaim passes over them), with a lock that
+        // is only tried and lists that must have room: otherwise the fill
+        // is undone and handed off.
+        ctx.queue.clear();
+        for k in 0..n {
+            let o = if k == 0 { old } else { extras[k - 1] };
+            let hot = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
+            if !folio::load(r.state(idx + k)).has(QUEUED) {
+                ctx.queue.push((idx + k, hot));
+            }
+        }
+        if ctx.in_signal && !self.lru.try_add(r, &ctx.queue) {
+            let _ = self.pidfd.dontneed(&[r.span(idx, n)]);
+            return self.fill_undo(r, idx, old, extras, true);
+        }
         // Publish: counters and state words (Release), then wake the
         // faulting thread and any waiters (the COPY did not: whoever runs
         // next sees the folios resident and counted), then the LRU (one
-        // lock). No allocation: the LRU batch reuses the context's buffer.
+        // lock) unless queued above.
         if write {
             self.dirty_add(r, 1);
+        }
+        if ctx.in_signal {
+            self.counters.faults_missing.inc();
+            if ctx.mark.is_some() {
+                self.phases.fills.inc();
+            }
         }
         self.counters.fills.add(n as u64);
         self.counters
             .fills_readahead
             .add(extras.len() as u64 + u64::from(prefetch));
-        ctx.queue.clear();
         let mut waiters = false;
         for k in 0..n {
             let o = if k == 0 { old } else { extras[k - 1] };
@@ -374,18 +484,50 @@ impl Shared {
                 s.with_kind(kind).set(ACTIVE, hot).set(QUEUED, true)
             });
             waiters |= prev.has(folio::WAITER);
-            if !prev.has(QUEUED) {
-                ctx.queue.push((idx + k, hot));
+        }
+        match self.mode {
+            FaultMode::InThread => {
+                if waiters {
+                    self.wake_folios(r, idx, n);
+                }
+            }
+            _ => {
+                if !prefetch || waiters {
+                    let _ = self.uffd.wake(addr, total as u64);
+                }
             }
         }
-        if !prefetch || waiters {
-            let _ = self.uffd.wake(addr, total as u64);
-        }
         self.lap(&mut ctx.mark, &self.phases.wake);
-        self.lru.add(r, &ctx.queue);
+        if !ctx.in_signal {
+            self.lru.add(r, &ctx.queue);
+        }
         self.maybe_kick_reclaimer();
         self.lap(&mut ctx.mark, &self.phases.lru);
         ctx.mark = None;
+        Outcome::Done
+    }
+
+    /// Undoes a fill started in a SIGBUS handler, so that a resolver thread
+    /// can do it again from the start: the readahead folios and the
+    /// faulting one go back to their old states (waking waiters) and the
+    /// budget is returned (`charged`: also the faulting folio's).
+    fn fill_undo(
+        &self,
+        r: &Arc<Area>,
+        idx: usize,
+        old: State,
+        extras: &[State],
+        charged: bool,
+    ) -> Outcome {
+        for (k, o) in extras.iter().enumerate() {
+            let prev = folio::release(r.state(idx + 1 + k), |_| *o);
+            self.wake_if_waiter(r, idx + 1 + k, prev);
+        }
+        let n = extras.len() as u64 + u64::from(charged);
+        self.budget.uncharge(r.folio * n);
+        let prev = folio::release(r.state(idx), |_| old);
+        self.wake_if_waiter(r, idx, prev);
+        Outcome::HandOff
     }
 
     /// Adds the time since the last mark to `phase` and marks now, when a
@@ -421,10 +563,12 @@ impl Shared {
 
     /// Claims up to the readahead window of non-resident folios after `idx`
     /// (file regions only), each with budget reserved without reclaiming.
-    fn claim_readahead(&self, r: &Area, idx: usize) -> Vec<State> {
+    /// Pushes their old states to `out` (whose capacity the window never
+    /// exceeds: no allocation).
+    fn claim_readahead(&self, r: &Area, idx: usize, out: &mut Vec<State>) {
         let max = (self.cfg.readahead / r.folio) as usize;
         if r.is_anon() || max == 0 || idx == 0 {
-            return Vec::new();
+            return;
         }
         let mut run = 0;
         // BUSY counts: the COPY of the previous run wakes the faulting thread
@@ -443,13 +587,12 @@ impl Shared {
         // were readahead in the random-read benchmark). Two in a row is a
         // stream (1/64 by chance).
         if run < 2 {
-            return Vec::new();
+            return;
         }
         let window = (2 * run)
             .min(max)
             .min(self.fill_buf_bytes() / r.folio as usize - 1);
         let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
-        let mut out = Vec::new();
         for j in idx + 1..(idx + 1 + window).min(r.nfolios()).min(end_folio) {
             if !self.budget.try_charge(r.folio) {
                 break;
@@ -464,7 +607,6 @@ impl Shared {
                 }
             }
         }
-        out
     }
 
     /// Reads folios `[idx, idx + buf.len()/folio)` into `buf`.
@@ -479,12 +621,9 @@ impl Shared {
         let mut got = 0;
         while got < want {
             match r.store.read_at(&mut buf[got..], off + got as u64)? {
-                0 => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "store returned fewer bytes than its length promises",
-                    ))
-                }
+                // The store returned fewer bytes than its length promises
+                // (no message: this may run in a signal handler).
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
                 n => got += n,
             }
         }
@@ -494,8 +633,9 @@ impl Shared {
     }
 
     /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. False if the
-    /// range could not be filled.
-    fn copy_all(&self, r: &Area, dst: MapRange<'_>, src: &[u8], wp: bool) -> bool {
+    /// range could not be filled (logged unless `quiet`: in a signal
+    /// handler, the resolver thread that redoes the fill logs it).
+    fn copy_all(&self, r: &Area, dst: MapRange<'_>, src: &[u8], wp: bool, quiet: bool) -> bool {
         let mut done = 0usize;
         let len = src.len();
         for _attempt in 0..16 {
@@ -517,6 +657,7 @@ impl Shared {
                         let _ = self.pidfd.dontneed(&[dst.sub(done, len - done)]);
                     }
                 }
+                Err(_) if quiet => return false,
                 Err(e) => {
                     log::error!(
                         "UFFDIO_COPY at {:#x} (region {}) failed: {e}",

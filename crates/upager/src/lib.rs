@@ -58,6 +58,7 @@ mod error;
 mod fault;
 mod folio;
 mod gather;
+mod inthread;
 mod lru;
 mod pager;
 mod reclaim;
@@ -111,7 +112,7 @@ mod tests {
     /// before it.
     const LAYERS: &[&str] = &[
         "config", "error", "folio", "stats", "store", "budget", "area", "table", "lru", "shared",
-        "gather", "reclaim", "fault", "region", "advice", "pager",
+        "gather", "reclaim", "fault", "inthread", "region", "advice", "pager",
     ];
 
     /// The engine's modules form the DAG that lib.rs lists and

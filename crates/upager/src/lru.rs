@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::area::Area;
@@ -37,9 +37,20 @@ pub(crate) struct Lists {
 }
 
 /// The LRU lists of a pager, under one lock.
-#[derive(Default)]
 pub(crate) struct Lru {
     lists: Mutex<Lists>,
+}
+
+impl Default for Lru {
+    /// Empty lists with [`SPARE`] entries of room each, so the first fills
+    /// in SIGBUS handlers need not hand off to grow them.
+    fn default() -> Self {
+        let mut l = Lists::default();
+        l.keep_spare();
+        Lru {
+            lists: Mutex::new(l),
+        }
+    }
 }
 
 impl Lru {
@@ -49,23 +60,48 @@ impl Lru {
         self.lists.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds newly filled folios `(idx, active)` of `r`: one lock for the group.
+    /// Adds newly filled folios `(idx, active)` of `r`: one lock for the
+    /// group. Keeps [`SPARE`] entries of room in each list for
+    /// [`Lru::try_add`].
     pub fn add(&self, r: &Arc<Area>, items: &[(usize, bool)]) {
         if items.is_empty() {
             return;
         }
         let mut l = self.lock();
-        for &(idx, active) in items {
-            let e = Entry {
-                region: Arc::clone(r),
-                idx,
-            };
-            if active {
-                l.push_active(e);
-            } else {
-                l.push_inactive(e);
-            }
+        l.push_all(r, items);
+        l.keep_spare();
+    }
+
+    /// Adds like [`Lru::add`], but async-signal-safe (a SIGBUS handler
+    /// calls it): the lock is only tried, a bounded number of times, and
+    /// the lists must have room (no allocation). False if not added (then
+    /// nothing was).
+    pub fn try_add(&self, r: &Arc<Area>, items: &[(usize, bool)]) -> bool {
+        if items.is_empty() {
+            return true;
         }
+        for attempt in 0..TRY_LOCK_ATTEMPTS {
+            let mut l = match self.lists.try_lock() {
+                Ok(l) => l,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    if attempt % 32 == 31 {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                    continue;
+                }
+            };
+            let active = items.iter().filter(|(_, a)| *a).count();
+            let fits = |q: &VecDeque<Entry>, n: usize| q.capacity() - q.len() >= n;
+            if !(fits(&l.active, active) && fits(&l.inactive, items.len() - active)) {
+                return false;
+            }
+            l.push_all(r, items);
+            return true;
+        }
+        false
     }
 
     /// Records a poisoned folio, cleared after its hold time.
@@ -102,7 +138,34 @@ impl Lru {
     }
 }
 
+/// Room kept free in each list so that fills in SIGBUS handlers can queue
+/// without allocating (the lists grow in normal context: `add`).
+const SPARE: usize = 1024;
+/// Times [`Lru::try_add`] tries the lock before giving up (the lock is held
+/// for microseconds at most: a batch's isolation).
+const TRY_LOCK_ATTEMPTS: u32 = 256;
+
 impl Lists {
+    fn push_all(&mut self, r: &Arc<Area>, items: &[(usize, bool)]) {
+        for &(idx, active) in items {
+            let e = Entry {
+                region: Arc::clone(r),
+                idx,
+            };
+            if active {
+                self.push_active(e);
+            } else {
+                self.push_inactive(e);
+            }
+        }
+    }
+    fn keep_spare(&mut self) {
+        for q in [&mut self.inactive, &mut self.active] {
+            if q.capacity() - q.len() < SPARE / 2 {
+                q.reserve(SPARE);
+            }
+        }
+    }
     pub fn inactive_len(&self) -> usize {
         self.inactive.len()
     }

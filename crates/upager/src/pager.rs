@@ -67,9 +67,7 @@ impl Pager {
         match &cfg.fault_mode {
             Err(e) => return Err(PagerError::FaultMode(e.clone())),
             Ok(crate::FaultMode::InThread) => {
-                return Err(PagerError::FaultMode(
-                    "fault mode in-thread is not built yet (issue 12, in progress)".into(),
-                ))
+                crate::inthread::install().map_err(PagerError::SignalHandler)?
             }
             Ok(_) => {}
         }
@@ -94,10 +92,17 @@ impl Pager {
         let owner = Arc::new(Owner::new(Arc::clone(&shared), tx));
         for i in 0..shared.cfg.handler_threads {
             let s = Arc::clone(&shared);
+            let in_thread = s.mode == crate::FaultMode::InThread;
             owner.adopt(
                 std::thread::Builder::new()
                     .name(format!("upager-fault-{i}"))
-                    .spawn(move || s.handler_main())
+                    .spawn(move || {
+                        if in_thread {
+                            s.resolver_main()
+                        } else {
+                            s.handler_main()
+                        }
+                    })
                     .map_err(PagerError::Spawn)?,
             );
         }
@@ -344,6 +349,9 @@ impl Pager {
             wb_backoff: crate::area::Backoff::default(),
         });
         sh.table.insert(Arc::clone(&inner));
+        if sh.mode == crate::FaultMode::InThread {
+            crate::inthread::register(sh, &inner);
+        }
         Ok(Region::new(inner, Arc::clone(&self.owner)))
     }
 

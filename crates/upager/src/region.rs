@@ -218,6 +218,10 @@ impl Region {
             }
         }
         let _ = sh.uffd.wake(r.base(), r.map_len());
+        if sh.mode == crate::FaultMode::InThread {
+            // In-thread faults on the range now get SIGSEGV, not SIGBUS.
+            crate::inthread::unregister(r.id, sh);
+        }
         // 4) Drop its LRU entries (a fill that finished during 2) may have
         //    queued one), return its budget, its dirty count and its swap
         //    slots (the swap file is shared: punch their space, then free).

@@ -16,12 +16,13 @@
 //! `store`, `table`.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use upager_sys::mem::SelfPidfd;
+use upager_sys::futex;
+use upager_sys::mem::{AlignedBuf, SelfPidfd};
 use upager_sys::uffd::{feature, Uffd};
 
 use crate::area::Area;
@@ -53,18 +54,83 @@ pub(crate) struct Shared {
     pub evict_seq: AtomicU64,
     /// Prefetch requests queued or in progress.
     pub prefetch_pending: AtomicU64,
+    /// In-thread mode: faults handed to resolver threads.
+    pub handoff: Handoff,
+    /// In-thread mode: scratch spaces for SIGBUS handlers (taken with
+    /// `try_lock`, never waited for).
+    pub sig_ctxs: Vec<Mutex<Ctx>>,
     kick: Kick,
     stop: AtomicBool,
     stop_fd: upager_sys::io::EventFd,
     next_id: AtomicU64,
 }
 
-/// The background reclaimer's doorbell.
+/// The background reclaimer's doorbell: a futex word (1 = rung), so a
+/// SIGBUS handler may ring it too.
 #[derive(Default)]
 struct Kick {
-    kicked: AtomicBool,
-    lock: Mutex<()>,
-    cv: Condvar,
+    bell: AtomicU32,
+}
+
+/// Most faults that can wait for a resolver thread at once (in-thread
+/// mode); a fault finding every slot taken yields and retries.
+pub(crate) const HANDOFF_SLOTS: usize = 32;
+
+/// Faults an in-thread SIGBUS handler hands to a resolver thread (see
+/// `inthread`): the slots and the resolvers' doorbell, all futex words.
+#[derive(Default)]
+pub(crate) struct Handoff {
+    /// Bumped for each posted fault; resolvers wait on it.
+    pub bell: AtomicU32,
+    pub slots: [Slot; HANDOFF_SLOTS],
+}
+
+/// One handed-off fault: `state` goes FREE -> CLAIMED (by the faulting
+/// thread) -> POSTED -> TAKEN (by a resolver) -> DONE -> FREE (by the
+/// faulting thread); the faulting thread waits on `state`.
+#[derive(Default)]
+pub(crate) struct Slot {
+    pub state: AtomicU32,
+    pub addr: AtomicU64,
+    /// 0 read, 1 write, 2 unknown.
+    pub write: AtomicU32,
+}
+
+/// Per-thread scratch space of fault resolution: a fill buffer, the
+/// userfaultfd message buffers, and the lists of the fill in progress, all
+/// allocated up front so a fill allocates nothing (a SIGBUS handler may
+/// run it).
+pub(crate) struct Ctx {
+    pub buf: AlignedBuf,
+    pub raw: Vec<u8>,
+    pub msgs: Vec<upager_sys::uffd::Msg>,
+    /// LRU entries of the fill in progress.
+    pub queue: Vec<(usize, bool)>,
+    /// Previous states of the readahead folios claimed by the fill.
+    pub extras: Vec<State>,
+    /// Start of the phase being timed (`fault_timing`).
+    pub mark: Option<std::time::Instant>,
+    /// Running in a SIGBUS handler: only async-signal-safe steps; anything
+    /// else is handed to a resolver thread.
+    pub in_signal: bool,
+}
+
+/// Messages read per `read(2)` of the userfaultfd.
+pub(crate) const MSGS_PER_READ: usize = 64;
+
+impl Ctx {
+    pub fn new(buf_bytes: usize, in_signal: bool) -> Ctx {
+        let folios = buf_bytes / MIN_FOLIO as usize + 1;
+        Ctx {
+            buf: AlignedBuf::zeroed(buf_bytes),
+            raw: vec![0; MSGS_PER_READ * upager_sys::uffd::MSG_SIZE],
+            msgs: Vec::with_capacity(MSGS_PER_READ),
+            queue: Vec::with_capacity(folios),
+            extras: Vec::with_capacity(folios),
+            mark: None,
+            in_signal,
+        }
+    }
 }
 
 impl Shared {
@@ -74,13 +140,20 @@ impl Shared {
             device: f.device,
             syscall: f.syscall,
         })?;
-        let want = feature::THREAD_ID | feature::PAGEFAULT_FLAG_WP | feature::POISON;
+        let mode = cfg.fault_mode.clone().unwrap_or_default();
+        let sigbus = if mode == FaultMode::InThread {
+            feature::SIGBUS
+        } else {
+            0
+        };
+        let want = feature::THREAD_ID | feature::PAGEFAULT_FLAG_WP | feature::POISON | sigbus;
         let got = uffd.api(want).map_err(PagerError::Api)?;
         for (bit, name) in [
             (feature::PAGEFAULT_FLAG_WP, "write-protect faults"),
             (feature::POISON, "UFFDIO_POISON"),
+            (sigbus, "UFFD_FEATURE_SIGBUS"),
         ] {
-            if got & bit == 0 {
+            if got & bit != bit {
                 return Err(PagerError::MissingFeature(name));
             }
         }
@@ -99,7 +172,15 @@ impl Shared {
             stop: AtomicBool::new(false),
             stop_fd: upager_sys::io::EventFd::new().map_err(PagerError::EventFd)?,
             next_id: AtomicU64::new(1),
-            mode: cfg.fault_mode.clone().unwrap_or_default(),
+            handoff: Handoff::default(),
+            sig_ctxs: if mode == FaultMode::InThread {
+                let n = (2 * upager_sys::io::online_cpus() + 2).min(64);
+                let bytes = fill_buf_bytes(&cfg);
+                (0..n).map(|_| Mutex::new(Ctx::new(bytes, true))).collect()
+            } else {
+                Vec::new()
+            },
+            mode,
             cfg,
         })
     }
@@ -132,7 +213,7 @@ impl Shared {
     }
     /// Fill buffer per handler thread: the largest readahead or folio.
     pub fn fill_buf_bytes(&self) -> usize {
-        self.cfg.readahead.max(MAX_FOLIO) as usize + MAX_FOLIO as usize
+        fill_buf_bytes(&self.cfg)
     }
     /// `n` folios of `r` became DIRTY (file-backed areas are counted).
     pub fn dirty_add(&self, r: &Area, n: u64) {
@@ -150,36 +231,54 @@ impl Shared {
     /// replaced) says there are any.
     pub fn wake_if_waiter(&self, r: &Area, idx: usize, prev: State) {
         if prev.has(WAITER) {
-            let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+            self.wake_folios(r, idx, 1);
+        }
+    }
+    /// Wakes the faults waiting on folios `[idx, idx+n)`: in handler mode
+    /// they sleep in the kernel (`UFFDIO_WAKE` over the range); in-thread
+    /// they wait on the folios' state words (futex). Async-signal-safe.
+    pub fn wake_folios(&self, r: &Area, idx: usize, n: usize) {
+        match self.mode {
+            FaultMode::InThread => {
+                for k in idx..idx + n {
+                    futex::wake_low(r.state(k));
+                }
+            }
+            _ => {
+                let _ = self.uffd.wake(r.folio_addr(idx), r.folio * n as u64);
+            }
         }
     }
 
     /// Rings the reclaimer's doorbell (once until it answers).
+    /// Async-signal-safe.
     pub fn kick_reclaimer(&self) {
-        if !self.kick.kicked.swap(true, Ordering::AcqRel) {
-            let _g = self.kick.lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.kick.cv.notify_one();
+        if self.kick.bell.swap(1, Ordering::AcqRel) == 0 {
+            futex::wake(&self.kick.bell, 1);
         }
     }
     /// The reclaimer waits for its doorbell, at most `timeout`.
     pub fn wait_for_kick(&self, timeout: Duration) {
-        {
-            let g = self.kick.lock.lock().unwrap_or_else(|e| e.into_inner());
-            if !self.kick.kicked.load(Ordering::Acquire) {
-                let _ = self.kick.cv.wait_timeout(g, timeout);
-            }
+        if self.kick.bell.load(Ordering::Acquire) == 0 {
+            futex::wait(&self.kick.bell, 0, Some(timeout));
         }
-        self.kick.kicked.store(false, Ordering::Release);
+        self.kick.bell.store(0, Ordering::Release);
     }
 
     /// Tells every thread to stop.
     fn shut_down(&self) {
         self.stop.store(true, Ordering::Release);
         let _ = self.stop_fd.signal();
-        let _g = self.kick.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.kick.kicked.store(true, Ordering::Release);
-        self.kick.cv.notify_all();
+        self.kick.bell.store(1, Ordering::Release);
+        futex::wake(&self.kick.bell, u32::MAX);
+        self.handoff.bell.fetch_add(1, Ordering::AcqRel);
+        futex::wake(&self.handoff.bell, u32::MAX);
     }
+}
+
+/// Fill buffer per fault-resolving thread: the largest readahead or folio.
+fn fill_buf_bytes(cfg: &PagerBuilder) -> usize {
+    cfg.readahead.max(MAX_FOLIO) as usize + MAX_FOLIO as usize
 }
 
 /// A prefetch request for the prefetch thread.

@@ -119,6 +119,10 @@ counters! {
     dirty_throttled,
     /// Write faults answered with SIGBUS because the store refuses writes (full disk, I/O error) and the dirty limit is reached.
     writes_refused,
+    /// In-thread mode: faults taken by upager's SIGBUS handler in the faulting thread.
+    faults_in_thread,
+    /// Of `faults_in_thread`, those handed to a resolver thread (reclaim needed, the dirty limit, a store that is not signal-safe, an error).
+    faults_handed_off,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

@@ -96,6 +96,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn punch(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Whether `read_at` may run in a SIGBUS handler (in-thread fault mode):
+    /// it makes only async-signal-safe system calls (`pread`), allocates
+    /// nothing and takes no lock. Default false: faults on the store's
+    /// regions are then handed to a resolver thread, where `read_at` may do
+    /// anything.
+    fn signal_safe(&self) -> bool {
+        false
+    }
 }
 
 /// A file (or a range of one) as a store.
@@ -195,6 +203,9 @@ impl Store for FileStore {
     fn sync(&self) -> io::Result<()> {
         self.buffered.sync_data()
     }
+    fn signal_safe(&self) -> bool {
+        true // pread into the caller's buffer
+    }
 }
 
 /// The private swap file of an anonymous region: created with mode 0600 and
@@ -286,6 +297,9 @@ impl Store for SwapFile {
     }
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
         upager_sys::io::punch_hole(&self.file, offset, len)
+    }
+    fn signal_safe(&self) -> bool {
+        true // pread into the caller's buffer
     }
 }
 

@@ -197,11 +197,10 @@ fn unmap_waits_for_faults_in_flight_and_does_not_block_other_regions() {
     let store = Arc::new(TestStore::new(&a_path, false));
     let a = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
     let b = pager.map_file(&b_path, &MapOptions::new()).unwrap();
-    let addr = a.as_ptr() as u64;
     store.set_gate(true);
     // A system call reading A's memory faults inside the kernel and stays in
-    // flight while A's store is blocked.
-    let syscall = blocked_syscall_fault(&store, dir.path(), addr);
+    // flight while A's store is blocked (in-thread: a prefetch).
+    let syscall = blocked_syscall_fault(&store, dir.path(), &a);
     // Unmap starts and blocks: it waits for the fault in flight.
     let unmapper = spawn_until_blocked("unmap of a region with a fault in flight", 10, move || {
         a.unmap().unwrap();
@@ -310,7 +309,12 @@ fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
     let sink = std::fs::File::create(dir.path().join("sink")).unwrap();
     // A system call touching the failing folio gets EFAULT (a plain access
     // would get SIGBUS: see the child-process test).
-    let err = upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64 + bad, 4096, 0).unwrap_err();
+    let read_bad = || {
+        syscall_on(&r, bad, 4096, false, || {
+            upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64 + bad, 4096, 0)
+        })
+    };
+    let err = read_bad().unwrap_err();
     assert_eq!(err.raw_os_error(), Some(14), "{err}");
     // Other folios are served.
     assert_eq!(r.words()[0].load(Relaxed), word(0, 8));
@@ -324,10 +328,8 @@ fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
     // hold) the folio reads again. Until then the call gets EFAULT from the
     // kernel, without a fault reaching the engine.
     store.fail_read_at.store(u64::MAX, SeqCst);
-    wait_until(
-        "the poisoned folio to read again",
-        10,
-        || match upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64 + bad, 4096, 0) {
+    wait_until("the poisoned folio to read again", 10, || {
+        match read_bad() {
             Ok(n) => {
                 assert_eq!(n, 4096);
                 true
@@ -336,8 +338,8 @@ fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
                 assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
                 false
             }
-        },
-    );
+        }
+    });
     assert_eq!(r.words()[bad as usize / 8].load(Relaxed), word(bad, 8));
 }
 
@@ -432,11 +434,18 @@ fn system_calls_on_region_memory_are_served() {
     let r = pager
         .map_file(&path, &MapOptions::new().writable(true))
         .unwrap();
-    // write(2) from region memory: the kernel reads missing pages.
+    // write(2) from region memory: the kernel reads missing pages (in
+    // in-thread mode, after `fault_in`: see `syscall_on`). By the MiB: the
+    // region is twice the budget.
     let out_path = dir.path().join("out");
     let out = std::fs::File::create(&out_path).unwrap();
-    let n = upager_sys::io::pwrite_from(&out, r.as_ptr() as u64, r.len() as u64, 0).unwrap();
-    assert_eq!(n, r.len() as u64);
+    for off in (0..r.len() as u64).step_by(MIB as usize) {
+        let n = syscall_on(&r, off, MIB, false, || {
+            upager_sys::io::pwrite_from(&out, r.as_ptr() as u64 + off, MIB, off)
+        })
+        .unwrap();
+        assert_eq!(n, MIB);
+    }
     assert!(std::fs::read(&out_path).unwrap() == std::fs::read(&path).unwrap());
     // read(2) into region memory: the kernel writes pages (missing, or
     // present and write-protected).
@@ -444,7 +453,10 @@ fn system_calls_on_region_memory_are_served() {
     let src = std::fs::File::open(&src_path).unwrap();
     let at = 3 * MIB as usize;
     assert_eq!(
-        upager_sys::io::pread_into(&src, &r.bytes()[at..at + MIB as usize], 0).unwrap(),
+        syscall_on(&r, at as u64, MIB, true, || {
+            upager_sys::io::pread_into(&src, &r.bytes()[at..at + MIB as usize], 0)
+        })
+        .unwrap(),
         MIB as usize
     );
     r.flush().unwrap();
@@ -594,7 +606,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
 /// removing or reordering a counter fails here; a new counter goes at the
 /// end, here and in the same lists of crates/capi/tests/c/stat_names.c and
 /// python/tests/test_upager.py.
-const STAT_NAMES: [&str; 34] = [
+const STAT_NAMES: [&str; 36] = [
     "faults_missing",
     "faults_wp",
     "faults_deferred",
@@ -629,6 +641,8 @@ const STAT_NAMES: [&str; 34] = [
     "dirty_bytes",
     "dirty_throttled",
     "writes_refused",
+    "faults_in_thread",
+    "faults_handed_off",
 ];
 
 #[test]

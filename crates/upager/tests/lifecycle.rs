@@ -383,7 +383,9 @@ fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
     let mut refused_at = None;
     for off in (0..len).step_by(4096) {
         let dst = &r.bytes()[off as usize..off as usize + 8];
-        match upager_sys::io::pread_into(&src, dst, off) {
+        match syscall_on(&r, off, 8, true, || {
+            upager_sys::io::pread_into(&src, dst, off)
+        }) {
             Ok(8) => {}
             Ok(n) => panic!("short copy {n} at {off}"),
             Err(e) => {
@@ -423,7 +425,10 @@ fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
     for pass in 0..2 {
         for off in (0..refused).step_by(4096) {
             let addr = r.as_ptr() as u64 + off;
-            let n = upager_sys::io::pwrite_from(&sink, addr, 8, 0).unwrap_or_else(|e| {
+            let n = syscall_on(&r, off, 8, false, || {
+                upager_sys::io::pwrite_from(&sink, addr, 8, 0)
+            })
+            .unwrap_or_else(|e| {
                 panic!(
                     "pass {pass}: read at {off} failed: {e}; {:?}",
                     pager.stats()
@@ -473,7 +478,10 @@ fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
     // poison clears within 100 ms).
     let dst = &r.bytes()[refused as usize..refused as usize + 8];
     wait_until("a write after the store recovered", 5, || {
-        upager_sys::io::pread_into(&src, dst, refused).is_ok()
+        syscall_on(&r, refused, 8, true, || {
+            upager_sys::io::pread_into(&src, dst, refused)
+        })
+        .is_ok()
     });
     r.unmap().map_err(|(e, _)| e).unwrap();
 }
@@ -505,7 +513,10 @@ fn a_write_to_a_clean_page_is_refused_when_the_store_refuses_writes() {
         .open(sink_dir.path().join("sink"))
         .unwrap();
     let read0 = || -> Option<u64> {
-        upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64, 8, 0).ok()?;
+        syscall_on(&r, 0, 8, false, || {
+            upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64, 8, 0)
+        })
+        .ok()?;
         let mut b = [0u8; 8];
         std::os::unix::fs::FileExt::read_exact_at(&sink, &mut b, 0).unwrap();
         Some(u64::from_le_bytes(b))
@@ -516,7 +527,8 @@ fn a_write_to_a_clean_page_is_refused_when_the_store_refuses_writes() {
     let mut refused = None;
     for p in 1..1024usize {
         let off = p * 4096;
-        if upager_sys::io::pread_into(&src, &r.bytes()[off..off + 8], off as u64).is_err() {
+        let write = || upager_sys::io::pread_into(&src, &r.bytes()[off..off + 8], off as u64);
+        if syscall_on(&r, off as u64, 8, true, write).is_err() {
             refused = Some(p);
             break;
         }
@@ -524,7 +536,10 @@ fn a_write_to_a_clean_page_is_refused_when_the_store_refuses_writes() {
     let refused = refused.expect("a write is refused once the dirty limit is full");
     assert!(refused > 200, "refused at page {refused}");
     let before = pager.stats();
-    let e = upager_sys::io::pread_into(&src, &r.bytes()[..8], 0).unwrap_err();
+    let e = syscall_on(&r, 0, 8, true, || {
+        upager_sys::io::pread_into(&src, &r.bytes()[..8], 0)
+    })
+    .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
     let after = pager.stats();
     assert_eq!(after.writes_refused, before.writes_refused + 1, "{after:?}");

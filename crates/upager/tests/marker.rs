@@ -280,7 +280,12 @@ fn discard_lets_go_of_its_claims_before_waiting_on_a_busy_fill() {
         // fails), on folio 150: it needs budget.
         let out = std::fs::File::create(dir.path().join("b-out")).unwrap();
         let b_addr = r.as_ptr() as u64 + 150 * P;
-        let b = s.spawn(move || upager_sys::io::pwrite_from(&out, b_addr, 8, 0));
+        let r = &r;
+        let b = s.spawn(move || {
+            syscall_on(r, 150 * P, 8, false, || {
+                upager_sys::io::pwrite_from(&out, b_addr, 8, 0)
+            })
+        });
         wait_until("fault B to claim folio 150", 10, || {
             state_of(150) == Residency::Busy
         });

@@ -43,6 +43,8 @@ static const char *const names[] = {
     "dirty_bytes",
     "dirty_throttled",
     "writes_refused",
+    "faults_in_thread",
+    "faults_handed_off",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 

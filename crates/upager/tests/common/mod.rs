@@ -587,19 +587,63 @@ pub fn open_fds(pid: &str) -> Vec<(u32, String)> {
     .collect()
 }
 
-/// Starts a system call (`pwrite` from region memory at `addr`) on another
-/// thread and waits (bounded) until its fault is blocked in `store`'s closed
-/// read gate: a fault in flight, inside the kernel.
+/// Puts a fault of region `r` (at its start) in flight, blocked in
+/// `store`'s closed read gate, and returns the thread that waits for it.
+/// Handler mode: a system call (`pwrite` from region memory) faults inside
+/// the kernel; in-thread mode (where a system call gets EFAULT instead): a
+/// prefetch, whose fill holds the region in flight the same way.
 pub fn blocked_syscall_fault(
     store: &TestStore,
     dir: &Path,
-    addr: u64,
+    r: &upager::Region,
 ) -> std::thread::JoinHandle<io::Result<u64>> {
     let out = std::fs::File::create(dir.join("blocked-syscall-out")).unwrap();
     let before = store.reads_blocked.load(Ordering::SeqCst);
-    let syscall = std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0));
+    let addr = r.as_ptr() as u64;
+    let syscall = if in_thread() {
+        r.prefetch(0, r.folio_size()).unwrap();
+        std::thread::spawn(|| Ok(4096))
+    } else {
+        std::thread::spawn(move || upager_sys::io::pwrite_from(&out, addr, 4096, 0))
+    };
     wait_until("the fault to reach the store's closed gate", 10, || {
         store.reads_blocked.load(Ordering::SeqCst) != before
     });
     syscall
+}
+
+/// The tests run in the fault mode `UPAGER_FAULT_MODE` names (the
+/// builder's default): true for in-thread.
+pub fn in_thread() -> bool {
+    matches!(
+        upager::FaultMode::from_env(),
+        Ok(Some(upager::FaultMode::InThread))
+    )
+}
+
+/// A system call on region memory `[off, off+len)` of `r`: in in-thread
+/// mode (where a system call on a non-resident page fails with EFAULT) the
+/// range is faulted in first (`Region::fault_in`), and the call retried a
+/// few times if eviction raced it; an error of `fault_in` is EFAULT, as
+/// handler mode's call reports it. Handler mode makes the call as it is.
+pub fn syscall_on<T>(
+    r: &upager::Region,
+    off: u64,
+    len: u64,
+    write: bool,
+    mut call: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    if !in_thread() {
+        return call();
+    }
+    let mut tries = 0;
+    loop {
+        if r.fault_in(off, len, write).is_err() {
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        match call() {
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) && tries < 8 => tries += 1,
+            res => return res,
+        }
+    }
 }
