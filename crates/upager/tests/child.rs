@@ -39,6 +39,67 @@ fn child_main() {
             let v = r.words()[2 * 8192].load(Relaxed);
             println!("not reached: {v}");
         }
+        "foreign_sigbus" => {
+            // The program's own SIGBUS handler, installed before upager's.
+            let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+            sa.sa_sigaction = own_sigbus as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            // SAFETY (test): a valid action with an SA_SIGINFO handler.
+            assert_eq!(
+                unsafe { libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) },
+                0
+            );
+            let path = pattern_file(dir.path(), "data", 4 * MIB, 3);
+            let pager = Pager::builder()
+                .budget(MIB)
+                .fault_mode(upager::FaultMode::InThread)
+                .build()
+                .unwrap();
+            let r = pager.map_file(&path, &MapOptions::new()).unwrap();
+            for w in (0..r.len() / 8).step_by(509) {
+                assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 3));
+            }
+            println!(
+                "in-thread faults served: {}",
+                pager.stats().faults_in_thread
+            );
+            // Another mapping's SIGBUS: a shared file mapping read beyond
+            // the end of its (truncated) file.
+            let f = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.path().join("short"))
+                .unwrap();
+            f.set_len(8192).unwrap();
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    8192,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            f.set_len(0).unwrap();
+            println!("FOREIGN {:#x}", p as u64 + 4096);
+            let v = unsafe { std::ptr::read_volatile((p as *const u8).add(4096)) };
+            println!("not reached {v}");
+        }
+        "fault_mode_env" => {
+            // SAFETY (test): this child runs one thread that reads the
+            // environment.
+            unsafe { std::env::set_var("UPAGER_FAULT_MODE", "fast") };
+            match Pager::builder().build() {
+                Ok(_) => println!("BUILT"),
+                Err(e) => println!("ERROR {} errno {}", e, upager::ErrorCode::errno(&e)),
+            }
+            unsafe { std::env::set_var("UPAGER_FAULT_MODE", "in-thread") };
+            println!("MODE {}", Pager::builder().build().unwrap().fault_mode());
+        }
         "readonly_write" => {
             let path = pattern_file(dir.path(), "data", MIB, 2);
             let pager = Pager::new(16 * MIB).unwrap();
@@ -89,6 +150,54 @@ fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
     );
     assert!(!stdout.contains("not reached"));
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
+}
+
+/// The program's SIGBUS handler in the child `foreign_sigbus`: reports the
+/// address and exits 7 (async-signal-safe: write and _exit).
+extern "C" fn own_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY (test): the kernel passes a valid siginfo.
+    let addr = unsafe { (*info).si_addr() } as u64;
+    let mut msg = *b"OWN HANDLER 0x0000000000000000\n";
+    for i in 0..16 {
+        let d = ((addr >> (60 - 4 * i)) & 0xf) as u8;
+        msg[14 + i] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
+    }
+    // SAFETY (test): write(2) and _exit(2) are async-signal-safe.
+    unsafe {
+        libc::write(1, msg.as_ptr().cast(), msg.len());
+        libc::_exit(7);
+    }
+}
+
+#[test]
+fn a_foreign_sigbus_reaches_the_programs_own_handler() {
+    let out = run_child("foreign_sigbus", &[], Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("in-thread faults served"), "{stdout}");
+    let want = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("FOREIGN 0x"))
+        .map(|a| u64::from_str_radix(a.trim(), 16).unwrap())
+        .expect("the child printed the foreign address");
+    let got = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("OWN HANDLER 0x"))
+        .map(|a| u64::from_str_radix(a.trim(), 16).unwrap());
+    assert_eq!(got, Some(want), "{stdout}");
+    assert_eq!(out.status.code(), Some(7), "{:?} {stdout}", out.status);
+}
+
+#[test]
+fn a_bad_fault_mode_in_the_environment_is_a_clear_error() {
+    let out = run_child("fault_mode_env", &[], Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(
+            "ERROR UPAGER_FAULT_MODE=\"fast\": unknown fault mode \"fast\": use \"handlers\" or \"in-thread\" errno 22"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("MODE in-thread"), "{stdout}");
 }
 
 #[test]

@@ -723,3 +723,31 @@ fn the_dirty_gauge_follows_every_transition() {
     a.words()[0].store(1, Relaxed);
     assert_eq!(dirty(), 0, "anonymous memory is not counted");
 }
+
+#[test]
+fn eight_threads_fault_the_same_folio_at_once() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 16 * MIB, 64);
+    let pager = small_pager(4 * MIB);
+    let r = pager.map_file(&path, &MapOptions::new()).unwrap();
+    let start = std::sync::Barrier::new(8);
+    // Round after round, all eight threads read the same not-yet-resident
+    // 64 KiB folio at the same moment (each from its own word).
+    for round in 0..64usize {
+        let folio = round * 3 % 256;
+        std::thread::scope(|s| {
+            for t in 0..8usize {
+                let (r, start) = (&r, &start);
+                s.spawn(move || {
+                    let w = folio * 8192 + t * 1024;
+                    start.wait();
+                    assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 64));
+                });
+            }
+        });
+    }
+    let s = pager.stats();
+    // One fill per folio, however many threads faulted on it.
+    assert!(s.fills <= 64 + s.evictions, "{s:?}");
+    assert!(s.resident_peak_bytes <= 4 * MIB, "{s:?}");
+}
