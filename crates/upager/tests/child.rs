@@ -41,11 +41,12 @@ fn child_main() {
         }
         "foreign_sigbus" => {
             // The program's own SIGBUS handler, installed before upager's.
+            // SAFETY: a zeroed sigaction is valid (no handler, empty mask).
             let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
             sa.sa_sigaction = own_sigbus as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO;
-            // SAFETY (test): a valid action with an SA_SIGINFO handler.
             assert_eq!(
+                // SAFETY: a valid action with an SA_SIGINFO handler.
                 unsafe { libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) },
                 0
             );
@@ -73,6 +74,8 @@ fn child_main() {
                 .open(dir.path().join("short"))
                 .unwrap();
             f.set_len(8192).unwrap();
+            // SAFETY: a new shared mapping of an open file; nothing else
+            // refers to the address range.
             let p = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
@@ -86,17 +89,19 @@ fn child_main() {
             assert_ne!(p, libc::MAP_FAILED);
             f.set_len(0).unwrap();
             println!("FOREIGN {:#x}", p as u64 + 4096);
+            // SAFETY: inside the 8 KiB mapping above (beyond the file's end
+            // now: the read raises SIGBUS, which the test is about).
             let v = unsafe { std::ptr::read_volatile((p as *const u8).add(4096)) };
             println!("not reached {v}");
         }
         "fault_mode_env" => {
-            // SAFETY (test): this child runs one thread that reads the
-            // environment.
+            // SAFETY: this child runs one thread that reads the environment.
             unsafe { std::env::set_var("UPAGER_FAULT_MODE", "fast") };
             match Pager::builder().build() {
                 Ok(_) => println!("BUILT"),
                 Err(e) => println!("ERROR {} errno {}", e, upager::ErrorCode::errno(&e)),
             }
+            // SAFETY: as above.
             unsafe { std::env::set_var("UPAGER_FAULT_MODE", "in-thread") };
             println!("MODE {}", Pager::builder().build().unwrap().fault_mode());
         }
@@ -155,14 +160,14 @@ fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
 /// The program's SIGBUS handler in the child `foreign_sigbus`: reports the
 /// address and exits 7 (async-signal-safe: write and _exit).
 extern "C" fn own_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY (test): the kernel passes a valid siginfo.
+    // SAFETY: the kernel passes a valid siginfo.
     let addr = unsafe { (*info).si_addr() } as u64;
     let mut msg = *b"OWN HANDLER 0x0000000000000000\n";
     for i in 0..16 {
         let d = ((addr >> (60 - 4 * i)) & 0xf) as u8;
         msg[14 + i] = if d < 10 { b'0' + d } else { b'a' + d - 10 };
     }
-    // SAFETY (test): write(2) and _exit(2) are async-signal-safe.
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; `msg` is live.
     unsafe {
         libc::write(1, msg.as_ptr().cast(), msg.len());
         libc::_exit(7);
