@@ -328,15 +328,29 @@ impl SelfPidfd {
     /// of this process's own mappings: one mmu_gather, so one TLB flush for
     /// the whole call (Linux 6.16+). The pages read as zero (or raise a
     /// userfaultfd fault) afterwards. Returns the number of bytes advised.
+    /// Allocates nothing for up to 16 ranges (async-signal-safe then).
     pub fn dontneed(&self, ranges: &[MapRange<'_>]) -> io::Result<u64> {
         assert!(ranges.len() <= MAX_IOV);
-        let iov: Vec<libc::iovec> = ranges
-            .iter()
-            .map(|r| libc::iovec {
-                iov_base: r.addr() as *mut libc::c_void,
-                iov_len: r.len,
-            })
-            .collect();
+        let to_iovec = |r: &MapRange<'_>| libc::iovec {
+            iov_base: r.addr() as *mut libc::c_void,
+            iov_len: r.len,
+        };
+        // Up to 16 ranges on the stack: no allocation (a SIGBUS handler
+        // undoing a fill calls this).
+        let mut small = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 16];
+        let heap: Vec<libc::iovec>;
+        let iov: &[libc::iovec] = if ranges.len() <= small.len() {
+            for (slot, r) in small.iter_mut().zip(ranges) {
+                *slot = to_iovec(r);
+            }
+            &small[..ranges.len()]
+        } else {
+            heap = ranges.iter().map(to_iovec).collect();
+            &heap
+        };
         // SAFETY: `iov` is a live array of `iov.len()` iovecs the kernel only
         // reads. Every range lies inside a Mapping (MapRange proves it), whose
         // memory no Rust reference covers except atomic views: dropping its
