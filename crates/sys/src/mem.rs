@@ -29,7 +29,64 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
+/// An address range a caller hands over to be replaced by a region's
+/// mapping, as `MAP_FIXED` does (UMap's `UMAP_FIXED`): created only by the
+/// `unsafe` [`FixedRange::new`], where the caller vouches for the range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedRange {
+    addr: u64,
+    len: u64,
+}
+
+impl FixedRange {
+    /// A range to be mapped over.
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` belongs to the caller, who gives it up: whatever
+    /// is mapped there (typically the caller's own `PROT_NONE` reservation)
+    /// may be replaced, and no Rust reference, other thread or library uses
+    /// that memory any more. `addr` and `len` must be page-aligned and the
+    /// range must not wrap.
+    pub unsafe fn new(addr: u64, len: u64) -> FixedRange {
+        FixedRange { addr, len }
+    }
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// True if the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 impl Mapping {
+    /// Maps `len` bytes (a multiple of the page size) of private anonymous,
+    /// `MAP_NORESERVE` memory at the start of `at` (`MAP_FIXED`: whatever
+    /// the caller had there is replaced), readable and, if `writable`,
+    /// writable. `len` must fit in `at`.
+    pub fn fixed(at: FixedRange, len: usize, writable: bool) -> io::Result<Mapping> {
+        assert!(len > 0 && len.is_multiple_of(PAGE_SIZE) && len as u64 <= at.len);
+        if !at.addr.is_multiple_of(PAGE_SIZE as u64) || at.addr == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        // SAFETY: the caller of FixedRange::new gave up this range (nothing
+        // refers to its memory), and `len` lies inside it.
+        let raw = unsafe { libc::mmap(at.addr as *mut libc::c_void, len, prot, flags, -1, 0) };
+        if raw == libc::MAP_FAILED {
+            return Err(last_err());
+        }
+        let addr = NonNull::new(raw.cast::<u8>()).expect("MAP_FIXED at a non-zero address");
+        Ok(Mapping { addr, len })
+    }
+
     /// Maps `len` bytes (a multiple of the page size) of private anonymous,
     /// `MAP_NORESERVE` memory at an address aligned to `align` (a power of
     /// two ≥ the page size), readable and, if `writable`, writable.

@@ -247,6 +247,7 @@ pub struct MapOptions {
     pub(crate) writable: bool,
     pub(crate) offset: u64,
     pub(crate) len: Option<u64>,
+    pub(crate) at: Option<upager_sys::mem::FixedRange>,
 }
 
 impl Default for MapOptions {
@@ -256,6 +257,7 @@ impl Default for MapOptions {
             writable: false,
             offset: 0,
             len: None,
+            at: None,
         }
     }
 }
@@ -285,6 +287,19 @@ impl MapOptions {
     /// Length of the range. Default: to the end of the file.
     pub fn len(mut self, bytes: u64) -> Self {
         self.len = Some(bytes);
+        self
+    }
+    /// Map the region at the start of `range` (as `MAP_FIXED`, UMap's
+    /// `UMAP_FIXED`), replacing what the caller had there, typically its
+    /// own `PROT_NONE` reservation; several regions may sit side by side
+    /// in one reservation. The address must be a multiple of the folio
+    /// size and the range at least the region's length rounded up to the
+    /// folio size. Unmapping the region leaves its range unmapped, as
+    /// `munmap` does; so does a map that fails after the range was
+    /// replaced (as a failed `MAP_FIXED` may). Default: an address upager
+    /// chooses.
+    pub fn at(mut self, range: upager_sys::mem::FixedRange) -> Self {
+        self.at = Some(range);
         self
     }
 }

@@ -132,6 +132,29 @@ pub enum MapError {
         /// The cause.
         source: io::Error,
     },
+    /// fixed address {addr:#x} is not a multiple of the folio size {folio}: align it, or use a smaller folio
+    FixedUnaligned {
+        /// The address given.
+        addr: u64,
+        /// Region folio size.
+        folio: u64,
+    },
+    /// the fixed range of {given} bytes at {addr:#x} is smaller than the region ({need} bytes: its length rounded up to the folio size)
+    FixedTooSmall {
+        /// The address given.
+        addr: u64,
+        /// Length of the range given.
+        given: u64,
+        /// Bytes the region needs.
+        need: u64,
+    },
+    /// could not map the region at the fixed address {addr:#x}: {source}
+    Fixed {
+        /// The address given.
+        addr: u64,
+        /// The cause.
+        source: io::Error,
+    },
 }
 
 /// Why `flush()` failed. Dirty data that could not be written stays resident
@@ -311,7 +334,9 @@ impl ErrorCode for MapError {
             | MapError::FolioSize(_)
             | MapError::BudgetBelowBatch { .. }
             | MapError::OffsetNotAligned { .. }
-            | MapError::BeyondEnd { .. } => errno::EINVAL,
+            | MapError::BeyondEnd { .. }
+            | MapError::FixedUnaligned { .. }
+            | MapError::FixedTooSmall { .. } => errno::EINVAL,
             MapError::NotFound { .. } => errno::ENOENT,
             // A read-only file or descriptor mapped for writing: mmap(2)
             // says EACCES too.
@@ -320,7 +345,8 @@ impl ErrorCode for MapError {
             | MapError::StoreReadOnly => errno::EACCES,
             MapError::Open { source, .. }
             | MapError::SwapFile { source, .. }
-            | MapError::Limit { source, .. } => io_errno(source),
+            | MapError::Limit { source, .. }
+            | MapError::Fixed { source, .. } => io_errno(source),
             MapError::Mmap { .. } => errno::ENOMEM,
             MapError::Register(s) => io_errno(s),
         }

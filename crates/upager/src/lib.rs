@@ -81,6 +81,7 @@ pub use pager::Pager;
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{FileStore, Src, Store, SwapFile};
+pub use upager_sys::mem::FixedRange;
 
 /// Sends the engine's log messages (warnings and errors: a write-back that
 /// failed on drop, an unmap waiting long for faults in flight) to standard

@@ -241,7 +241,7 @@ impl Pager {
                 store_len,
             });
         }
-        self.map_inner(store, None, opts.offset, len, opts.folio, opts.writable)
+        self.map_inner(store, None, opts.offset, len, opts)
     }
 
     /// Maps `len` bytes of anonymous memory: zero on first touch, swapped to
@@ -260,7 +260,7 @@ impl Pager {
         }
         self.check_budget(opts.folio)?;
         let (swap, slots) = self.swap_space(opts.folio)?;
-        self.map_inner(swap, Some(slots), 0, len, opts.folio, true)
+        self.map_inner(swap, Some(slots), 0, len, &opts.clone().writable(true))
     }
 
     /// The swap file and slot allocator of anonymous regions with `folio`
@@ -298,9 +298,9 @@ impl Pager {
         slots: Option<Arc<Slots>>,
         store_off: u64,
         len: u64,
-        folio: u64,
-        writable: bool,
+        opts: &MapOptions,
     ) -> Result<Region, MapError> {
+        let (folio, writable) = (opts.folio, opts.writable);
         self.check_budget(folio)?;
         let sh = self.shared();
         let map_len = len
@@ -319,8 +319,31 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
-        let map = Mapping::anonymous(map_len as usize, folio as usize, writable)
-            .map_err(|source| mmap_error(map_len, source))?;
+        let map = match opts.at {
+            None => Mapping::anonymous(map_len as usize, folio as usize, writable)
+                .map_err(|source| mmap_error(map_len, source))?,
+            Some(at) => {
+                if !at.addr().is_multiple_of(folio) {
+                    return Err(MapError::FixedUnaligned {
+                        addr: at.addr(),
+                        folio,
+                    });
+                }
+                if at.len() < map_len {
+                    return Err(MapError::FixedTooSmall {
+                        addr: at.addr(),
+                        given: at.len(),
+                        need: map_len,
+                    });
+                }
+                Mapping::fixed(at, map_len as usize, writable).map_err(|source| {
+                    MapError::Fixed {
+                        addr: at.addr(),
+                        source,
+                    }
+                })?
+            }
+        };
         // THP off: a MISSING-registered range would otherwise get a zeroed
         // 2 MiB page allocated before the fault is raised. Not inherited by
         // fork: a child must not see half-paged memory (it gets SIGSEGV).

@@ -751,3 +751,92 @@ fn eight_threads_fault_the_same_folio_at_once() {
     assert!(s.fills <= 64 + s.evictions, "{s:?}");
     assert!(s.resident_peak_bytes <= 4 * MIB, "{s:?}");
 }
+
+/// Reserves `len` bytes of address space (PROT_NONE), aligned to 2 MiB.
+fn reserve(len: u64) -> u64 {
+    // SAFETY: a fresh PROT_NONE mapping the test owns.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            (len + (2 << 20)) as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    (p as u64).next_multiple_of(2 << 20)
+}
+
+/// Whether `[addr, addr+len)` is mapped at all (mincore fails with ENOMEM
+/// on unmapped memory).
+fn mapped(addr: u64, len: u64) -> bool {
+    upager_sys::mem::mincore(addr, len).is_ok()
+}
+
+#[test]
+fn regions_sit_side_by_side_at_fixed_addresses_in_one_reservation() {
+    let dir = ram_dir();
+    let a_path = pattern_file(dir.path(), "a", 4 * MIB, 71);
+    let b_path = pattern_file(dir.path(), "b", 4 * MIB + 100, 72);
+    let pager = small_pager(4 * MIB);
+    let base = reserve(16 * MIB);
+    // SAFETY: the reservation above belongs to this test and nothing uses it.
+    let range = |off: u64, len: u64| unsafe { upager::FixedRange::new(base + off, len) };
+    let a = pager
+        .map_file(
+            &a_path,
+            &MapOptions::new()
+                .writable(true)
+                .folio(2 << 20)
+                .at(range(0, 4 * MIB)),
+        )
+        .unwrap();
+    // B's 4 MiB + 100 bytes round up to 4 MiB + 64 KiB: it needs that much.
+    let e = pager
+        .map_file(&b_path, &MapOptions::new().at(range(4 * MIB, 4 * MIB)))
+        .unwrap_err();
+    assert!(
+        matches!(e, upager::MapError::FixedTooSmall { need, .. } if need == 4 * MIB + (64 << 10)),
+        "{e}"
+    );
+    let e = pager
+        .map_file(
+            &b_path,
+            &MapOptions::new().at(range(4 * MIB + 4096, 8 * MIB)),
+        )
+        .unwrap_err();
+    assert!(matches!(e, upager::MapError::FixedUnaligned { .. }), "{e}");
+    assert_eq!(upager::ErrorCode::errno(&e), libc::EINVAL);
+    let b = pager
+        .map_file(&b_path, &MapOptions::new().at(range(4 * MIB, 8 * MIB)))
+        .unwrap();
+    assert_eq!(a.as_ptr() as u64, base);
+    assert_eq!(b.as_ptr() as u64, base + 4 * MIB);
+    // Both page through a budget smaller than the two together.
+    for round in 0..2 {
+        for w in (0..a.len() / 8).step_by(997) {
+            assert_eq!(
+                a.words()[w].load(Relaxed),
+                word(w as u64 * 8, 71),
+                "round {round}"
+            );
+            assert_eq!(
+                b.words()[w].load(Relaxed),
+                word(w as u64 * 8, 72),
+                "round {round}"
+            );
+        }
+    }
+    a.words()[3].store(42, Relaxed);
+    a.flush().unwrap();
+    assert_eq!(std::fs::read(&a_path).unwrap()[24], 42);
+    // Unmapping A leaves its range unmapped (as munmap does), B works on,
+    // and the rest of the reservation is still the caller's.
+    a.unmap().map_err(|(e, _)| e).unwrap();
+    assert!(!mapped(base, 4 * MIB));
+    assert_eq!(b.words()[1].load(Relaxed), word(8, 72));
+    assert!(mapped(base + 12 * MIB, 4 * MIB));
+    assert!(pager.stats().resident_peak_bytes <= 4 * MIB);
+}
