@@ -188,6 +188,7 @@ PINNED_STAT_NAMES = [
     "writes_refused",
     "faults_in_thread",
     "faults_handed_off",
+    "pinned_bytes",
 ]
 
 

@@ -44,7 +44,7 @@ use upager_sys::pagemap::{PM_PRESENT, PM_SWAPPED};
 use crate::area::Area;
 use crate::error::{AdviseError, RangeError};
 use crate::fault::Outcome;
-use crate::folio::{self, Kind};
+use crate::folio::{self, Kind, State};
 use crate::gather::{Gather, Mode};
 use crate::region::Region;
 use crate::shared::{Ctx, PrefetchRequest};
@@ -212,39 +212,154 @@ impl Region {
                 "a write to a read-only region (map it writable)",
             ));
         }
-        let sh = &self.owner.shared;
-        let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
+        let mut ctx = Ctx::new(self.owner.shared.fill_buf_bytes(), false);
         for idx in folios {
-            let addr = r.folio_addr(idx);
-            loop {
-                let s = folio::load(r.state(idx));
-                match s.kind() {
-                    Kind::Clean | Kind::Dirty if !write => break,
-                    // A dirty folio may still be write-protected (a
-                    // write-back that failed leaves it so): unprotect it
-                    // as a write fault would (no flush if it was not).
-                    Kind::Clean | Kind::Dirty => {
-                        if sh.resolve(&mut ctx, r, addr, true, true) == Outcome::Done
-                            && folio::load(r.state(idx)).kind() == Kind::Dirty
-                        {
-                            break;
-                        }
+            self.make_resident(&mut ctx, idx, write)?;
+        }
+        Ok(())
+    }
+
+    /// Resolves folio `idx` as a (write) fault would, in this thread.
+    fn make_resident(&self, ctx: &mut Ctx, idx: usize, write: bool) -> Result<(), AdviseError> {
+        let (r, sh) = (&self.inner, &self.owner.shared);
+        let addr = r.folio_addr(idx);
+        loop {
+            let s = folio::load(r.state(idx));
+            match s.kind() {
+                Kind::Clean | Kind::Dirty if !write => return Ok(()),
+                // A dirty folio may still be write-protected (a write-back
+                // that failed leaves it so): unprotect it as a write fault
+                // would (no flush if it was not).
+                Kind::Clean | Kind::Dirty => {
+                    if sh.resolve(ctx, r, addr, true, true) == Outcome::Done
+                        && folio::load(r.state(idx)).kind() == Kind::Dirty
+                    {
+                        return Ok(());
                     }
-                    Kind::Poisoned => {
-                        return Err(AdviseError::Unfilled {
-                            offset: idx as u64 * r.folio,
-                        })
-                    }
-                    // Someone else's fill, write-back or eviction: it ends
-                    // in bounded time.
-                    Kind::Busy => std::thread::sleep(std::time::Duration::from_micros(50)),
-                    Kind::Never | Kind::Evicted => {
-                        let _ = sh.resolve(&mut ctx, r, addr, write, write);
+                }
+                Kind::Poisoned => {
+                    return Err(AdviseError::Unfilled {
+                        offset: idx as u64 * r.folio,
+                    })
+                }
+                // Someone else's fill, write-back or eviction: it ends in
+                // bounded time.
+                Kind::Busy => std::thread::sleep(std::time::Duration::from_micros(50)),
+                // A write fill installs the folio writable and DIRTY: done
+                // (unprotecting it again would cost an ioctl for nothing).
+                Kind::Never | Kind::Evicted => {
+                    if sh.resolve(ctx, r, addr, write, write) == Outcome::Done
+                        && folio::load(r.state(idx)).kind() == Kind::Dirty
+                    {
+                        return Ok(());
                     }
                 }
             }
         }
+    }
+
+    /// Pins the range: makes its folios resident (as [`Region::fault_in`];
+    /// `write`: dirty) and keeps them so — reclaim, `pageout` and `discard`
+    /// leave them alone — until [`Region::unpin`]. Pins are counted: each
+    /// pin of a folio needs one unpin. For buffer pools (vmcache's
+    /// fix/unfix) and for passing region memory to system calls in
+    /// [`FaultMode::InThread`](crate::FaultMode::InThread). Pinned folios
+    /// count against the budget, and at most half the budget may be pinned
+    /// (beyond that: an error, nothing pinned). `flush` still writes pinned
+    /// folios back (they stay resident). Unmap drops every pin.
+    pub fn pin(&self, offset: u64, len: u64, write: bool) -> Result<(), AdviseError> {
+        let r = &self.inner;
+        let folios = r.folio_range(offset, len, 1)?;
+        if write && !r.writable {
+            return Err(AdviseError::Unsupported(
+                "a write to a read-only region (map it writable)",
+            ));
+        }
+        let sh = &self.owner.shared;
+        // Count first (so the bytes are reserved), then make resident and
+        // mark each folio.
+        {
+            let mut pins = r.pins.lock().unwrap_or_else(|e| e.into_inner());
+            let new = folios.clone().filter(|i| !pins.contains_key(i)).count() as u64;
+            if !sh.budget.try_pin(new * r.folio) {
+                return Err(AdviseError::PinLimit {
+                    want: new * r.folio,
+                    pinned: sh.budget.pinned(),
+                    budget: sh.budget.limit(),
+                });
+            }
+            for i in folios.clone() {
+                *pins.entry(i).or_insert(0) += 1;
+            }
+        }
+        let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
+        for idx in folios.clone() {
+            let marked = loop {
+                // Resident (and for a write pin dirty: the dirty limit may
+                // refuse it, an error here), then marked while resident
+                // (reclaim may have taken it in between: fill it again);
+                // then, for a write pin, unprotected once more after the
+                // mark, so a write-back batch whose write-protect span
+                // covered it meanwhile cannot leave it read-only (gather
+                // unprotects marked folios in its spans' gaps).
+                if let Err(e) = self.make_resident(&mut ctx, idx, write) {
+                    break Err(e);
+                }
+                let resident = |s: State| {
+                    matches!(s.kind(), Kind::Clean | Kind::Dirty)
+                        && (!write || s.kind() == Kind::Dirty)
+                };
+                if folio::set_flag_if(r.state(idx), folio::PINNED, resident) {
+                    break if write {
+                        self.make_resident(&mut ctx, idx, true)
+                    } else {
+                        Ok(())
+                    };
+                }
+            };
+            if let Err(e) = marked {
+                self.unpin_folios(folios.start..idx + 1);
+                self.unpin_folios(idx + 1..folios.end);
+                return Err(e);
+            }
+        }
         Ok(())
+    }
+
+    /// Undoes one [`Region::pin`] of the range. Unpinning a folio that is
+    /// not pinned is an error, and then nothing is unpinned.
+    pub fn unpin(&self, offset: u64, len: u64) -> Result<(), AdviseError> {
+        let r = &self.inner;
+        let folios = r.folio_range(offset, len, 1)?;
+        {
+            let pins = r.pins.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = folios.clone().find(|i| !pins.contains_key(i)) {
+                return Err(AdviseError::NotPinned {
+                    offset: i as u64 * r.folio,
+                });
+            }
+        }
+        self.unpin_folios(folios);
+        Ok(())
+    }
+
+    /// Drops one pin of each folio in `folios` (those without a pin are
+    /// skipped); a folio whose last pin goes is unmarked.
+    fn unpin_folios(&self, folios: Range<usize>) {
+        let r = &self.inner;
+        let sh = &self.owner.shared;
+        let mut pins = r.pins.lock().unwrap_or_else(|e| e.into_inner());
+        for i in folios {
+            let Some(n) = pins.get_mut(&i) else {
+                continue;
+            };
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(&i);
+                folio::set_flag(r.state(i), folio::PINNED, false);
+                sh.budget.unpin(r.folio);
+            }
+        }
     }
 
     /// Waits until every prefetch queued so far (by any region of this

@@ -46,6 +46,8 @@ pub(crate) struct Area {
     pub wb_error: Mutex<Option<io::Error>>,
     /// Write-backs to this region's store back off while it refuses them.
     pub wb_backoff: Backoff,
+    /// Pin counts of pinned folios (their state words carry PINNED).
+    pub pins: Mutex<std::collections::HashMap<usize, u32>>,
 }
 
 /// Back-off of write-backs to a store that refuses them (full disk, I/O

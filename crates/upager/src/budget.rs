@@ -14,6 +14,8 @@
 //! - Dirty file-backed bytes are counted here too, against the dirty limit
 //!   (default half the budget, the kernel's `dirty_ratio`) and its
 //!   background half (`dirty_background_ratio`).
+//! - Pinned bytes (resident folios reclaim must leave alone) at most half the
+//!   budget, so reclaim always has room to work with.
 //!
 //! Uses: `config`.
 
@@ -36,6 +38,7 @@ pub(crate) struct Budget {
     low_wm: u64,
     dirty: AtomicU64,
     dirty_limit: u64,
+    pinned: AtomicU64,
 }
 
 impl Budget {
@@ -50,7 +53,26 @@ impl Budget {
             low_wm: limit - gap,
             dirty: AtomicU64::new(0),
             dirty_limit: dirty_limit.unwrap_or(limit / 2).clamp(MIN_FOLIO, limit),
+            pinned: AtomicU64::new(0),
         }
+    }
+
+    /// Counts `bytes` more as pinned if the total stays within half the
+    /// budget.
+    pub fn try_pin(&self, bytes: u64) -> bool {
+        self.pinned
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |p| {
+                (p + bytes <= self.limit / 2).then_some(p + bytes)
+            })
+            .is_ok()
+    }
+    /// `bytes` are no longer pinned.
+    pub fn unpin(&self, bytes: u64) {
+        self.pinned.fetch_sub(bytes, Ordering::AcqRel);
+    }
+    /// Bytes pinned now.
+    pub fn pinned(&self) -> u64 {
+        self.pinned.load(Ordering::Relaxed)
     }
 
     /// The limit in bytes.

@@ -215,6 +215,20 @@ pub enum AdviseError {
         /// Offset of the folio in the region.
         offset: u64,
     },
+    /// pinning {want} more bytes would pin more than half the budget ({pinned} of {budget} bytes pinned already): unpin first, or raise the budget
+    PinLimit {
+        /// Bytes the pin would add.
+        want: u64,
+        /// Bytes pinned now.
+        pinned: u64,
+        /// The budget.
+        budget: u64,
+    },
+    /// the folio at offset {offset} is not pinned: nothing was unpinned
+    NotPinned {
+        /// Offset of the folio in the region.
+        offset: u64,
+    },
 }
 
 /// The errno a C or Python face reports for an error (Linux numbering):
@@ -382,6 +396,8 @@ impl ErrorCode for AdviseError {
             AdviseError::Writeback(s) => io_errno(s),
             AdviseError::Unsupported(_) => errno::EOPNOTSUPP,
             AdviseError::Unfilled { .. } => errno::EFAULT,
+            AdviseError::PinLimit { .. } => errno::ENOMEM,
+            AdviseError::NotPinned { .. } => errno::EINVAL,
         }
     }
 }

@@ -190,7 +190,14 @@ impl Shared {
         // The dirty limit: a write that would make a file folio dirty waits
         // for write-back above it, and is refused (SIGBUS) when the store
         // refuses writes. Reads never wait here.
-        if (write || wp) && r.writable && !r.is_anon() && folio::load(w).kind() != Kind::Dirty {
+        // (A pinned folio is exempt: it may not be dropped to refuse a write.)
+        let s0 = folio::load(w);
+        if (write || wp)
+            && r.writable
+            && !r.is_anon()
+            && s0.kind() != Kind::Dirty
+            && !s0.has(folio::PINNED)
+        {
             if ctx.in_signal {
                 if !self.budget.dirty_fits(r.folio) {
                     return Outcome::HandOff;

@@ -11,6 +11,8 @@
 //!  bit   3     WAITER  a fault found the folio BUSY and waits for a wake
 //!  bit   4     ACTIVE  belongs on the active list (refaulted soon after eviction)
 //!  bit   5     QUEUED  an entry for this folio sits on an LRU list
+//!  bit   6     PINNED  resident until unpinned: reclaim, pageout and discard
+//!                      leave it alone (counts in `Area::pins`)
 //!  bits  8..32 eviction sequence number (pages), for the refault distance
 //!  bits 32..64 swap slot + 1 (anonymous regions; 0 = no slot)
 //! ```
@@ -56,6 +58,7 @@ const KIND_MASK: u64 = 0x7;
 pub(crate) const WAITER: u64 = 1 << 3;
 pub(crate) const ACTIVE: u64 = 1 << 4;
 pub(crate) const QUEUED: u64 = 1 << 5;
+pub(crate) const PINNED: u64 = 1 << 6;
 const SEQ_SHIFT: u32 = 8;
 /// Width of the eviction sequence field; distances are taken modulo 2^24
 /// pages (64 GiB of evictions), far above any budget this targets.
@@ -220,6 +223,20 @@ pub(crate) fn add_waiter(w: &AtomicU64) -> bool {
 }
 
 /// Sets or clears a flag bit without changing the kind.
+/// Sets `bit` if the state `pred` accepts (one CAS loop); false if not.
+pub(crate) fn set_flag_if(w: &AtomicU64, bit: u64, pred: impl Fn(State) -> bool) -> bool {
+    let mut cur = load(w);
+    loop {
+        if !pred(cur) {
+            return false;
+        }
+        match w.compare_exchange_weak(cur.0, cur.0 | bit, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return true,
+            Err(v) => cur = State(v),
+        }
+    }
+}
+
 pub(crate) fn set_flag(w: &AtomicU64, bit: u64, on: bool) {
     if on {
         w.fetch_or(bit, Ordering::AcqRel);

@@ -148,8 +148,12 @@ impl<'a> Gather<'a> {
         folios: impl Iterator<Item = usize>,
         pred: impl Fn(State) -> bool,
     ) {
+        // Pinned folios stay resident: only write-back (which keeps them)
+        // may take them.
+        let keep_pins = self.mode != Mode::Writeback;
+        let pred = |s: State| pred(s) && !(keep_pins && s.has(folio::PINNED));
         for idx in folios {
-            let Some(old) = folio::claim_when_idle(r.state(idx), &pred, || self.run()) else {
+            let Some(old) = folio::claim_when_idle(r.state(idx), pred, || self.run()) else {
                 continue;
             };
             let Some(guard) = Inflight::enter(r) else {
@@ -179,8 +183,16 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         let r = &group[0].region;
         let mut span: Option<(usize, usize)> = None;
         for v in group.iter().filter(|v| v.old.kind() == Kind::Dirty) {
+            // A span also protects the folios in its gaps; a pinned one must
+            // stay writable (a system call may be writing into it in
+            // in-thread mode, where a write-protected page gives EFAULT), so
+            // a pinned folio in a gap ends the span.
+            let gap_pinned =
+                |e: usize| (e + 1..v.idx).any(|i| folio::load(r.state(i)).has(folio::PINNED));
             span = match span {
-                Some((s, e)) if ((v.idx - e) as u64) * r.folio <= WP_SPAN_GAP_BYTES => {
+                Some((s, e))
+                    if ((v.idx - e) as u64) * r.folio <= WP_SPAN_GAP_BYTES && !gap_pinned(e) =>
+                {
                     Some((s, v.idx))
                 }
                 Some((s, e)) => {
@@ -193,6 +205,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         if let Some((s, e)) = span {
             write_protect(sh, r, s, e);
         }
+        unprotect_pinned(sh, r, group);
     }
 
     // 3) write back dirty victims, in runs of consecutive folios.
@@ -349,6 +362,36 @@ fn evict_one(sh: &Shared, v: &Victim, new_slot: Option<u32>, seq: u64) {
             .set(ACTIVE, false)
     });
     sh.wake_if_waiter(r, v.idx, prev);
+}
+
+/// After the write-protect spans of `group` (victims of one region): a
+/// pinned dirty folio in a span's gap that was pinned too late for the span
+/// to avoid it is claimed and unprotected again (a write pin promises a
+/// writable folio: a system call writing it in in-thread mode would get
+/// EFAULT). A folio busy elsewhere is left to its owner.
+fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
+    let (Some(first), Some(last)) = (group.first(), group.last()) else {
+        return;
+    };
+    let mut victims = group.iter().map(|v| v.idx).peekable();
+    for i in first.idx..=last.idx {
+        if victims.next_if_eq(&i).is_some() {
+            continue;
+        }
+        let s = folio::load(r.state(i));
+        if !(s.kind() == Kind::Dirty && s.has(folio::PINNED)) {
+            continue;
+        }
+        if folio::try_claim(r.state(i), |s| {
+            s.kind() == Kind::Dirty && s.has(folio::PINNED)
+        })
+        .is_some()
+        {
+            let _ = sh.uffd.writeprotect(r.span(i, 1), false, false);
+            let prev = folio::release(r.state(i), |s| s.with_kind(Kind::Dirty));
+            sh.wake_if_waiter(r, i, prev);
+        }
+    }
 }
 
 fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) {

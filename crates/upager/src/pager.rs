@@ -370,6 +370,7 @@ impl Pager {
             dying: std::sync::atomic::AtomicBool::new(false),
             wb_error: Mutex::new(None),
             wb_backoff: crate::area::Backoff::default(),
+            pins: Mutex::new(std::collections::HashMap::new()),
         });
         sh.table.insert(Arc::clone(&inner));
         if sh.mode == crate::FaultMode::InThread {
@@ -386,6 +387,7 @@ impl Pager {
         s.resident_peak_bytes = sh.budget.peak();
         s.budget_bytes = sh.budget.limit();
         s.dirty_bytes = sh.budget.dirty();
+        s.pinned_bytes = sh.budget.pinned();
         s.evicted_markers = crate::advice::count_markers(sh.table.all().iter());
         s
     }

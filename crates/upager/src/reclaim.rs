@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use upager_sys::mem::MAX_IOV;
 
 use crate::area::{Area, Inflight};
-use crate::folio::{self, Kind, ACTIVE, QUEUED};
+use crate::folio::{self, Kind, ACTIVE, PINNED, QUEUED};
 use crate::gather::{Gather, Mode, Victim};
 use crate::shared::Shared;
 
@@ -94,7 +94,8 @@ impl Shared {
             };
             let s = folio::load(e.region.state(e.idx));
             match s.kind() {
-                Kind::Clean | Kind::Dirty if s.has(ACTIVE) => lru.push_active(e),
+                // Active, or pinned: not a candidate now.
+                Kind::Clean | Kind::Dirty if s.has(ACTIVE) || s.has(PINNED) => lru.push_active(e),
                 // A store refusing writes: leave its dirty folios alone for
                 // the back-off delay, evict clean ones meanwhile.
                 Kind::Dirty if e.region.wb_backoff.blocked() => {
@@ -107,8 +108,8 @@ impl Shared {
                     };
                     let blocked = e.region.wb_backoff.blocked();
                     let claimed = folio::try_claim(e.region.state(e.idx), |s| match s.kind() {
-                        Kind::Clean => !s.has(ACTIVE),
-                        Kind::Dirty => !s.has(ACTIVE) && !blocked,
+                        Kind::Clean => !s.has(ACTIVE) && !s.has(PINNED),
+                        Kind::Dirty => !s.has(ACTIVE) && !s.has(PINNED) && !blocked,
                         _ => false,
                     });
                     match claimed {
@@ -208,7 +209,11 @@ impl Shared {
                     break;
                 }
                 let r = &e.region;
-                if r.is_anon() || folio::load(r.state(e.idx)).kind() != Kind::Dirty {
+                // Pinned folios are left to flush: a system call writing
+                // into one must not meet the write-protection of a
+                // write-back in flight (EFAULT in in-thread mode).
+                let s = folio::load(r.state(e.idx));
+                if r.is_anon() || s.kind() != Kind::Dirty || s.has(PINNED) {
                     continue;
                 }
                 if r.wb_backoff.blocked() {

@@ -244,6 +244,13 @@ impl Region {
         }
         sh.budget.uncharge(resident);
         sh.dirty_sub(r, dirty);
+        let pinned = r
+            .pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .count();
+        sh.budget.unpin(pinned as u64 * r.folio);
         if let Some(pool) = &r.slots {
             slots.sort_unstable();
             for run in slots.chunk_by(|a, b| *b == a + 1) {

@@ -123,6 +123,8 @@ counters! {
     faults_in_thread,
     /// Of `faults_in_thread`, those handed to a resolver thread (reclaim needed, the dirty limit, a store that is not signal-safe, an error).
     faults_handed_off,
+    /// Bytes pinned now (`Region::pin`; gauge).
+    pinned_bytes,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

@@ -45,6 +45,7 @@ static const char *const names[] = {
     "writes_refused",
     "faults_in_thread",
     "faults_handed_off",
+    "pinned_bytes",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 

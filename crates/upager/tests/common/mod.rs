@@ -623,9 +623,11 @@ pub fn in_thread() -> bool {
 
 /// A system call on region memory `[off, off+len)` of `r`: in in-thread
 /// mode (where a system call on a non-resident page fails with EFAULT) the
-/// range is faulted in first (`Region::fault_in`), and the call retried a
-/// few times if eviction raced it; an error of `fault_in` is EFAULT, as
-/// handler mode's call reports it. Handler mode makes the call as it is.
+/// range is pinned for the call (`Region::pin`, `unpin` after; a range of
+/// more than half the budget is faulted in instead, and the call retried if
+/// eviction raced it); an error of `pin` (a folio that cannot be filled, a
+/// refused write) is EFAULT, as handler mode's call reports it. Handler
+/// mode makes the call as it is.
 pub fn syscall_on<T>(
     r: &upager::Region,
     off: u64,
@@ -636,14 +638,26 @@ pub fn syscall_on<T>(
     if !in_thread() {
         return call();
     }
-    let mut tries = 0;
-    loop {
-        if r.fault_in(off, len, write).is_err() {
-            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+    match r.pin(off, len, write) {
+        Ok(()) => {
+            let res = call();
+            r.unpin(off, len).unwrap();
+            res
         }
-        match call() {
-            Err(e) if e.raw_os_error() == Some(libc::EFAULT) && tries < 8 => tries += 1,
-            res => return res,
+        // More than half the budget cannot be pinned: fault it in and
+        // retry the call if eviction raced it (what fault_in's doc says).
+        Err(upager::AdviseError::PinLimit { .. }) => {
+            for _ in 0..8 {
+                if r.fault_in(off, len, write).is_err() {
+                    break;
+                }
+                match call() {
+                    Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {}
+                    res => return res,
+                }
+            }
+            Err(io::Error::from_raw_os_error(libc::EFAULT))
         }
+        Err(_) => Err(io::Error::from_raw_os_error(libc::EFAULT)),
     }
 }
