@@ -6,7 +6,8 @@
 //! - Regions export their memory through the buffer protocol, so
 //!   `numpy.frombuffer(region, dtype)` and `memoryview(region)` are
 //!   zero-copy. Faults taken by numpy code are served by the pager's handler
-//!   threads and never need the GIL.
+//!   threads (fault mode "handlers") or in the faulting thread itself
+//!   ("in-thread"), and never need the GIL.
 //! - Blocking calls (map, flush, close/unmap, pageout, discard, waiting for
 //!   prefetch) release the GIL.
 //! - Closing: `Region.close()` refuses (BufferError) while buffer exports
@@ -28,7 +29,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use pyo3::{ffi, IntoPyObjectExt};
 
-use upager::{MapOptions, Pager, Region, Residency, Stats};
+use upager::{FaultMode, MapOptions, Pager, Region, Residency, Stats};
 
 // ---------------------------------------------------------------------------
 // Errors: invalid arguments are ValueError; system failures OSError with
@@ -85,6 +86,27 @@ fn opt_size(v: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<u64>> {
     }
 }
 
+/// The fault mode a `fault_mode=` argument names: None (the default: the
+/// builder reads UPAGER_FAULT_MODE, else handlers) or "handlers" /
+/// "in-thread"; ValueError naming the choices for another string.
+fn fault_mode_arg(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<FaultMode>> {
+    let Some(v) = v.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let s = v.downcast::<PyString>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "fault_mode must be \"handlers\", \"in-thread\" or None, not {}",
+            v.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })?;
+    s.to_str()?
+        .parse::<FaultMode>()
+        .map(Some)
+        .map_err(|e| PyValueError::new_err(format!("fault_mode: {e}")))
+}
+
 fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (name, v) in s.iter() {
@@ -101,7 +123,20 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 ///
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
-///       dirty_limit=None)
+///       dirty_limit=None, fault_mode=None)
+///
+/// `fault_mode`: "handlers" (the default: handler threads resolve faults)
+/// or "in-thread" (the faulting thread resolves its own fault in a SIGBUS
+/// handler: no handler-thread wakeup, the largest cost of a fault on a VM).
+/// None: the environment variable UPAGER_FAULT_MODE, else "handlers". In
+/// "in-thread" mode a system call that reads or writes a non-resident page
+/// of a region fails with EFAULT (OSError) instead of faulting it in: file
+/// I/O straight from or into region memory (`f.write(region)`,
+/// `f.readinto(region)`, `array.tofile(f)`) needs `Region.fault_in` on the
+/// range first, or a copy (`f.write(bytes(view))`). Enable `faulthandler`
+/// before the first "in-thread" pager, not after, and do not disable it
+/// later: either replaces upager's SIGBUS handler (the next fault ends the
+/// process). Read back as `Pager.fault_mode`.
 ///
 /// `dirty_limit` (default half the budget): most bytes of file data dirty at
 /// once; writes beyond it wait for write-back, and a full disk stops writes
@@ -116,6 +151,8 @@ struct PyPager {
     pager: Mutex<Option<Arc<Pager>>>,
     folio: u64,
     budget: u64,
+    /// The pager's fault mode, kept for after close().
+    mode: FaultMode,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -137,7 +174,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -150,6 +187,7 @@ impl PyPager {
         direct_io: bool,
         background_reclaim: bool,
         dirty_limit: Option<&Bound<'_, PyAny>>,
+        fault_mode: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
         let folio = opt_size(folio, "folio")?.unwrap_or(upager::DEFAULT_FOLIO);
@@ -177,8 +215,12 @@ impl PyPager {
         if let Some(l) = opt_size(dirty_limit, "dirty_limit")? {
             b = b.dirty_limit(l);
         }
+        if let Some(m) = fault_mode_arg(fault_mode)? {
+            b = b.fault_mode(m);
+        }
         let pager = py.allow_threads(|| b.build()).map_err(engine_err)?;
         Ok(PyPager {
+            mode: pager.fault_mode(),
             pager: Mutex::new(Some(Arc::new(pager))),
             folio,
             budget,
@@ -216,7 +258,11 @@ impl PyPager {
         let region = py
             .allow_threads(move || pager.map_file(&path, &opts))
             .map_err(engine_err)?;
-        Ok(PyRegion::new(region, format!("file, mode {mode:?}")))
+        Ok(PyRegion::new(
+            region,
+            format!("file, mode {mode:?}"),
+            self.mode,
+        ))
     }
 
     /// Maps `size` bytes of anonymous memory: zero-filled, writable, swapped
@@ -234,7 +280,7 @@ impl PyPager {
         let region = py
             .allow_threads(move || pager.map_anonymous(size, &opts))
             .map_err(engine_err)?;
-        Ok(PyRegion::new(region, "anonymous".into()))
+        Ok(PyRegion::new(region, "anonymous".into(), self.mode))
     }
 
     /// Counters as a dict, with the stable names shared by the C API and
@@ -253,6 +299,12 @@ impl PyPager {
     #[getter]
     fn folio(&self) -> u64 {
         self.folio
+    }
+
+    /// How this pager resolves faults: "handlers" or "in-thread".
+    #[getter]
+    fn fault_mode(&self) -> &'static str {
+        self.mode.name()
     }
 
     /// True after close().
@@ -279,9 +331,10 @@ impl PyPager {
 
     fn __repr__(&self) -> String {
         format!(
-            "<upager.Pager budget={} folio={}{}>",
+            "<upager.Pager budget={} folio={} fault_mode={}{}>",
             upager::format_size(self.budget),
             upager::format_size(self.folio),
+            self.mode,
             if self.closed() { " closed" } else { "" }
         )
     }
@@ -306,10 +359,12 @@ struct PyRegion {
     folio: u64,
     writable: bool,
     kind: String,
+    /// Its pager's fault mode.
+    mode: FaultMode,
 }
 
 impl PyRegion {
-    fn new(region: Region, kind: String) -> PyRegion {
+    fn new(region: Region, kind: String, mode: FaultMode) -> PyRegion {
         PyRegion {
             len: region.len() as u64,
             folio: region.folio_size(),
@@ -317,6 +372,7 @@ impl PyRegion {
             region: Mutex::new(Some(Arc::new(region))),
             exports: AtomicUsize::new(0),
             kind,
+            mode,
         }
     }
     fn get(&self) -> PyResult<Arc<Region>> {
@@ -373,6 +429,12 @@ impl PyRegion {
     #[getter]
     fn writable(&self) -> bool {
         self.writable
+    }
+
+    /// Its pager's fault mode: "handlers" or "in-thread".
+    #[getter]
+    fn fault_mode(&self) -> &'static str {
+        self.mode.name()
     }
 
     /// True after close().
@@ -513,6 +575,28 @@ impl PyRegion {
         Ok(())
     }
 
+    /// Makes [offset, offset+length) resident now, in the calling thread, as
+    /// faults there would (write=True: as write faults, the folios become
+    /// dirty), without touching the memory; any offset and length. For
+    /// system calls on region memory in fault mode "in-thread", where they
+    /// fail with EFAULT on a non-resident page: fault the range in, then
+    /// make the call (`f.write(memoryview(region)[a:b])`). Nothing pins the
+    /// range: keep it well under the budget and retry a call that fails
+    /// with EFAULT. Works in both modes.
+    #[pyo3(signature = (offset=0, length=None, *, write=false))]
+    fn fault_in(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        length: Option<u64>,
+        write: bool,
+    ) -> PyResult<()> {
+        let (o, l) = self.span(offset, length)?;
+        let r = self.get()?;
+        py.allow_threads(move || r.fault_in(o, l, write))
+            .map_err(engine_err)
+    }
+
     /// Drops the range's contents (like MADV_DONTNEED): anonymous memory
     /// reads as zero again; a file range is read from the file again.
     /// Writes not yet flushed or evicted in the range are lost.
@@ -536,10 +620,11 @@ impl PyRegion {
 
     fn __repr__(&self) -> String {
         format!(
-            "<upager.Region {} {} folio={}{}>",
+            "<upager.Region {} {} folio={} fault_mode={}{}>",
             self.kind,
             upager::format_size(self.len),
             upager::format_size(self.folio),
+            self.mode,
             if self.closed() { " closed" } else { "" }
         )
     }
@@ -607,6 +692,11 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
     m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;
+    m.add(
+        "FAULT_MODES",
+        (FaultMode::Handlers.name(), FaultMode::InThread.name()),
+    )?;
+    m.add("FAULT_MODE_ENV", FaultMode::ENV)?;
     m.add(
         "__version__",
         env!("CARGO_PKG_VERSION").into_py_any(m.py())?,

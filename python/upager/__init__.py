@@ -36,6 +36,26 @@ the path, not the array)::
 Closing a region (or dropping the last array over it) behaves like munmap for
 other threads still using it: they see the right data or get SIGSEGV.
 
+Fault mode: ``fault_mode="handlers"`` (the default: handler threads resolve
+faults) or ``"in-thread"`` (the faulting thread resolves its own fault in a
+SIGBUS handler upager installs; no handler-thread wakeup, the largest cost
+of a fault on a VM), on :class:`Pager` and :func:`open_array`; when not
+given, the environment variable ``UPAGER_FAULT_MODE`` chooses, else
+"handlers". In "in-thread" mode a system call that reads or writes a
+non-resident page of a region fails with EFAULT (``OSError``) instead of
+faulting it in: before file I/O straight from or into region memory
+(``f.write(region)``, ``f.readinto(region)``, ``array.tofile(f)``) call
+``Region.fault_in`` on the range (and retry on EFAULT: nothing pins it), or
+copy first (``f.write(bytes(view))``). upager's SIGBUS handler must stay
+installed: enable :mod:`faulthandler` before the first "in-thread" pager
+(``python -X faulthandler``; pytest does), never after it, and do not
+disable it afterwards: either replaces upager's handler, and the next fault
+ends the process with SIGBUS::
+
+    a = upager.open_array("big.f64", np.float64, budget="256MiB",
+                          fault_mode="in-thread")
+    a.region.fault_in(0, 1 << 20)          # before a system call on it
+
 Requirements: Linux 6.16+, access to /dev/userfaultfd (root, or the
 device's permissions). Counters (``Pager.stats()``) use the same stable names
 as the C API and the ``upager stat`` command.
@@ -46,7 +66,16 @@ import os
 
 import numpy as np
 
-from ._upager import DEFAULT_FOLIO, STAT_NAMES, Pager, Region, __version__, parse_size
+from ._upager import (
+    DEFAULT_FOLIO,
+    FAULT_MODE_ENV,
+    FAULT_MODES,
+    STAT_NAMES,
+    Pager,
+    Region,
+    __version__,
+    parse_size,
+)
 
 __all__ = [
     "Pager",
@@ -56,6 +85,8 @@ __all__ = [
     "parse_size",
     "STAT_NAMES",
     "DEFAULT_FOLIO",
+    "FAULT_MODES",
+    "FAULT_MODE_ENV",
     "__version__",
 ]
 
@@ -113,7 +144,7 @@ def _shape(shape):
 
 
 def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
-               folio=None, order="C", **pager_options):
+               folio=None, order="C", fault_mode=None, **pager_options):
     """Opens a file as a numpy array paged under a hard memory budget.
 
     Like ``numpy.memmap(path, dtype, mode, offset, shape, order)``, but the
@@ -123,8 +154,12 @@ def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
     mode: "r" read-only, "r+" read-write, "w+" create or overwrite the file
     (sized to hold the array; needs ``shape``). ``shape=None`` uses the rest
     of the file as a 1-D array. ``offset`` is in bytes and need not be
-    aligned. Extra keyword arguments go to :class:`Pager` (``batch``,
-    ``handler_threads``, ``readahead``...).
+    aligned. ``fault_mode``: "handlers" or "in-thread" (None: the
+    environment variable ``UPAGER_FAULT_MODE``, else "handlers"; see the
+    module's documentation: in "in-thread" mode, system calls on
+    non-resident parts of the array fail with EFAULT). Extra keyword
+    arguments go to :class:`Pager` (``batch``, ``handler_threads``,
+    ``readahead``...).
 
     The returned :class:`PagedArray` keeps its region and pager alive; they
     are unmapped (flushing changes) when the last array using them goes.
@@ -158,7 +193,7 @@ def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
     nbytes = count * dtype.itemsize
     if nbytes == 0:
         raise ValueError("the array would be empty: give a shape with at least one element")
-    pager = Pager(budget=budget, folio=folio, **pager_options)
+    pager = Pager(budget=budget, folio=folio, fault_mode=fault_mode, **pager_options)
     # Regions start at a folio boundary; numpy.memmap aligns the same way.
     start = offset - offset % pager.folio
     delta = offset - start

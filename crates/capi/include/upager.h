@@ -5,7 +5,10 @@
  * memory: pages arrive on first touch (userfaultfd) and leave again in
  * batches (one TLB shootdown per batch) when the budget is full; dirty
  * pages are written back to their file first. Use region memory from any
- * thread, from any code, from system calls (read(fd, addr, n) works).
+ * thread, from any code, and (in the default fault mode, handlers) from
+ * system calls: read(fd, addr, n) works. In the in-thread fault mode a
+ * system call on a non-resident page of a region fails with EFAULT: see
+ * upager_options.fault_mode and upager_fault_in().
  *
  *     #include <upager.h>
  *
@@ -48,6 +51,10 @@
  * any unmapped memory; a read fault that cannot be served (the file cannot
  * be read) raises SIGBUS in the faulting thread (EFAULT inside a system
  * call); writing to a read-only region raises SIGSEGV like PROT_READ.
+ *
+ * Environment: UPAGER_FAULT_MODE=handlers|in-thread chooses the fault mode
+ * where the program does not (upager_options_init, and the pager behind
+ * umap() from <umap/umap.h>).
  */
 #ifndef UPAGER_H
 #define UPAGER_H
@@ -66,6 +73,35 @@ typedef struct upager_region upager_region_t; /* one mapped region */
 /* ------------------------------------------------------------------------
  * Pager
  * ------------------------------------------------------------------------ */
+
+/* How a pager resolves page faults (struct upager_options.fault_mode). The
+ * names are the same on every face: "handlers" and "in-thread" (Rust
+ * FaultMode, Python fault_mode=, the CLI's --fault-mode, UPAGER_FAULT_MODE).
+ *
+ *   UPAGER_FAULT_HANDLERS   the default. Handler threads resolve faults
+ *                           while the faulting thread sleeps in the kernel.
+ *                           System calls on region memory fault pages in
+ *                           like any access.
+ *   UPAGER_FAULT_IN_THREAD  the faulting thread resolves its own fault, in
+ *                           a SIGBUS handler upager installs (signals that
+ *                           are not upager's go to the handler installed
+ *                           before it, or get the default action). Saves a
+ *                           handler thread's wakeup, the largest cost of a
+ *                           fault on a VM. BUT a system call that reads or
+ *                           writes a non-resident page of a region, e.g.
+ *                           write(fd, addr, n), fails with EFAULT instead of
+ *                           faulting it in: pass region memory to system
+ *                           calls only after upager_fault_in() on the range
+ *                           (retry on EFAULT: nothing pins it), or copy
+ *                           through a buffer of your own.
+ *   UPAGER_FAULT_FROM_ENV   whatever UPAGER_FAULT_MODE names when
+ *                           upager_create() runs (handlers if unset).
+ */
+enum upager_fault_mode {
+    UPAGER_FAULT_FROM_ENV = -1,
+    UPAGER_FAULT_HANDLERS = 0,
+    UPAGER_FAULT_IN_THREAD = 1
+};
 
 /* Pager options. Always initialise with upager_options_init() and then set
  * the fields you want: `size` lets later versions add fields. */
@@ -97,9 +133,18 @@ struct upager_options {
                                  store that refuses writes (full disk) stops
                                  writes with SIGBUS but not reads. 0 =
                                  default (half the budget). */
+    int fault_mode;           /* enum upager_fault_mode. Default (set by
+                                 init): the mode UPAGER_FAULT_MODE names
+                                 ("handlers" or "in-thread"), else
+                                 UPAGER_FAULT_HANDLERS. If the variable names
+                                 no mode, init sets UPAGER_FAULT_FROM_ENV and
+                                 upager_create() fails with -EINVAL and a
+                                 message naming the variable (set the field
+                                 to override it). */
 };
 
-/* Fills *opts with the defaults (including opts->size). NULL is ignored. */
+/* Fills *opts with the defaults (including opts->size; fault_mode from
+ * UPAGER_FAULT_MODE). NULL is ignored. */
 void upager_options_init(struct upager_options *opts);
 
 /* Creates a pager and stores its handle in *out. opts may be NULL for all
@@ -109,6 +154,14 @@ void upager_options_init(struct upager_options *opts);
  * (kernel lacks a needed userfaultfd feature: Linux 6.16+ needed), or the
  * errno of a failed thread/eventfd creation. */
 int upager_create(const struct upager_options *opts, upager_t **out);
+
+/* The pager's fault mode: UPAGER_FAULT_HANDLERS or UPAGER_FAULT_IN_THREAD
+ * (never UPAGER_FAULT_FROM_ENV: resolved at creation); -EINVAL for NULL. */
+int upager_fault_mode(const upager_t *pager);
+
+/* "handlers" or "in-thread" (static strings); NULL for any other value,
+ * UPAGER_FAULT_FROM_ENV included. */
+const char *upager_fault_mode_name(int mode);
 
 /* Releases the pager handle. Regions already mapped stay valid (they keep
  * the pager's threads alive until the last of them is unmapped). NULL is
@@ -255,6 +308,24 @@ int64_t upager_pageout(const upager_region_t *region, uint64_t offset,
 int upager_prefetch(const upager_region_t *region, uint64_t offset,
                     uint64_t length);
 
+/* upager_fault_in() flags. */
+#define UPAGER_FAULT_IN_WRITE 1u /* as write faults: the folios become dirty,
+                                    as the system call that follows will make
+                                    them (needs a writable region) */
+
+/* Makes [offset, offset + length) resident now, in the calling thread, as
+ * faults there would, without touching the memory; any offset and length
+ * inside the region. For passing region memory to a system call in the
+ * in-thread fault mode, where a system call on a non-resident page fails
+ * with EFAULT: fault the range in, then make the call. Nothing pins the
+ * range: under memory pressure a folio may be evicted again before the
+ * call, so keep such ranges well under the budget and retry a call that
+ * fails with EFAULT. Works in both fault modes. Returns 0, -EINVAL (range
+ * or flags), -EOPNOTSUPP (UPAGER_FAULT_IN_WRITE on a read-only region) or
+ * -EFAULT (a folio cannot be filled: its store read failed). */
+int upager_fault_in(const upager_region_t *region, uint64_t offset,
+                    uint64_t length, unsigned flags);
+
 /* Waits until every prefetch queued so far on the region's pager has
  * finished: 0, or -ETIMEDOUT after timeout_ms milliseconds. */
 int upager_prefetch_wait(const upager_region_t *region, uint32_t timeout_ms);
@@ -302,6 +373,12 @@ int upager_stats(const upager_t *pager, uint64_t *values, size_t n);
  * creating it from the UMAP_* environment variables if no umap() call has
  * yet. Returns as upager_stat(). */
 int upager_umap_stat(const char *name, uint64_t *value);
+
+/* Fault mode (UPAGER_FAULT_HANDLERS or UPAGER_FAULT_IN_THREAD) of the
+ * process-wide pager behind umap(), creating it as upager_umap_stat() does;
+ * a negative errno if it cannot be created (-EINVAL when UPAGER_FAULT_MODE
+ * names no mode). */
+int upager_umap_fault_mode(void);
 
 /* ------------------------------------------------------------------------
  * Errors and version

@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::os::fd::BorrowedFd;
 use std::sync::{Mutex, OnceLock};
 
-use engine::{MapOptions, Pager, Region, Stats};
+use engine::{FaultMode, MapOptions, Pager, Region, Stats};
 
 use crate::error::{self, guard, Failure};
 
@@ -53,6 +53,8 @@ pub struct upager_options {
     pub background_reclaim: c_int,
     /// Most dirty file-backed bytes at once; 0 = default (half the budget).
     pub dirty_limit: u64,
+    /// `UPAGER_FAULT_*`: how faults are resolved.
+    pub fault_mode: c_int,
 }
 
 /// Region options (`struct upager_map_options`); see upager.h.
@@ -75,6 +77,58 @@ pub struct upager_map_options {
 pub const UPAGER_MAP_WRITE: u32 = 1;
 /// `UPAGER_UNMAP_FORCE`: unmap even if writing dirty data back fails.
 pub const UPAGER_UNMAP_FORCE: u32 = 1;
+/// `UPAGER_FAULT_IN_WRITE`: `upager_fault_in` as write faults (dirty).
+pub const UPAGER_FAULT_IN_WRITE: u32 = 1;
+
+/// `UPAGER_FAULT_FROM_ENV`: the mode `UPAGER_FAULT_MODE` names when
+/// `upager_create` runs (handlers if unset); a name that is no mode is
+/// EINVAL there.
+pub const UPAGER_FAULT_FROM_ENV: c_int = -1;
+/// `UPAGER_FAULT_HANDLERS`: [`FaultMode::Handlers`].
+pub const UPAGER_FAULT_HANDLERS: c_int = 0;
+/// `UPAGER_FAULT_IN_THREAD`: [`FaultMode::InThread`].
+pub const UPAGER_FAULT_IN_THREAD: c_int = 1;
+
+/// The C value of a fault mode (upager.h `enum upager_fault_mode`).
+pub(crate) fn fault_mode_code(m: FaultMode) -> Result<c_int, Failure> {
+    match m {
+        FaultMode::Handlers => Ok(UPAGER_FAULT_HANDLERS),
+        FaultMode::InThread => Ok(UPAGER_FAULT_IN_THREAD),
+        // A mode a later engine adds gets its constant with its C support.
+        other => Err(Failure::new(
+            libc::ENOTSUP,
+            format!(
+                "fault mode {other} has no UPAGER_FAULT_* constant in this version of the C API"
+            ),
+        )),
+    }
+}
+
+/// The fault mode `fault_mode` names: `None` for `UPAGER_FAULT_FROM_ENV`
+/// (the builder's default reads `UPAGER_FAULT_MODE` and reports a bad
+/// value), EINVAL for a value that is no `UPAGER_FAULT_*`.
+fn fault_mode_arg(v: c_int) -> Result<Option<FaultMode>, Failure> {
+    match v {
+        UPAGER_FAULT_FROM_ENV => Ok(None),
+        UPAGER_FAULT_HANDLERS => Ok(Some(FaultMode::Handlers)),
+        UPAGER_FAULT_IN_THREAD => Ok(Some(FaultMode::InThread)),
+        _ => Err(Failure::inval(format!(
+            "fault_mode must be UPAGER_FAULT_HANDLERS (0), UPAGER_FAULT_IN_THREAD (1) or UPAGER_FAULT_FROM_ENV (-1), got {v}"
+        ))),
+    }
+}
+
+/// `fault_mode` as `upager_options_init` fills it: the mode
+/// `UPAGER_FAULT_MODE` names, handlers when it is unset or empty, and
+/// `UPAGER_FAULT_FROM_ENV` when it names no mode, so that `upager_create`
+/// fails with EINVAL and the engine's message naming the variable (init
+/// itself cannot fail).
+fn fault_mode_from_env() -> c_int {
+    match FaultMode::from_env() {
+        Ok(m) => fault_mode_code(m.unwrap_or_default()).unwrap_or(UPAGER_FAULT_FROM_ENV),
+        Err(_) => UPAGER_FAULT_FROM_ENV,
+    }
+}
 
 const DEFAULT_BUDGET: u64 = 256 << 20;
 
@@ -89,6 +143,7 @@ fn default_options() -> upager_options {
         direct_io: -1,
         background_reclaim: -1,
         dirty_limit: 0,
+        fault_mode: fault_mode_from_env(),
     }
 }
 
@@ -153,7 +208,8 @@ fn checked_size(got: usize, want: usize, what: &str) -> Result<(), Failure> {
     }
 }
 
-/// `upager_options_init`: fills `o` with the defaults.
+/// `upager_options_init`: fills `o` with the defaults (`fault_mode` from
+/// `UPAGER_FAULT_MODE`).
 ///
 /// # Safety
 /// `o` is NULL or valid for writing one `struct upager_options`.
@@ -241,10 +297,37 @@ pub unsafe extern "C" fn upager_create(
         if let Some(on) = tri(o.background_reclaim, "background_reclaim")? {
             b = b.background_reclaim(on);
         }
+        if let Some(m) = fault_mode_arg(o.fault_mode)? {
+            b = b.fault_mode(m);
+        }
         let pager = b.build()?;
         // SAFETY: `out` is writable by this function's contract.
         unsafe { put(out, upager_t { pager }) }
     })
+}
+
+/// `upager_fault_mode`: how the pager resolves faults (`UPAGER_FAULT_*`).
+///
+/// # Safety
+/// `p` is NULL or a live pager handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_fault_mode(p: *const upager_t) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let h = unsafe { handle(p, "pager") }?;
+        fault_mode_code(h.pager.fault_mode())
+    })
+}
+
+/// `upager_fault_mode_name`: "handlers", "in-thread", or NULL for a value
+/// that is no mode (`UPAGER_FAULT_FROM_ENV` included); static strings.
+#[no_mangle]
+pub extern "C" fn upager_fault_mode_name(mode: c_int) -> *const c_char {
+    match mode {
+        UPAGER_FAULT_HANDLERS => c"handlers".as_ptr(),
+        UPAGER_FAULT_IN_THREAD => c"in-thread".as_ptr(),
+        _ => std::ptr::null(),
+    }
 }
 
 /// `upager_destroy`: releases the pager handle.
@@ -811,6 +894,32 @@ pub unsafe extern "C" fn upager_prefetch(
     })
 }
 
+/// `upager_fault_in`: makes the range resident now, in the calling thread
+/// (for system calls on region memory in in-thread mode).
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_fault_in(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+    flags: u32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        if flags & !UPAGER_FAULT_IN_WRITE != 0 {
+            return Err(Failure::inval(format!(
+                "unknown fault-in flags {:#x}",
+                flags & !UPAGER_FAULT_IN_WRITE
+            )));
+        }
+        r.fault_in(offset, length, flags & UPAGER_FAULT_IN_WRITE != 0)?;
+        Ok(0)
+    })
+}
+
 /// `upager_prefetch_wait`: waits for queued prefetches.
 ///
 /// # Safety
@@ -847,4 +956,28 @@ pub unsafe extern "C" fn upager_discard(
         r.discard(offset, length)?;
         Ok(0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C constants and names are the engine's modes and names (one
+    /// name on every face), and every constant round-trips.
+    #[test]
+    fn fault_mode_constants_and_names_are_the_engines() {
+        for m in [FaultMode::Handlers, FaultMode::InThread] {
+            let code = fault_mode_code(m).unwrap();
+            assert_eq!(fault_mode_arg(code).unwrap(), Some(m));
+            // SAFETY: upager_fault_mode_name returns NULL or a static
+            // NUL-terminated string; it is not NULL for a mode's code.
+            let name = unsafe { CStr::from_ptr(upager_fault_mode_name(code)) };
+            assert_eq!(name.to_str().unwrap(), m.name());
+        }
+        assert_eq!(fault_mode_arg(UPAGER_FAULT_FROM_ENV).unwrap(), None);
+        assert!(upager_fault_mode_name(UPAGER_FAULT_FROM_ENV).is_null());
+        let e = fault_mode_arg(2).unwrap_err();
+        assert_eq!(e.errno, libc::EINVAL);
+        assert!(e.msg.contains("UPAGER_FAULT_IN_THREAD (1)"), "{}", e.msg);
+    }
 }

@@ -14,6 +14,7 @@
 //! | `UMAP_MAX_FAULT_EVENTS` | fault messages read at once, 256 | reported only |
 //! | `UMAP_READ_AHEAD` | pages read ahead of every fault, 0 | largest readahead (pages) on sequential faults; unset = upager's adaptive 2 MiB |
 //! | `UMAP_LOG_LEVEL` | ERROR/WARNING/INFO/DEBUG, INFO (on stdout) | same names, default WARNING, on stderr |
+//! | `UPAGER_FAULT_MODE` | (upager's own) | `handlers` (default) or `in-thread`: read by the engine's builder default when the pager is created; a name that is no mode makes `umap()` fail with EINVAL |
 //!
 //! Regions live in a table keyed by their address; `uunmap` writes dirty
 //! data back and releases the memory; regions still mapped at `exit()` are
@@ -211,6 +212,8 @@ fn pager() -> Result<&'static Pager, Failure> {
     let r = PAGER.get_or_init(|| {
         engine::log_to_stderr();
         let c = cfg();
+        // The builder's default fault mode is UPAGER_FAULT_MODE's (handlers
+        // if unset); a bad value fails build() with EINVAL, naming it.
         let mut b = Pager::builder()
             .budget(c.buf_pages.saturating_mul(c.page_size))
             .batch(c.batch())
@@ -220,7 +223,7 @@ fn pager() -> Result<&'static Pager, Failure> {
         }
         match b.build() {
             Ok(p) => {
-                log(Level::Info, &format!("pager: budget {} pages of {} bytes, eviction batch {} pages, {} fault-handler threads", c.buf_pages, c.page_size, c.batch(), c.fillers.clamp(1, 64)));
+                log(Level::Info, &format!("pager: budget {} pages of {} bytes, eviction batch {} pages, {} fault-handler threads, fault mode {}", c.buf_pages, c.page_size, c.batch(), c.fillers.clamp(1, 64), p.fault_mode()));
                 register_atexit();
                 Ok(p)
             }
@@ -587,6 +590,13 @@ pub unsafe extern "C" fn upager_umap_stat(name: *const c_char, value: *mut u64) 
         // SAFETY: forwarded contract.
         unsafe { native::stat_by_name(&p.stats(), name, value) }
     })
+}
+
+/// `upager_umap_fault_mode`: the fault mode of the pager behind umap()
+/// (`UPAGER_FAULT_*`), creating it if no umap() call has yet.
+#[no_mangle]
+pub extern "C" fn upager_umap_fault_mode() -> c_int {
+    error::guard(|| native::fault_mode_code(pager()?.fault_mode()))
 }
 
 #[cfg(test)]

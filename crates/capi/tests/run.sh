@@ -29,6 +29,8 @@ build umap_rw "$SRC/umap_rw.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build umap_atexit "$SRC/umap_atexit.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build errors "$SRC/errors.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lupager $RPATH
 build stat_names "$SRC/stat_names.c" $(pkg-config --cflags --libs upager) $RPATH
+build fault_mode "$SRC/fault_mode.c" $(pkg-config --cflags --libs upager) $RPATH
+build umap_fault_mode "$SRC/umap_fault_mode.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 
 # -lumap records the soname of the one library.
 readelf -d "$OUT/umap_rw" | grep -q 'NEEDED.*libupager.so.0' ||
@@ -50,4 +52,11 @@ run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
 run env UMAP_BUFSIZE=4096 "$OUT/umap_atexit"
 run env UMAP_BUFSIZE=256 "$OUT/errors"
 run "$OUT/stat_names"
+# The fault mode (issue 12): options, defaults from UPAGER_FAULT_MODE, both
+# modes at work; the UMap drop-in under each value of the variable.
+run env -u UPAGER_FAULT_MODE "$OUT/fault_mode"
+run env UPAGER_FAULT_MODE=in-thread "$OUT/fault_mode"
+for mode in "" handlers in-thread sigbus; do
+    run env UPAGER_FAULT_MODE="$mode" UMAP_BUFSIZE=1024 "$OUT/umap_fault_mode"
+done
 echo "C tests passed"

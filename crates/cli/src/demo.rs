@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use upager::{format_size, MapOptions, Pager, Region, Stats};
+use upager::{format_size, FaultMode, MapOptions, Pager, Region, Stats};
 use upager_testdata::{odd_word, Rng};
 
-use crate::size_arg;
+use crate::{fault_mode_arg, size_arg};
 
 /// Options of `upager demo`.
 #[derive(clap::Args, Debug, Clone)]
@@ -51,6 +51,11 @@ pub struct DemoArgs {
     /// ext4 on zram0 unless --dir is given), and print both side by side.
     #[arg(long)]
     pub compare: bool,
+    /// How the pager resolves faults [default: $UPAGER_FAULT_MODE, else
+    /// handlers]. The demo passes no region memory to system calls, so
+    /// both modes run it unchanged.
+    #[arg(long, value_name = "MODE", value_parser = fault_mode_arg())]
+    pub fault_mode: Option<FaultMode>,
 }
 
 /// The seed of the dataset's pattern.
@@ -173,13 +178,21 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&dir.0)
         .map_err(|e| format!("cannot create {}: {e}", dir.0.display()))?;
     let path = dir.0.join("dataset.bin");
+    // The pager first: a bad option (or UPAGER_FAULT_MODE) fails before
+    // the dataset is made.
+    let mut b = Pager::builder().budget(a.budget);
+    if let Some(m) = a.fault_mode {
+        b = b.fault_mode(m);
+    }
+    let pager = b.build()?;
     println!(
-        "upager demo: {} dataset in {}, budget {}, {} folios, {} threads",
+        "upager demo: {} dataset in {}, budget {}, {} folios, {} threads, fault mode {}",
         format_size(a.size),
         base.display(),
         format_size(a.budget),
         format_size(a.folio),
-        a.threads
+        a.threads,
+        pager.fault_mode()
     );
 
     // 1. Dataset.
@@ -190,8 +203,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         t0.elapsed().as_secs_f64()
     );
 
-    // 2. Pager.
-    let pager = Pager::builder().budget(a.budget).build()?;
+    // 2. Region.
     let region = pager.map_file(&path, &MapOptions::new().writable(true).folio(a.folio))?;
     let words = a.size / 8;
 

@@ -59,6 +59,22 @@ pub(crate) fn size_arg(s: &str) -> Result<u64, String> {
     upager::parse_size(s)
 }
 
+/// Parser of `--fault-mode`: the names of [`upager::FaultMode`] (the same
+/// on every face), listed with a line each in `--help`.
+pub(crate) fn fault_mode_arg() -> impl clap::builder::TypedValueParser<Value = upager::FaultMode> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    use upager::FaultMode;
+    PossibleValuesParser::new([
+        PossibleValue::new(FaultMode::Handlers.name())
+            .help("handler threads resolve faults (the default)"),
+        PossibleValue::new(FaultMode::InThread.name()).help(
+            "the faulting thread resolves its own fault (SIGBUS handler): no handler-thread \
+             wakeup; system calls on non-resident region memory fail with EFAULT",
+        ),
+    ])
+    .try_map(|s| s.parse::<FaultMode>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +121,51 @@ mod tests {
             }
         }
         panic!("no sample value parses for {what}: add one to SAMPLES");
+    }
+
+    /// `--fault-mode` takes the one name of each mode (issue 12) on every
+    /// command that builds a pager, lists the choices in --help and when a
+    /// value is wrong, and leaves the default (UPAGER_FAULT_MODE, else
+    /// handlers) to the builder when absent.
+    #[test]
+    fn fault_mode_takes_the_names_of_the_modes() {
+        use upager::FaultMode;
+        let mode_of = |args: &[&str]| -> Result<Option<FaultMode>, clap::Error> {
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            Ok(match parse(&args)?.cmd {
+                Cmd::Demo(a) => a.fault_mode,
+                Cmd::Stat(a) => a.fault_mode,
+                Cmd::Bench(_) => unreachable!("bench has no --fault-mode"),
+            })
+        };
+        for sub in ["demo", "stat"] {
+            assert_eq!(mode_of(&[sub]).unwrap(), None, "{sub}");
+            for m in [FaultMode::Handlers, FaultMode::InThread] {
+                assert_eq!(
+                    mode_of(&[sub, "--fault-mode", m.name()]).unwrap(),
+                    Some(m),
+                    "{sub} --fault-mode {m}"
+                );
+            }
+            let e = mode_of(&[sub, "--fault-mode", "sigbus"]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidValue, "{sub}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("handlers") && msg.contains("in-thread"),
+                "{sub}: {msg}"
+            );
+            let help = Cli::command()
+                .find_subcommand_mut(sub)
+                .expect("subcommand")
+                .render_long_help()
+                .to_string();
+            for needle in ["--fault-mode", "handlers", "in-thread", "EFAULT"] {
+                assert!(
+                    help.contains(needle),
+                    "{sub} --help lacks {needle}:\n{help}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -7,9 +7,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use upager::{format_size, MapOptions, Pager, Region, Residency};
+use upager::{format_size, FaultMode, MapOptions, Pager, Region, Residency};
 
-use crate::size_arg;
+use crate::{fault_mode_arg, size_arg};
 
 /// Options of `upager stat`.
 #[derive(clap::Args, Debug, Clone)]
@@ -29,6 +29,10 @@ pub struct StatArgs {
     /// Picture lines.
     #[arg(long, default_value_t = 4)]
     pub lines: usize,
+    /// How the pager resolves faults [default: $UPAGER_FAULT_MODE, else
+    /// handlers].
+    #[arg(long, value_name = "MODE", value_parser = fault_mode_arg())]
+    pub fault_mode: Option<FaultMode>,
 }
 
 /// Renders residency runs as `cells` characters.
@@ -83,13 +87,18 @@ pub fn run(a: &StatArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.width == 0 || a.lines == 0 {
         return Err("--width and --lines must be at least 1".into());
     }
-    let pager = Pager::builder().budget(a.budget).build()?;
+    let mut b = Pager::builder().budget(a.budget);
+    if let Some(m) = a.fault_mode {
+        b = b.fault_mode(m);
+    }
+    let pager = b.build()?;
     let r = pager.map_anonymous(a.size, &MapOptions::new().folio(a.folio))?;
     let len = r.len() as u64;
     println!(
-        "anonymous region of {}, {} folios; each character = {} ('#' dirty, '+' clean, '~' busy, '.' evicted, ' ' never touched)",
+        "anonymous region of {}, {} folios, fault mode {}; each character = {} ('#' dirty, '+' clean, '~' busy, '.' evicted, ' ' never touched)",
         format_size(len),
         format_size(a.folio),
+        pager.fault_mode(),
         format_size(len.div_ceil((a.width * a.lines) as u64))
     );
     show("start", &pager, &r, a)?;

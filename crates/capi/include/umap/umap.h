@@ -42,6 +42,22 @@
  *                          2 MiB (UMap: 0); 0 turns readahead off.
  *   UMAP_LOG_LEVEL         ERROR, WARNING, INFO or DEBUG. Messages go to
  *                          stderr. Default: WARNING (UMap: INFO, on stdout).
+ *   UPAGER_FAULT_MODE      upager's own: "handlers" (default) or
+ *                          "in-thread", the fault mode of the pager (see
+ *                          enum upager_fault_mode in <upager.h>), so an
+ *                          unmodified UMap program can run in either. Read
+ *                          when the pager is created; a value that names no
+ *                          mode makes umap() fail with EINVAL (message on
+ *                          stderr). In-thread: the faulting thread resolves
+ *                          its own fault (no handler-thread wakeup), BUT a
+ *                          system call on a non-resident page of a region
+ *                          (write(fd, addr, n), read(fd, addr, n)) fails
+ *                          with EFAULT instead of faulting it in: call
+ *                          umap_prefetch() or umap_fetch_and_pin() on the
+ *                          range first (and retry on EFAULT: nothing pins
+ *                          it), or copy through a buffer of your own.
+ *                          upager_umap_fault_mode() in <upager.h> tells the
+ *                          mode in force.
  * Numbers may also be written with a unit (UMAP_PAGESIZE=64K).
  *
  * Where upager differs from UMap, on purpose:

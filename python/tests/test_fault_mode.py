@@ -1,0 +1,131 @@
+"""The fault mode from Python (issue 12): ``fault_mode=`` on Pager and
+open_array, its default from UPAGER_FAULT_MODE, clear errors for a bad
+value, both modes at work, and system calls on region memory (EFAULT in
+"in-thread" mode until Region.fault_in)."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+import upager
+from conftest import MIB
+
+BUDGET = 8 * MIB
+MODES = ["handlers", "in-thread"]
+
+
+def test_names():
+    assert upager.FAULT_MODES == ("handlers", "in-thread")
+    assert upager.FAULT_MODE_ENV == "UPAGER_FAULT_MODE"
+
+
+def test_default_is_handlers_or_the_environment(monkeypatch):
+    monkeypatch.delenv("UPAGER_FAULT_MODE", raising=False)
+    with upager.Pager(budget=BUDGET) as pager:
+        assert pager.fault_mode == "handlers"
+        assert "fault_mode=handlers" in repr(pager)
+    monkeypatch.setenv("UPAGER_FAULT_MODE", "in-thread")
+    pager = upager.Pager(budget=BUDGET)
+    assert pager.fault_mode == "in-thread"
+    pager.close()
+    assert pager.fault_mode == "in-thread"  # still readable after close()
+    # An argument wins over the variable.
+    with upager.Pager(budget=BUDGET, fault_mode="handlers") as pager:
+        assert pager.fault_mode == "handlers"
+    monkeypatch.setenv("UPAGER_FAULT_MODE", "")
+    with upager.Pager(budget=BUDGET) as pager:
+        assert pager.fault_mode == "handlers"
+
+
+def test_bad_values_name_the_choices(monkeypatch, scratch):
+    monkeypatch.delenv("UPAGER_FAULT_MODE", raising=False)
+    with pytest.raises(ValueError, match='fault_mode: unknown fault mode "sigbus": '
+                       'use "handlers" or "in-thread"'):
+        upager.Pager(budget=BUDGET, fault_mode="sigbus")
+    with pytest.raises(TypeError, match='"handlers", "in-thread" or None, not int'):
+        upager.Pager(budget=BUDGET, fault_mode=1)
+    path = os.path.join(scratch, "arr")
+    with pytest.raises(ValueError, match='"handlers" or "in-thread"'):
+        upager.open_array(path, np.uint8, (4096,), mode="w+", fault_mode="threads")
+    # From the environment: the message names the variable too.
+    monkeypatch.setenv("UPAGER_FAULT_MODE", "sigbus")
+    with pytest.raises(ValueError, match='UPAGER_FAULT_MODE="sigbus": .*'
+                       'use "handlers" or "in-thread"'):
+        upager.Pager(budget=BUDGET)
+    with pytest.raises(ValueError, match="UPAGER_FAULT_MODE"):
+        upager.open_array(path, np.uint8, (4096,), mode="w+")
+    # An argument overrides a bad variable.
+    with upager.Pager(budget=BUDGET, fault_mode="in-thread") as pager:
+        assert pager.fault_mode == "in-thread"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_open_array_in_each_mode(data64, mode):
+    """An array 8x the budget read, updated and flushed; the counters show
+    which mode took the faults."""
+    path, words = data64
+    a = upager.open_array(path, np.uint64, mode="r+", budget=BUDGET, folio="4KiB",
+                          fault_mode=mode)
+    assert a.region.fault_mode == mode
+    assert int(a.sum(dtype=np.uint64)) == int(words.sum(dtype=np.uint64))
+    a[::512] += np.uint64(1)
+    a.flush()
+    s = a.pager_stats()
+    assert s["resident_peak_bytes"] <= s["budget_bytes"] == BUDGET
+    assert s["faults_missing"] > 0 and s["evictions"] > 0
+    if mode == "in-thread":
+        assert s["faults_in_thread"] > 0
+    else:
+        assert s["faults_in_thread"] == 0
+    del a
+    want = words.copy()
+    want[::512] += np.uint64(1)
+    assert np.array_equal(np.fromfile(path, dtype=np.uint64), want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_system_calls_on_region_memory(data64, scratch, mode):
+    """os.write from, and readinto into, never-touched region memory: EFAULT
+    in "in-thread" mode until Region.fault_in; works at once with
+    handlers."""
+    path, words = data64
+    n, off = 256 * 1024, 4 * MIB
+    out = os.path.join(scratch, "out")
+    with upager.Pager(budget=BUDGET, fault_mode=mode) as pager:
+        region = pager.map_file(path, mode="r+")
+        assert region.fault_mode == mode and f"fault_mode={mode}" in repr(region)
+        view = memoryview(region)
+        fd = os.open(out, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
+        try:
+            if mode == "in-thread":
+                with pytest.raises(OSError) as e:
+                    os.write(fd, view[off:off + n])
+                assert e.value.errno == errno.EFAULT
+                region.fault_in(off, n)
+            assert os.write(fd, view[off:off + n]) == n
+        finally:
+            os.close(fd)
+        got = np.fromfile(out, dtype=np.uint64)
+        assert np.array_equal(got, words[off // 8:(off + n) // 8])
+        # Into the region: a read(2) writes region memory.
+        dst = 16 * MIB
+        with open(out, "rb", buffering=0) as f:
+            if mode == "in-thread":
+                with pytest.raises(OSError) as e:
+                    f.readinto(view[dst:dst + n])
+                assert e.value.errno == errno.EFAULT
+                f.seek(0)
+                region.fault_in(dst, n, write=True)
+            assert f.readinto(view[dst:dst + n]) == n
+        a = np.frombuffer(region, dtype=np.uint64)
+        assert np.array_equal(a[dst // 8:(dst + n) // 8], got)
+        del a, view
+        with pytest.raises(ValueError, match="outside the region"):
+            region.fault_in(64 * MIB, 1)
+        region.close()
+    ro = upager.Pager(budget=BUDGET, fault_mode=mode).map_file(path)
+    with pytest.raises(OSError, match="read-only"):
+        ro.fault_in(0, 4096, write=True)
+    ro.close()
