@@ -189,6 +189,15 @@ struct upager_map_options {
     uint64_t folio;  /* unit of fill, eviction and accounting: a power of
                         two from 4096 to 2 MiB. 0 = default (64 KiB). */
     uint32_t flags;  /* UPAGER_MAP_* */
+    void *addr;      /* NULL = default: upager chooses the address. Else the
+                        region is mapped AT addr, replacing whatever the
+                        caller had in [addr, addr + length rounded up to the
+                        folio size) as mmap(MAP_FIXED) does (typically the
+                        caller's own PROT_NONE reservation; several regions
+                        may sit side by side in one). addr must be a
+                        multiple of the folio size and length must be given
+                        (else -EINVAL). Unmapping leaves the range unmapped,
+                        as munmap() does. */
 };
 
 /* Fills *opts with the defaults (including opts->size). NULL is ignored. */
@@ -325,6 +334,28 @@ int upager_prefetch(const upager_region_t *region, uint64_t offset,
  * -EFAULT (a folio cannot be filled: its store read failed). */
 int upager_fault_in(const upager_region_t *region, uint64_t offset,
                     uint64_t length, unsigned flags);
+
+/* upager_pin() flags. */
+#define UPAGER_PIN_WRITE 1u /* the folios become dirty and stay writable */
+
+/* Pins [offset, offset + length): makes it resident (as upager_fault_in())
+ * and keeps it so - eviction, pageout and discard leave it alone - until
+ * upager_unpin(). Pins are counted: each pin needs one unpin. For buffer
+ * pools (fix/unfix) and for system calls on region memory in the in-thread
+ * fault mode. Pinned memory counts against the budget; at most half the
+ * budget may be pinned. flush still writes pinned folios back. Unmapping
+ * drops every pin. Returns 0, -EINVAL (range or flags), -EOPNOTSUPP
+ * (UPAGER_PIN_WRITE on a read-only region), -ENOMEM (more than half the
+ * budget would be pinned; nothing was pinned) or -EFAULT (a folio cannot
+ * be filled, or its write is refused by a full disk; nothing stays
+ * pinned). */
+int upager_pin(const upager_region_t *region, uint64_t offset,
+               uint64_t length, unsigned flags);
+
+/* Undoes one upager_pin() of the range. Returns 0 or -EINVAL (range, or a
+ * folio in it that is not pinned: then nothing is unpinned). */
+int upager_unpin(const upager_region_t *region, uint64_t offset,
+                 uint64_t length);
 
 /* Waits until every prefetch queued so far on the region's pager has
  * finished: 0, or -ETIMEDOUT after timeout_ms milliseconds. */

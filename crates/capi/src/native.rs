@@ -71,6 +71,8 @@ pub struct upager_map_options {
     pub folio: u64,
     /// `UPAGER_MAP_*` flags.
     pub flags: u32,
+    /// NULL, or the fixed address to map at (`MAP_FIXED`).
+    pub addr: *mut c_void,
 }
 
 /// `UPAGER_MAP_WRITE`: map read-write (writes reach the file).
@@ -154,6 +156,7 @@ fn default_map_options() -> upager_map_options {
         length: 0,
         folio: 0,
         flags: 0,
+        addr: std::ptr::null_mut(),
     }
 }
 
@@ -376,6 +379,22 @@ unsafe fn map_opts(
     }
     if o.length != 0 {
         m = m.len(o.length);
+    }
+    if !o.addr.is_null() {
+        let folio = if o.folio == 0 {
+            engine::DEFAULT_FOLIO
+        } else {
+            o.folio
+        };
+        if o.length == 0 || !folio.is_power_of_two() {
+            return Err(Failure::inval(
+                "a fixed address (upager_map_options.addr) needs the length too".to_string(),
+            ));
+        }
+        let len = o.length.div_ceil(folio) * folio;
+        // SAFETY: the C caller hands [addr, addr + len) over by setting
+        // `addr` (upager.h: the range is replaced as MAP_FIXED does).
+        m = m.at(unsafe { engine::FixedRange::new(o.addr as u64, len) });
     }
     Ok((m, o))
 }
@@ -916,6 +935,52 @@ pub unsafe extern "C" fn upager_fault_in(
             )));
         }
         r.fault_in(offset, length, flags & UPAGER_FAULT_IN_WRITE != 0)?;
+        Ok(0)
+    })
+}
+
+/// `UPAGER_PIN_WRITE`: `upager_pin` as write faults (dirty, writable).
+pub const UPAGER_PIN_WRITE: u32 = 1;
+
+/// `upager_pin`: pins the range (resident until unpinned).
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_pin(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+    flags: u32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        if flags & !UPAGER_PIN_WRITE != 0 {
+            return Err(Failure::inval(format!(
+                "unknown pin flags {:#x}",
+                flags & !UPAGER_PIN_WRITE
+            )));
+        }
+        r.pin(offset, length, flags & UPAGER_PIN_WRITE != 0)?;
+        Ok(0)
+    })
+}
+
+/// `upager_unpin`: undoes one pin of the range.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_unpin(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        r.unpin(offset, length)?;
         Ok(0)
     })
 }

@@ -308,9 +308,6 @@ fn umap_inner(
             "flags {flags:#x}: give UMAP_PRIVATE (optionally with UMAP_FIXED) and nothing else"
         )));
     }
-    if flags & libc::MAP_FIXED != 0 {
-        return Err(Failure::new(libc::ENOTSUP, format!("UMAP_FIXED (address {addr:p}) is not supported by upager: leave it out and use the returned address")));
-    }
     if length == 0 {
         return Err(Failure::inval("length is 0"));
     }
@@ -325,11 +322,35 @@ fn umap_inner(
     }
     let writable = prot & libc::PROT_WRITE != 0;
     let file = native::dup_fd(fd, writable)?;
-    let opts = MapOptions::new()
+    let mut opts = MapOptions::new()
         .writable(writable)
         .folio(c.page_size)
         .offset(offset as u64)
         .len(length as u64);
+    if flags & libc::MAP_FIXED != 0 {
+        // UMAP_FIXED: the region replaces [addr, addr + length rounded up
+        // to the page size), which must not reach into another region.
+        let (start, len) = (addr as u64, (length as u64).next_multiple_of(c.page_size));
+        if addr.is_null() || !start.is_multiple_of(c.page_size) {
+            return Err(Failure::inval(format!(
+                "UMAP_FIXED address {addr:p} is not a multiple of UMAP_PAGESIZE ({})",
+                c.page_size
+            )));
+        }
+        if let Some((b, r)) = regions().iter().find(|(b, r)| {
+            **b as u64 + (r.len() as u64).next_multiple_of(r.folio_size()) > start
+                && (**b as u64) < start + len
+        }) {
+            return Err(Failure::inval(format!(
+                "UMAP_FIXED range {addr:p}+{len:#x} overlaps the region at {:#x} ({} bytes): uunmap it first",
+                b,
+                r.len()
+            )));
+        }
+        // SAFETY: UMAP_FIXED hands the range over, as MAP_FIXED does
+        // (umap.h), and it overlaps no region of ours.
+        opts = opts.at(unsafe { engine::FixedRange::new(start, len) });
+    }
     let region = pager()?.map_open_file(file, &opts)?;
     let base = region.as_ptr();
     log(
@@ -518,11 +539,18 @@ pub extern "C" fn umap_fetch_and_pin(paddr: *mut c_char, size: u64) {
                 "{paddr:p} is not inside a region mapped by umap()"
             )));
         };
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| log(Level::Warning, "umap_fetch_and_pin: upager fetches the pages but does not pin them; they count against UMAP_BUFSIZE and may be evicted later"));
-        queue(&r, off, size as usize)?;
-        r.wait_prefetch(PREFETCH_WAIT);
-        touch(&r, off, size as usize);
+        // Pinned until uunmap (UMap has no unpin); beyond half the buffer,
+        // fetched without a pin, as before.
+        let size = (size as usize).min(r.len() - off);
+        if let Err(e) = r.pin(off as u64, size as u64, false) {
+            log(
+                Level::Warning,
+                &format!("umap_fetch_and_pin: {e}; fetching without pinning"),
+            );
+            queue(&r, off, size)?;
+            r.wait_prefetch(PREFETCH_WAIT);
+            touch(&r, off, size);
+        }
         Ok(())
     });
 }

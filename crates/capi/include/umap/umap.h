@@ -53,9 +53,10 @@
  *                          system call on a non-resident page of a region
  *                          (write(fd, addr, n), read(fd, addr, n)) fails
  *                          with EFAULT instead of faulting it in: call
- *                          umap_prefetch() or umap_fetch_and_pin() on the
- *                          range first (and retry on EFAULT: nothing pins
- *                          it), or copy through a buffer of your own.
+ *                          umap_fetch_and_pin() on the range first (it
+ *                          stays resident until uunmap), or use
+ *                          upager_pin()/upager_unpin() of <upager.h>, or
+ *                          copy through a buffer of your own.
  *                          upager_umap_fault_mode() in <upager.h> tells the
  *                          mode in force.
  * Numbers may also be written with a unit (UMAP_PAGESIZE=64K).
@@ -78,9 +79,11 @@
  *     overlapping ranges of one file writable twice: each has its own cache.
  *   - The descriptor is duplicated: it may be closed after umap() returns.
  *     It must be open O_RDWR for PROT_WRITE (else EACCES).
- *   - UMAP_FIXED is refused with ENOTSUP: upager chooses the address (a
- *     hint `addr` without UMAP_FIXED is ignored, as UMap's mmap would).
- *   - umap_fetch_and_pin() fetches but does not pin (see below).
+ *   - UMAP_FIXED maps at `addr` (a multiple of UMAP_PAGESIZE), replacing
+ *     [addr, addr + length rounded up to UMAP_PAGESIZE) as MAP_FIXED does;
+ *     several regions may sit side by side in one reservation. A hint
+ *     `addr` without UMAP_FIXED is ignored, as UMap's mmap would.
+ *   - umap_fetch_and_pin() pins at most half of UMAP_BUFSIZE (see below).
  *
  * fork(): regions are not inherited by children, and a child of a process
  * that has called umap() cannot use umap() (the pager's threads stay in
@@ -104,12 +107,13 @@ extern "C" {
 /* Maps `length` bytes of the file open as `fd`, starting at `offset`.
  * prot: PROT_READ, optionally | PROT_WRITE (writes go back to the file on
  * eviction, umap_flush() and uunmap()). flags: UMAP_PRIVATE (required, as
- * UMap), nothing else. addr: ignored (see UMAP_FIXED above).
+ * UMap), optionally | UMAP_FIXED (then addr is where; see above).
  * Returns the region's address (aligned to UMAP_PAGESIZE), or UMAP_FAILED
  * with errno: EINVAL (bad prot/flags/length/offset/page size, range past
  * the end of the file), EBADF (fd not open), EACCES (fd not readable, or
- * not writable with PROT_WRITE), ENOTSUP (UMAP_FIXED), EPERM (no access to
- * /dev/userfaultfd), ENOMEM (no address space). */
+ * not writable with PROT_WRITE), EINVAL also for a UMAP_FIXED address that
+ * is unaligned or whose range overlaps another umap() region, EPERM (no
+ * access to /dev/userfaultfd), ENOMEM (no address space). */
 void *umap(void *addr, size_t length, int prot, int flags, int fd,
            off_t offset);
 
@@ -137,11 +141,10 @@ struct umap_prefetch_item {
  * stderr). Prefetched pages count against the budget like any other. */
 void umap_prefetch(int npages, struct umap_prefetch_item *page_array);
 
-/* Brings [paddr, paddr + size) into memory (capped at the region's end).
- * Unlike UMap, upager does NOT pin the pages: they count against the
- * budget and may be evicted later under pressure (a warning says so once at
- * WARNING level). Pinning a range larger than the budget cannot be honoured
- * under a hard budget. */
+/* Brings [paddr, paddr + size) into memory (capped at the region's end)
+ * and pins it: it stays resident until uunmap(), as UMap's does. Pinned
+ * pages count against UMAP_BUFSIZE, and at most half of it can be pinned:
+ * beyond that the range is fetched without a pin (a WARNING says so). */
 void umap_fetch_and_pin(char *paddr, uint64_t size);
 
 /* 1: regions mapped with PROT_WRITE write back to their files. */
@@ -166,7 +169,7 @@ int      umapcfg_get_evict_high_water_threshold(void);  /* percent */
 /* Flags (mmap's values, as UMap). */
 #define UMAP_PRIVATE MAP_PRIVATE /* required; regions behave like a shared
                                     file mapping of this process */
-#define UMAP_FIXED   MAP_FIXED   /* refused by upager (ENOTSUP) */
+#define UMAP_FIXED   MAP_FIXED   /* map at addr (see umap()) */
 
 /* Return value of a failed umap(). */
 #define UMAP_FAILED ((void *)-1)

@@ -54,7 +54,10 @@ int main(int argc, char **argv) {
     CHECK(umap_flush() == 0, "umap_flush: %s", strerror(errno));
     verify_file(path, size, 1);
     umap_fetch_and_pin(base, 2 * psize);
+    CHECK(counter("pinned_bytes") == 2 * psize, "fetch_and_pin pinned %" PRIu64
+          " bytes", counter("pinned_bytes"));
     CHECK(uunmap(base, size) == 0, "uunmap: %s", strerror(errno));
+    CHECK(counter("pinned_bytes") == 0, "uunmap left pins");
     uint64_t peak = counter("resident_peak_bytes");
     CHECK(peak <= budget, "peak %" PRIu64 " above the budget %" PRIu64,
           peak, budget);
@@ -69,6 +72,31 @@ int main(int argc, char **argv) {
     for (uint64_t k = 0; k < len / 8; k += 97)
         CHECK(q[k] == written(off / 8 + k), "offset word %" PRIu64, k);
     CHECK(uunmap(q, len) == 0, "uunmap 2");
+
+    /* UMAP_FIXED: the two halves of the file side by side in one
+       reservation of ours (umapsort -N 2 does this). */
+    fd = open(path, O_RDWR);
+    CHECK(fd >= 0, "reopen");
+    char *res = mmap(NULL, size + psize, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    CHECK(res != MAP_FAILED, "reserve");
+    char *at = (char *)(((uintptr_t)res + psize - 1) / psize * psize);
+    uint64_t half = size / 2;
+    uint64_t *h0 = umap(at, half, PROT_READ | PROT_WRITE,
+                        UMAP_PRIVATE | UMAP_FIXED, fd, 0);
+    CHECK((char *)h0 == at, "UMAP_FIXED 1: %p %s", (void *)h0,
+          upager_last_error());
+    CHECK(umap(at + psize, half, PROT_READ, UMAP_PRIVATE | UMAP_FIXED, fd,
+               0) == UMAP_FAILED && errno == EINVAL,
+          "an overlapping UMAP_FIXED is refused");
+    uint64_t *h1 = umap(at + half, half, PROT_READ, UMAP_PRIVATE | UMAP_FIXED,
+                        fd, half);
+    CHECK((char *)h1 == at + half, "UMAP_FIXED 2: %s", upager_last_error());
+    for (uint64_t k = 0; k < size / 8; k += 61)
+        CHECK(((uint64_t *)at)[k] == written(k), "fixed word %" PRIu64, k);
+    h0[3] = written(3);
+    CHECK(uunmap(h0, half) == 0 && uunmap(h1, half) == 0, "uunmap fixed");
+    close(fd);
 
     printf("umap_rw: ok (file %" PRIu64 " MiB, %d threads, buffer %" PRIu64
            " pages of %" PRIu64 " bytes, peak %" PRIu64 " KiB, %" PRIu64
