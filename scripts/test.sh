@@ -18,7 +18,14 @@ run cargo test --workspace --quiet
 # The engine's suite once more in the other fault mode (the default is
 # handlers): the same tests, faults resolved in the faulting thread.
 run env UPAGER_FAULT_MODE=in-thread cargo test -p upager --quiet
-if grep -q '^test-c:' Makefile 2>/dev/null; then run make -s test-c; fi
-if grep -q '^test-python:' Makefile 2>/dev/null; then run make -s python && run make -s test-python; fi
+if grep -q '^test-c:' Makefile 2>/dev/null; then
+    run make -s test-c
+    # The C API and the UMap drop-in's tests in the in-thread mode too.
+    run env UPAGER_FAULT_MODE=in-thread make -s test-c
+fi
+if grep -q '^test-python:' Makefile 2>/dev/null; then
+    run make -s python && run make -s test-python
+    run env UPAGER_FAULT_MODE=in-thread make -s test-python
+fi
 if [ $status -ne 0 ]; then echo "test.sh: FAILED"; else echo "test.sh: all suites passed"; fi
 exit $status
