@@ -925,18 +925,12 @@ pub unsafe extern "C" fn upager_fault_in(
     length: u64,
     flags: u32,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: by this function's contract.
-        let r = unsafe { region(r) }?;
-        if flags & !UPAGER_FAULT_IN_WRITE != 0 {
-            return Err(Failure::inval(format!(
-                "unknown fault-in flags {:#x}",
-                flags & !UPAGER_FAULT_IN_WRITE
-            )));
-        }
-        r.fault_in(offset, length, flags & UPAGER_FAULT_IN_WRITE != 0)?;
-        Ok(0)
-    })
+    // SAFETY: by this function's contract.
+    unsafe {
+        with_write_flag(r, flags, UPAGER_FAULT_IN_WRITE, "fault-in", |r, w| {
+            r.fault_in(offset, length, w)
+        })
+    }
 }
 
 /// `UPAGER_PIN_WRITE`: `upager_pin` as write faults (dirty, writable).
@@ -953,16 +947,36 @@ pub unsafe extern "C" fn upager_pin(
     length: u64,
     flags: u32,
 ) -> c_int {
+    // SAFETY: by this function's contract.
+    unsafe {
+        with_write_flag(r, flags, UPAGER_PIN_WRITE, "pin", |r, w| {
+            r.pin(offset, length, w)
+        })
+    }
+}
+
+/// The body of the range calls whose only flag is a write flag
+/// (`upager_fault_in`, `upager_pin`): checks the flags, runs `call`.
+///
+/// # Safety
+/// `r` is a live region handle.
+unsafe fn with_write_flag(
+    r: *const upager_region_t,
+    flags: u32,
+    write_flag: u32,
+    what: &str,
+    call: impl FnOnce(&Region, bool) -> Result<(), engine::AdviseError>,
+) -> c_int {
     guard(|| {
         // SAFETY: by this function's contract.
         let r = unsafe { region(r) }?;
-        if flags & !UPAGER_PIN_WRITE != 0 {
+        if flags & !write_flag != 0 {
             return Err(Failure::inval(format!(
-                "unknown pin flags {:#x}",
-                flags & !UPAGER_PIN_WRITE
+                "unknown {what} flags {:#x}",
+                flags & !write_flag
             )));
         }
-        r.pin(offset, length, flags & UPAGER_PIN_WRITE != 0)?;
+        call(r, flags & write_flag != 0)?;
         Ok(0)
     })
 }
