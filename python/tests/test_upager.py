@@ -189,6 +189,7 @@ PINNED_STAT_NAMES = [
     "faults_in_thread",
     "faults_handed_off",
     "pinned_bytes",
+    "writeback_submits",
 ]
 
 

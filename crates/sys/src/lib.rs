@@ -22,6 +22,8 @@
 //! - [`futex`]: futex wait/wake on atomics (async-signal-safe waits).
 //! - [`signal`]: the process's SIGBUS handler for in-thread faults.
 //! - [`snapshot`]: a value readable from a signal handler while replaced.
+//! - [`uring`]: io_uring for write-back, the writes of one batch submitted
+//!   and waited for together.
 
 pub mod futex;
 pub mod io;
@@ -30,6 +32,7 @@ pub mod pagemap;
 pub mod signal;
 pub mod snapshot;
 pub mod uffd;
+pub mod uring;
 
 /// Size of a base page on the architectures upager supports (x86-64, arm64
 /// with 4 KiB pages).

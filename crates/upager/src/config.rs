@@ -115,6 +115,7 @@ pub struct PagerBuilder {
     pub(crate) readahead: u64,
     pub(crate) swap_dir: PathBuf,
     pub(crate) direct_io: bool,
+    pub(crate) batched_writeback: bool,
     pub(crate) handler_spin: std::time::Duration,
     pub(crate) dirty_limit: Option<u64>,
     pub(crate) fault_timing: bool,
@@ -135,6 +136,7 @@ impl Default for PagerBuilder {
             readahead: 2 << 20,
             swap_dir: std::env::temp_dir(),
             direct_io: true,
+            batched_writeback: true,
             handler_spin: std::time::Duration::ZERO,
             dirty_limit: None,
             fault_timing: false,
@@ -197,6 +199,20 @@ impl PagerBuilder {
     /// budget. Default on.
     pub fn direct_io(mut self, on: bool) -> Self {
         self.direct_io = on;
+        self
+    }
+    /// Hand each eviction or write-back batch's writes to its store at once
+    /// ([`Store::write_batch`]: the file store and the swap file submit them
+    /// together through io_uring and wait for all) instead of one
+    /// [`Store::write_from`] per run of consecutive folios (`false`, for
+    /// comparison). Default on. Where io_uring is unavailable (disabled by
+    /// `kernel.io_uring_disabled`, a seccomp filter) the stores fall back to
+    /// one `pwrite` per write and log it once.
+    ///
+    /// [`Store::write_batch`]: crate::Store::write_batch
+    /// [`Store::write_from`]: crate::Store::write_from
+    pub fn batched_writeback(mut self, on: bool) -> Self {
+        self.batched_writeback = on;
         self
     }
     /// After serving faults, a handler keeps checking for the next one (yielding

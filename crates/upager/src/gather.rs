@@ -7,7 +7,9 @@
 //!   1) claim     victims are BUSY (their owner's claim: reclaim isolates
 //!                them from the LRU, the others claim by range)
 //!   2) protect   one UFFDIO_WRITEPROTECT per span of dirty victims    (flush per span)
-//!   3) write back dirty victims from the now read-only view, in runs
+//!   3) write back dirty victims from the now read-only view: per region,
+//!                every run (swap: every folio) handed to the store at once,
+//!                Store::write_batch (io_uring: submitted together), waited for
 //!   4) unmap     one process_madvise(MADV_DONTNEED) over all victims  (one flush)
 //!   5) release   state -> EVICTED/NEVER (wake waiters), budget returned
 //! ```
@@ -17,7 +19,10 @@
 //! is always write-protected in the view. A write racing with the batch hits
 //! the protection, finds the folio BUSY, waits, and after 5) refaults it
 //! from the store: no write is lost. A failed write-back leaves its folio
-//! resident and DIRTY, back on the LRU.
+//! resident and DIRTY, back on the LRU. 4) and 5) start only after every
+//! write of 3) has completed (`write_batch` returns then), and only the
+//! folios whose own write succeeded go on: a batch with one failed write
+//! keeps exactly that write's folios dirty.
 //!
 //! Shootdowns: the unmap is one flush per ≤ 1024 ranges; the protect step is
 //! one flush per span of dirty victims, where a span joins dirty victims of
@@ -32,7 +37,9 @@
 //!
 //! Counters: `evictions`, `evict_{direct,background,pageout}`,
 //! `evict_batches`, `tlb_flush_batches`, `writebacks`, `writeback_errors`,
-//! `bytes_written`, `discards`, `reclaim_lock_acquisitions` (swap slots).
+//! `bytes_written`, `writeback_submits` (system calls that submitted the
+//! writes: about one per 256 writes with io_uring, one per run without),
+//! `discards`, `reclaim_lock_acquisitions` (swap slots).
 //!
 //! Uses: `area`, `folio`, `shared`, `store`.
 
@@ -45,6 +52,7 @@ use upager_sys::mem::{MapRange, MAX_IOV};
 use crate::area::{Area, Inflight};
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED};
 use crate::shared::Shared;
+use crate::store::Write;
 
 /// Largest gap (bytes) between dirty victims that one write-protect call
 /// spans. Every call costs one TLB flush; spanning a gap costs a page-table
@@ -208,64 +216,80 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         unprotect_pinned(sh, r, group);
     }
 
-    // 3) write back dirty victims, in runs of consecutive folios.
+    // 3) write back dirty victims: per region, its writes (runs of
+    // consecutive folios; one per folio for swap slots) go to its store
+    // together, and every one has completed when write_batch returns.
     let mut failed = vec![false; victims.len()];
     let mut new_slots: Vec<Option<u32>> = vec![None; victims.len()];
     let mut i = 0;
     while i < victims.len() {
-        if victims[i].old.kind() != Kind::Dirty {
-            i += 1;
-            continue;
-        }
         let r = Arc::clone(&victims[i].region);
+        let mut j = i;
+        while j < victims.len() && victims[j].region.id == r.id {
+            j += 1;
+        }
         if r.is_anon() {
             // Swap: give every dirty victim of this region without a slot
             // one, under a single lock acquisition (seed 003).
-            let mut j = i;
-            let mut need = Vec::new();
-            while j < victims.len() && victims[j].region.id == r.id {
-                if victims[j].old.kind() == Kind::Dirty && victims[j].old.slot().is_none() {
-                    need.push(j);
+            let need: Vec<usize> = (i..j)
+                .filter(|&k| {
+                    victims[k].old.kind() == Kind::Dirty && victims[k].old.slot().is_none()
+                })
+                .collect();
+            if !need.is_empty() {
+                let pool = r.slots.as_ref().expect("anonymous region has slots");
+                let before = pool.acquisitions();
+                let slots = pool.alloc(need.len(), sh.cfg.batched_removal);
+                sh.counters
+                    .reclaim_lock_acquisitions
+                    .add(pool.acquisitions() - before);
+                for (k, s) in need.into_iter().zip(slots) {
+                    new_slots[k] = Some(s);
                 }
-                j += 1;
             }
-            let pool = r.slots.as_ref().expect("anonymous region has slots");
-            let before = pool.acquisitions();
-            let slots = pool.alloc(need.len(), sh.cfg.batched_removal);
-            sh.counters
-                .reclaim_lock_acquisitions
-                .add(pool.acquisitions() - before);
-            for (k, s) in need.into_iter().zip(slots) {
-                new_slots[k] = Some(s);
+        }
+        // `runs[n]`: the victims `[a, b)` and bytes of `writes[n]`.
+        let mut writes: Vec<Write<'_>> = Vec::new();
+        let mut runs: Vec<(usize, usize, u64)> = Vec::new();
+        let mut k = i;
+        while k < j {
+            let v = &victims[k];
+            if v.old.kind() != Kind::Dirty {
+                k += 1;
+                continue;
             }
-            for k in i..j {
-                let v = &victims[k];
-                if v.old.kind() != Kind::Dirty {
-                    continue;
-                }
+            if r.is_anon() {
                 let slot = new_slots[k].or(v.old.slot()).expect("slot assigned");
-                let res = r
-                    .store
-                    .write_from(r.src(v.idx, r.folio), u64::from(slot) * r.folio);
-                account_write(sh, &r, &mut failed[k..=k], res, r.folio, &mut first_err);
+                writes.push(Write {
+                    src: r.src(v.idx, r.folio),
+                    offset: u64::from(slot) * r.folio,
+                });
+                runs.push((k, k + 1, r.folio));
+                k += 1;
+                continue;
             }
-            i = j;
-            continue;
+            let mut e = k + 1;
+            while e < j
+                && victims[e].old.kind() == Kind::Dirty
+                && victims[e].idx == victims[e - 1].idx + 1
+            {
+                e += 1;
+            }
+            let (first, last) = (v.idx, victims[e - 1].idx);
+            let bytes = ((last - first) as u64 * r.folio) + r.valid_len(last);
+            writes.push(Write {
+                src: r.src(first, bytes),
+                offset: r.store_offset(first, v.old).expect("file offset"),
+            });
+            runs.push((k, e, bytes));
+            k = e;
         }
-        let mut j = i + 1;
-        while j < victims.len()
-            && victims[j].region.id == r.id
-            && victims[j].old.kind() == Kind::Dirty
-            && victims[j].idx == victims[j - 1].idx + 1
-        {
-            j += 1;
+        if !writes.is_empty() {
+            let results = write_back(sh, &r, &writes);
+            for ((a, b, bytes), res) in runs.into_iter().zip(results) {
+                account_write(sh, &r, &mut failed[a..b], res, bytes, &mut first_err);
+            }
         }
-        let first = victims[i].idx;
-        let last = victims[j - 1].idx;
-        let bytes = ((last - first) as u64 * r.folio) + r.valid_len(last);
-        let off = r.store_offset(first, victims[i].old).expect("file offset");
-        let res = r.store.write_from(r.src(first, bytes), off);
-        account_write(sh, &r, &mut failed[i..j], res, bytes, &mut first_err);
         i = j;
     }
 
@@ -406,6 +430,38 @@ fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) {
         "write-protect of a registered range failed: {res:?}"
     );
     sh.counters.tlb_flush_batches.inc();
+}
+
+/// Writes one region's share of a batch to its store: all at once
+/// ([`Store::write_batch`](crate::Store::write_batch)), or one call per
+/// write when batched write-back is off. One result per write, in order.
+fn write_back(sh: &Shared, r: &Area, writes: &[Write<'_>]) -> Vec<io::Result<()>> {
+    if !sh.cfg.batched_writeback {
+        sh.counters.writeback_submits.add(writes.len() as u64);
+        return writes
+            .iter()
+            .map(|w| r.store.write_from(w.src, w.offset))
+            .collect();
+    }
+    let done = r.store.write_batch(writes);
+    sh.counters.writeback_submits.add(done.submissions);
+    let mut results = done.results;
+    if results.len() != writes.len() {
+        // A store broke the one-result-per-write rule: whatever it did not
+        // report stays dirty (a later batch writes it again).
+        debug_assert!(
+            false,
+            "write_batch returned {} results for {}",
+            results.len(),
+            writes.len()
+        );
+        results.resize_with(writes.len(), || {
+            Err(io::Error::other(
+                "the store reported no result for this write",
+            ))
+        });
+    }
+    results
 }
 
 fn account_write(

@@ -125,6 +125,8 @@ counters! {
     faults_handed_off,
     /// Bytes pinned now (`Region::pin`; gauge).
     pinned_bytes,
+    /// System calls that submitted write-back I/O to stores (`io_uring_enter`, or one `pwrite` per run of folios without batching): against `writebacks`, how well batches are submitted together.
+    writeback_submits,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

@@ -46,6 +46,7 @@ static const char *const names[] = {
     "faults_in_thread",
     "faults_handed_off",
     "pinned_bytes",
+    "writeback_submits",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
