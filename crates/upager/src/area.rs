@@ -148,6 +148,14 @@ impl Area {
         })
     }
 
+    /// The folios of [`Area::touched_folios`] from folio `from` on.
+    pub fn touched_folios_from(&self, from: usize) -> impl Iterator<Item = usize> + '_ {
+        let n = self.nfolios();
+        (from / CHUNK..n.div_ceil(CHUNK))
+            .filter(move |c| self.touched[c / 64].load(Ordering::Acquire) & (1 << (c % 64)) != 0)
+            .flat_map(move |c| (c * CHUNK).max(from)..((c + 1) * CHUNK).min(n))
+    }
+
     pub fn base(&self) -> u64 {
         self.map.addr()
     }

@@ -11,7 +11,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use common::{pattern_file, ram_dir, skip_or_fail, word};
+use common::{pattern_file, ram_dir, skip_or_fail, wait_until, word};
 use upager::{FileStore, MapOptions, Pager, Residency, Src, Store, Write, Written};
 
 const FOLIO: u64 = 4096;
@@ -24,6 +24,8 @@ struct Recorder {
     inner: FileStore,
     /// Writes per `write_batch` call, in call order.
     batches: Mutex<Vec<usize>>,
+    /// The store offsets of each `write_batch` call's writes.
+    offsets: Mutex<Vec<Vec<u64>>>,
     /// `write_from` calls made by the engine itself (not by a batch).
     singles: AtomicU64,
     /// Submissions the inner store reported.
@@ -36,6 +38,7 @@ impl Recorder {
         Recorder {
             inner: FileStore::open(path, true, true).unwrap(),
             batches: Mutex::new(Vec::new()),
+            offsets: Mutex::new(Vec::new()),
             singles: AtomicU64::new(0),
             submissions: AtomicU64::new(0),
             fail_at: Mutex::new(Vec::new()),
@@ -70,6 +73,10 @@ impl Store for Recorder {
     }
     fn write_batch(&self, batch: &[Write<'_>]) -> Written {
         self.batches.lock().unwrap().push(batch.len());
+        self.offsets
+            .lock()
+            .unwrap()
+            .push(batch.iter().map(|w| w.offset).collect());
         let good: Vec<Write<'_>> = batch.iter().filter(|w| !self.fails(w)).copied().collect();
         let done = self.inner.write_batch(&good);
         self.submissions.fetch_add(done.submissions, SeqCst);
@@ -294,4 +301,66 @@ fn a_failed_write_in_a_batch_keeps_exactly_its_folios_dirty() {
             f | 1 << 63
         );
     }
+}
+
+/// The smallest arc of a circle of `len` bytes that holds every offset:
+/// how much of a region a batch that may wrap at its end spans.
+fn circular_span(offsets: &[u64], len: u64) -> u64 {
+    let mut o = offsets.to_vec();
+    o.sort_unstable();
+    let wrap_gap = o[0] + len - o[o.len() - 1];
+    let largest_gap = o.windows(2).map(|w| w[1] - w[0]).fold(wrap_gap, u64::max);
+    len - largest_gap
+}
+
+/// The dirty limit's cleaner writes a batch in address order from the
+/// oldest dirty folio, over at most 64 MiB of the region: random writes
+/// over 1 GiB, cleaned in batches that each span a fraction of it (the
+/// write-protect step walks only that span). Oldest-first batches span the
+/// whole region and fail this.
+#[test]
+fn the_dirty_limit_cleans_in_address_order_from_the_oldest_dirty_folio() {
+    let dir = ram_dir();
+    let len: u64 = 1 << 30;
+    let path = dir.path().join("sparse");
+    std::fs::File::create(&path).unwrap().set_len(len).unwrap();
+    let store = Arc::new(Recorder::new(&path));
+    let pager = Pager::builder()
+        .budget(64 << 20)
+        .dirty_limit(8 << 20)
+        .build()
+        .unwrap();
+    let r = pager
+        .map_store(
+            store.clone(),
+            &MapOptions::new().writable(true).folio(FOLIO),
+        )
+        .unwrap();
+    let mut x = upager_testdata::GOLDEN;
+    let mut first = None;
+    for _ in 0..3000 {
+        let f = upager_testdata::xorshift64(&mut x) % (len / FOLIO);
+        first.get_or_insert(f);
+        r.words()[(f * FOLIO / 8) as usize].store(f | 1, Relaxed);
+    }
+    // Above half the limit (4 MiB, 1024 folios) the cleaner writes back.
+    wait_until("the cleaner to write back", 20, || {
+        pager.stats().dirty_bytes <= 4 << 20 && pager.stats().writebacks > 0
+    });
+    let batches = store.offsets.lock().unwrap().clone();
+    assert!(!batches.is_empty(), "the cleaner wrote through write_batch");
+    assert!(
+        batches[0].contains(&(first.unwrap() * FOLIO)),
+        "the first batch starts at the oldest dirty folio"
+    );
+    for (i, b) in batches.iter().enumerate() {
+        let span = circular_span(b, len);
+        assert!(
+            span <= 64 << 20,
+            "batch {i} of {} writes spans {} MiB of the region",
+            b.len(),
+            span >> 20
+        );
+    }
+    r.flush().unwrap();
 }
