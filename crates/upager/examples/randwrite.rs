@@ -6,8 +6,10 @@
 //!
 //! `warm=1` first reads the whole file sequentially (as the run did
 //! before its write phase), so the budget starts full of clean folios.
-//! One writing thread, like numpy. Prints writes/s for writes + flush and
-//! the write-back counters.
+//! One writing thread, like numpy. Prints writes/s for writes + flush, the
+//! write-back counters and each thread's CPU time. The fault mode comes from
+//! `UPAGER_FAULT_MODE` (handlers or in-thread). Figures: docs/benchmarks.md,
+//! "Random writes + flush".
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 use upager::{MapOptions, Pager};
@@ -64,7 +66,7 @@ fn main() {
     );
     for (name, a, b) in [("writes", &s0, &s1), ("flush", &s1, &s2)] {
         println!(
-            "  {name:6}: writebacks {} submits {} bytes_written {} MiB evict_batches {} evictions {} tlb_flush_batches {} faults_missing {} faults_wp {} dirty_throttled {} direct_stalls {}",
+            "  {name:6}: writebacks {} submits {} bytes_written {} MiB evict_batches {} evictions {} tlb_flush_batches {} faults_missing {} faults_wp {} handed_off {} dirty_throttled {} direct_stalls {}",
             d(|s| s.writebacks, a, b),
             d(|s| s.writeback_submits, a, b),
             d(|s| s.bytes_written, a, b) >> 20,
@@ -73,6 +75,7 @@ fn main() {
             d(|s| s.tlb_flush_batches, a, b),
             d(|s| s.faults_missing, a, b),
             d(|s| s.faults_wp, a, b),
+            d(|s| s.faults_handed_off, a, b),
             d(|s| s.dirty_throttled, a, b),
             d(|s| s.direct_reclaim_stalls, a, b),
         );

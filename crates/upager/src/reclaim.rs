@@ -55,11 +55,15 @@ pub(crate) const POISON_HOLD: Duration = Duration::from_millis(100);
 /// How far (bytes of region) one cleaning batch looks for dirty folios
 /// after its first, in address order. The batch's write-protect step walks
 /// the page tables of the span its dirty folios cover; oldest-first
-/// batches of random writes cover the whole region. Measured with the
+/// batches of random writes covered the whole region. Measured with the
 /// randwrite example (2 GiB file on ext4 over zram, budget 192 MiB, 200K
-/// random 8-byte writes, 4 KiB folios, 2 vCPU KVM): oldest-first batches
-/// walked 480K folios each, protect took 1.9 s of CPU (3.6 s of wall time
-/// in the reclaimer) and the run 6.3–9.7 s. See docs/benchmarks.md.
+/// random 8-byte writes, 4 KiB folios, 2 vCPU KVM, loaded): oldest-first
+/// batches walked ~480K entries each (1.9 s of CPU in the protect step);
+/// in address order within 64 MiB, 17.2K -> 30.1K writes/s (handlers,
+/// medians of 4 interleaved rounds) and 28.4K -> 52.0K (in-thread), with
+/// 20-35% less CPU (docs/benchmarks.md, "Random writes + flush"). 16, 64
+/// and 256 MiB were within the noise of each other; 64 MiB bounds the walk
+/// at 16K entries of 4 KiB folios.
 const CLEAN_SCAN_BYTES: u64 = 64 << 20;
 
 /// A write fault held at the dirty limit that can clean nothing for this
