@@ -66,10 +66,14 @@ fn at_most_two_shootdowns_per_1000_evicted_pages() {
         ipis * 1000 <= 2 * pages,
         "{ipis} shootdowns for {pages} evicted pages ({batches} batches)"
     );
-    // The same count sees per-folio eviction: it is not blind.
-    let (ipis1, pages1, _) = run(&path, Some(1)).unwrap();
+    // The same count sees per-folio eviction: it is not blind. (About one
+    // shootdown per folio on an idle machine; when other processes take
+    // the spinner's CPU, the kernel skips the IPI to a CPU not running
+    // this mm: 382 for 3,872 batches seen on a loaded machine, so the bound
+    // is one per 16 batches.)
+    let (ipis1, pages1, batches1) = run(&path, Some(1)).unwrap();
     assert!(
-        ipis1 * 16 * 4 >= pages1,
-        "batch=1 should send about one shootdown per folio: {ipis1} for {pages1} pages"
+        ipis1 * 16 >= batches1,
+        "batch=1 should send about one shootdown per folio: {ipis1} for {pages1} pages in {batches1} batches"
     );
 }
