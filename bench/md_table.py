@@ -6,7 +6,10 @@ Usage: python3 bench/md_table.py REPORT.json [...]
 One row per variant x engine: median of the metric over the interleaved
 rounds, min..max, ratio vs `kernel` (and vs the other kernel engines), CPU,
 TLB shootdowns (tlb:tlb_flush remote sends of the engine's process) and
-shootdowns per 1000 evicted 4 KiB pages.
+shootdowns per 1000 evicted 4 KiB pages; the p50/p99/max latency of one
+access where the scenario times them (random-read, multi-fault); and a table
+of phases (time, rate, ratio vs the baseline engine) where it has phases
+(numpy).
 """
 import json
 import sys
@@ -28,15 +31,19 @@ def main(paths):
         metric = {"ElapsedS": "elapsed s", "OpsPerS": "ops/s", "SysS": "sys s"}[rep["metric"]]
         print(f"**{rep['scenario']}** — seed {rep['seed']} · {rep['date']} · "
               f"median of {rep['params']['rounds']} interleaved rounds\n")
-        print(f"| variant | engine | {metric} (min–max) | vs kernel | elapsed s | user s | sys s "
-              f"| TLB sends | sends / 1000 evicted pages |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        lat = any(r.get("latency_p50_ns") is not None for r in rep["summary"])
+        base = rep.get("baseline_engine", "kernel")
+        vs_col = "vs kernel" if base == "kernel" else f"vs {base}"
+        print(f"| variant | engine | {metric} (min–max) | {vs_col} | elapsed s | user s | sys s "
+              f"| TLB sends | sends / 1000 evicted pages |" + (" p50 µs | p99 µs | max µs |" if lat else ""))
+        print("|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if lat else ""))
+        us = lambda v: "-" if v is None else f"{v / 1000:.1f}"
         for r in rep["summary"]:
             vs = "-" if r.get("vs_kernel") is None else f"{r['vs_kernel']:.2f}×"
             if r.get("vs_baseline_pct") is not None:
                 vs += f" ({r['vs_baseline_pct']:+.0f}% vs {rep['summary'][0]['variant']})"
             others = [f"{v:.2f}× vs {k}" for k, v in (r.get("vs_kernels") or {}).items()
-                      if k != "kernel" and not r["engine"].startswith("kernel")]
+                      if k != base and not r["engine"].startswith("kernel")]
             if others:
                 vs += "; " + "; ".join(others)
             lo, hi = r["range"]
@@ -44,7 +51,23 @@ def main(paths):
             fail = f" ({r['failures']} failed)" if r["failures"] else ""
             print(f"| {r['variant']} | {r['engine']}{fail} | {val} | {vs} | {fmt(r['elapsed_s'])} "
                   f"| {fmt(r['user_s'])} | {fmt(r['sys_s'])} | {fmt(r.get('tlb_sends'), 0)} "
-                  f"| {fmt(r.get('sends_per_1000_evicted'), 2)} |")
+                  f"| {fmt(r.get('sends_per_1000_evicted'), 2)} |"
+                  + (f" {us(r.get('latency_p50_ns'))} | {us(r.get('latency_p99_ns'))} "
+                     f"| {us(r.get('latency_max_ns'))} |" if lat else ""))
+        phase_names = rep.get("phase_names") or []
+        if phase_names:
+            print(f"\n| engine | " + " | ".join(phase_names) + " |")
+            print("|---|" + "---|" * len(phase_names))
+            for r in rep["summary"]:
+                ph, vs = r.get("phases") or {}, r.get("phases_vs_kernel") or {}
+                cells = []
+                for p in phase_names:
+                    rate, secs = ph.get(p), ph.get(f"{p} s")
+                    ratio = "-" if p not in vs else f"**{vs[p]:.2f}×**"
+                    cells.append(f"{fmt(rate)} ({fmt(secs, 2)} s) {ratio}")
+                print(f"| {r['engine']} | " + " | ".join(cells) + " |")
+        for n in rep.get("notes") or []:
+            print(f"\nnote: {n}")
         errs = [x for x in rep["runs"] if x.get("error")]
         for x in errs:
             print(f"\nfailed: {x['variant']} {x['engine']} round {x['round'] + 1}: {x['error']}")

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 
 use upager_bench::workloads::MapAdvice;
 use upager_bench::{
-    plot, prepare, run_scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Scenario,
+    plot, prepare, run_scenario, BenchEnv, Engine, EnvConfig, KernelEngine, NumpyEngine, Scenario,
     ScenarioParams, SwapKind, WorkerExe,
 };
 
@@ -66,6 +66,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Box::new(KernelEngine::with_worker(exe.clone())),
         Box::new(KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Random)),
         Box::new(KernelEngine::with_worker(exe).with_advice(MapAdvice::Sequential)),
+        Box::new(NumpyEngine::memmap()),
     ];
     for name in names {
         let sc = name.spec();
@@ -83,7 +84,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             p.threads = t;
         }
         let cfg = EnvConfig {
-            zram_index: sc.needs_file.then_some(0),
+            zram_index: sc.needs_file().then_some(0),
             zram_bytes: p.file_bytes + p.file_bytes / 8 + (64 << 20),
             swap: sc.needs_swap.then_some(SwapKind::ZramHotAdd),
             swap_bytes: 4 * p.limit_bytes.max(p.bytes_per_thread * p.threads as u64) + (64 << 20),

@@ -186,6 +186,8 @@ pub struct ZramExt4 {
     mount: PathBuf,
     undo_reset: UndoId,
     undo_mount: UndoId,
+    /// A hot-added device's removal (after the reset), if it was hot-added.
+    undo_remove: Option<UndoId>,
 }
 
 impl ZramExt4 {
@@ -235,7 +237,34 @@ impl ZramExt4 {
             mount,
             undo_reset,
             undo_mount,
+            undo_remove: None,
         })
+    }
+
+    /// [`ZramExt4::setup`] on `/dev/zram<index>`; when someone else uses
+    /// that device (mounted or swap: the machine may be shared) and zram
+    /// devices can be hot-added, on a hot-added device instead, removed
+    /// again on drop. Says on stderr which device it took.
+    pub fn setup_or_hot_add(index: u32, size_bytes: u64) -> Result<Self, SetupError> {
+        match zram_check_free(index) {
+            Err(SetupError::DeviceBusy { device, why }) if zram_hot_add_available() => {
+                require_root("hot-adding a zram device")?;
+                let n = zram_hot_add()?;
+                let undo_remove = register_undo(Undo::hot_remove_zram(n));
+                eprintln!("upager-bench: {device} is busy ({why}): using a hot-added /dev/zram{n}");
+                match Self::setup(n, size_bytes) {
+                    Ok(mut z) => {
+                        z.undo_remove = Some(undo_remove);
+                        Ok(z)
+                    }
+                    Err(e) => {
+                        let _ = undo_now(undo_remove);
+                        Err(e)
+                    }
+                }
+            }
+            _ => Self::setup(index, size_bytes),
+        }
     }
 
     /// Where the file system is mounted.
@@ -252,6 +281,9 @@ impl Drop for ZramExt4 {
     fn drop(&mut self) {
         let _ = undo_now(self.undo_mount);
         let _ = undo_now(self.undo_reset);
+        if let Some(u) = self.undo_remove {
+            let _ = undo_now(u);
+        }
     }
 }
 

@@ -39,6 +39,13 @@ pub enum BenchError {
     Tlb(#[from] TlbCountError),
     /// the run read {0} wrong words: the engine returned wrong data
     WrongData(u64),
+    /// fault mode {mode} cannot run: {why}
+    FaultMode {
+        /// The mode (`in-thread`).
+        mode: &'static str,
+        /// Why (the probe's error).
+        why: String,
+    },
     /// {0}
     Other(String),
 }
@@ -132,7 +139,7 @@ impl KernelEngine {
                     passes: p.passes,
                 }
             }
-            Scenario::Residency => {
+            Scenario::Residency | Scenario::Numpy => {
                 return Err(BenchError::Unsupported {
                     engine: self.name(),
                     scenario,
@@ -161,7 +168,7 @@ impl Engine for KernelEngine {
         // Advice only changes the file scenarios; each tuned variant runs
         // where it is the advice a user would give.
         match self.advice {
-            MapAdvice::Normal => scenario != Scenario::Residency,
+            MapAdvice::Normal => !matches!(scenario, Scenario::Residency | Scenario::Numpy),
             MapAdvice::Random => scenario == Scenario::RandomRead,
             MapAdvice::Sequential => scenario == Scenario::MmapRead,
         }

@@ -35,7 +35,7 @@ pub use crate::cgroup::{
     parse_memory_stat, Cgroup, CgroupVersion, MemoryHierarchy, CGROUP_MEMORY_ROOT,
 };
 pub use crate::host::{
-    find_tool, is_root, ncpu, require_root, require_tools, SetupError, NAME_PREFIX,
+    find_tool, in_ci, is_root, ncpu, require_root, require_tools, SetupError, NAME_PREFIX,
 };
 pub use crate::pattern::{create_pattern_file, evict_file, verify_pattern_file};
 pub use crate::swap::{SwapDevice, SwapKind};
@@ -77,7 +77,8 @@ pub fn cleanup_stale() -> Vec<String> {
 /// What [`BenchEnv::setup`] should prepare.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct EnvConfig {
-    /// zram device for the data files (ext4), if any; `None` = no file store.
+    /// zram device for the data files (ext4), if any; `None` = no file
+    /// store. A hot-added device is used instead when this one is busy.
     pub zram_index: Option<u32>,
     /// Size of that zram device.
     pub zram_bytes: u64,
@@ -130,7 +131,7 @@ impl BenchEnv {
         }
         let store = cfg
             .zram_index
-            .map(|i| ZramExt4::setup(i, cfg.zram_bytes))
+            .map(|i| ZramExt4::setup_or_hot_add(i, cfg.zram_bytes))
             .transpose()?;
         let swap = cfg
             .swap

@@ -108,6 +108,12 @@ pub fn require_root(what: &str) -> Result<(), SetupError> {
     }
 }
 
+/// Whether this runs under CI (`CI=true`), where something that cannot run
+/// (a fault mode, a test's requirement) fails instead of being left out.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
 /// Number of CPUs this process may use.
 pub fn ncpu() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

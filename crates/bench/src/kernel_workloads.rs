@@ -18,6 +18,7 @@ use memmap2::{Advice, MmapMut};
 use upager_testdata::{word_at, xor_word, xorshift64, GOLDEN};
 
 use crate::host::ncpu;
+use crate::latency::{Histogram, MULTI_FAULT_SAMPLE_EVERY};
 use crate::meter::{wio, Meter, WorkerResult, WorkloadError};
 use crate::raw;
 use crate::thp::mthp_fault_stats;
@@ -61,9 +62,10 @@ fn open_map(file: &PathBuf, advice: MapAdvice) -> Result<memmap2::Mmap, Workload
 
 /// Runs `threads` workers and measures them together: each runs `setup(t)`
 /// (unmeasured: mapping its memory, pinning), then all start at once and
-/// the [`Meter`] runs until every `work(t, state)` has returned; their
-/// `(ops, bad)` are summed. A setup that fails still reaches the start line,
-/// so the others are never left waiting.
+/// the [`Meter`] runs until every `work(t, state, histogram)` has returned;
+/// their `(ops, bad)` are summed, and the latencies they recorded in their
+/// thread's [`Histogram`] merged into the result's `latency`. A setup that
+/// fails still reaches the start line, so the others are never left waiting.
 fn measured_threads<S, Setup, Work>(
     threads: usize,
     setup: Setup,
@@ -71,7 +73,7 @@ fn measured_threads<S, Setup, Work>(
 ) -> Result<WorkerResult, WorkloadError>
 where
     Setup: Fn(usize) -> Result<S, WorkloadError> + Sync,
-    Work: Fn(usize, S) -> Result<(u64, u64), WorkloadError> + Sync,
+    Work: Fn(usize, S, &mut Histogram) -> Result<(u64, u64), WorkloadError> + Sync,
 {
     let barrier = Barrier::new(threads + 1);
     std::thread::scope(|s| {
@@ -81,21 +83,26 @@ where
                 s.spawn(move || {
                     let state = setup(t);
                     barrier.wait();
-                    work(t, state?)
+                    let mut hist = Box::new(Histogram::new());
+                    work(t, state?, &mut hist).map(|r| (r, hist))
                 })
             })
             .collect();
         let meter = Meter::start();
         barrier.wait();
         let (mut ops, mut bad) = (0, 0);
+        let mut all = Histogram::new();
         for h in hs {
-            let (o, b) = h
+            let ((o, b), hist) = h
                 .join()
                 .map_err(|_| WorkloadError::Invalid("a thread panicked".into()))??;
             ops += o;
             bad += b;
+            all.merge(&hist);
         }
-        meter?.stop(ops, bad)
+        let mut r = meter?.stop(ops, bad)?;
+        r.latency = all.summary();
+        Ok(r)
     })
 }
 
@@ -111,7 +118,7 @@ pub(crate) fn mmap_read(
     let mut r = measured_threads(
         threads,
         |_| Ok(()),
-        |t, ()| {
+        |t, (), _| {
             let (a, b) = (pages * t / threads, pages * (t + 1) / threads);
             let mut bad = 0u64;
             for p in a..b {
@@ -140,13 +147,17 @@ pub(crate) fn random_read(
     measured_threads(
         threads,
         |_| Ok(()),
-        |t, ()| {
+        |t, (), hist| {
             let mut rng = GOLDEN ^ ((t as u64 + 1) << 32) ^ seed;
             let mut bad = 0u64;
             for _ in 0..reads {
                 let r = xorshift64(&mut rng);
                 let off = ((r % pages) as usize) * PAGE + ((r >> 40) as usize % (PAGE / 8)) * 8;
-                if word_at(&map, off) != xor_word(off as u64, seed) {
+                // Every read is timed (most are misses: 1/8 of the file fits).
+                let t0 = Instant::now();
+                let w = black_box(word_at(&map, off));
+                hist.record(t0.elapsed().as_nanos() as u64);
+                if w != xor_word(off as u64, seed) {
                     bad += 1;
                 }
             }
@@ -172,12 +183,21 @@ pub(crate) fn multi_fault(
                 .map_err(wio("madvise(NOHUGEPAGE)"))?;
             Ok(m)
         },
-        |_, mut m| {
+        |_, mut m, hist| {
             let end = Instant::now() + Duration::from_secs_f64(seconds);
             let mut faults = 0u64;
             while Instant::now() < end {
-                for o in (0..area).step_by(PAGE) {
-                    m[o] = 1;
+                for (i, o) in (0..area).step_by(PAGE).enumerate() {
+                    // Every access faults; one in MULTI_FAULT_SAMPLE_EVERY is
+                    // timed, so the clock reads cost the throughput < 1%.
+                    if i % MULTI_FAULT_SAMPLE_EVERY == 0 {
+                        let t0 = Instant::now();
+                        m[o] = 1;
+                        black_box(&mut m);
+                        hist.record(t0.elapsed().as_nanos() as u64);
+                    } else {
+                        m[o] = 1;
+                    }
                 }
                 black_box(&mut m);
                 faults += (area / PAGE) as u64;
@@ -239,7 +259,7 @@ pub(crate) fn usemem(
     let mut r = measured_threads(
         threads,
         |_| MmapMut::map_anon(per_thread).map_err(wio("mmap")),
-        |t, mut m| {
+        |t, mut m, _| {
             let (mut ops, mut bad) = (0u64, 0u64);
             for p in 0..passes {
                 for o in (0..per_thread).step_by(PAGE) {

@@ -13,8 +13,12 @@
 //!   cgroup before it starts.
 //! - [`scenario`]: the scenarios of issue 3 as data ([`Scenario`]);
 //!   [`engine`]: the [`Engine`] trait and the kernel baseline engines;
-//!   [`upager_engine`]: upager's engines, with the ablations, and the
-//!   residency methods of seed 004; [`suite`]: [`run_scenario`].
+//!   [`upager_engine`]: upager's engines, in each fault mode (issue 12) and
+//!   with the ablations, and the residency methods of seed 004;
+//!   [`numpy_engine`]: the numpy scenario's engines (a Python driver);
+//!   [`suite`]: [`run_scenario`].
+//! - [`latency`]: per-access latency histograms (p50/p99/max), measured the
+//!   same way by the kernel's and upager's workloads.
 //! - [`report`]: JSON, medians of interleaved rounds, ratios, table, PNG.
 //!
 //! The kernel's side uses no upager code; upager's side uses only its public
@@ -36,25 +40,27 @@
 //! | module | role | uses |
 //! |---|---|---|
 //! | `raw` | the only `unsafe`: mmap, madvise, getrusage, affinity, fadvise | — |
-//! | `host` | [`SetupError`], root check, tools, knob files, names | — |
+//! | `host` | [`SetupError`], root and CI checks, tools, knob files, names | — |
+//! | `latency` | [`Histogram`] of access latencies, [`LatencySummary`] | — |
 //! | `undo` | undo actions, Ctrl-C cleanup | host |
 //! | `pattern` | data files: made, synced, dropped from the page cache, checked | host, raw |
-//! | `meter` | [`WorkerResult`], `Meter`, `median` | raw |
+//! | `meter` | [`WorkerResult`], `Meter`, `median` | latency, raw |
 //! | `cgroup` | memory cgroups, v2 and v1 | host, undo |
 //! | `blockdev` | zram, loop devices, ext4; mounts and swaps | host, pattern, undo |
 //! | `swap` | the kernel's swap device | blockdev, host, undo |
 //! | `thp` | mTHP knobs and counters | host, undo |
 //! | `tracing` | TLB shootdowns: tracepoint, /proc/interrupts | host, undo |
 //! | `env` | [`BenchEnv`], stale clean-up; re-exports the environment | blockdev, cgroup, host, pattern, swap, thp, tracing, undo |
-//! | `kernel_workloads` | the kernel's workloads | host, meter, raw, thp |
-//! | `upager_workloads` | upager's workloads, in the worker | host, meter, raw |
+//! | `kernel_workloads` | the kernel's workloads | host, latency, meter, raw, thp |
+//! | `upager_workloads` | upager's workloads, in the worker | host, latency, meter, raw |
 //! | `workloads` | [`Workload`], `run_workload` | kernel_workloads, meter, pattern, upager_workloads |
 //! | `worker` | the worker process: protocol, [`run_worker`] | cgroup, host, tracing, undo, workloads |
-//! | `measurement` | [`Measurement`], [`Metric`] | worker |
-//! | `scenario` | [`Scenario`], its spec and parameters | host, measurement, thp |
+//! | `measurement` | [`Measurement`], [`Metric`] | latency, worker |
+//! | `scenario` | [`Scenario`], its spec and parameters | host, measurement, pattern, thp |
 //! | `report` | [`Report`]: summary, table, JSON, plot | host, measurement, meter, scenario |
 //! | `engine` | [`Engine`], [`BenchError`], [`KernelEngine`] | host, measurement, pattern, scenario, thp, tracing, worker, workloads |
-//! | `upager_engine` | [`UpagerEngine`], [`ResidencyEngine`] | engine, measurement, pattern, scenario, upager_workloads, worker, workloads |
+//! | `numpy_engine` | [`NumpyEngine`]: the numpy scenario's Python driver | engine, host, measurement, pattern, scenario, worker, workloads |
+//! | `upager_engine` | [`UpagerEngine`], [`ResidencyEngine`], fault-mode selection | engine, host, measurement, numpy_engine, pattern, scenario, upager_workloads, worker, workloads |
 //! | `suite` | [`prepare`], [`run_scenario`] | engine, env, host, pattern, report, scenario |
 #![deny(unsafe_code)]
 
@@ -64,8 +70,10 @@ pub mod engine;
 pub mod env;
 mod host;
 mod kernel_workloads;
+pub mod latency;
 pub mod measurement;
 mod meter;
+pub mod numpy_engine;
 mod pattern;
 mod raw;
 pub mod report;
@@ -85,12 +93,16 @@ pub use env::{
     BenchEnv, Cgroup, CgroupVersion, EnvConfig, MemoryHierarchy, SetupError, SwapDevice, SwapKind,
     ThpKnobs, ZramExt4,
 };
+pub use latency::{Histogram, LatencySummary};
 pub use measurement::{Measurement, Metric};
+pub use numpy_engine::NumpyEngine;
 pub use report::{plot, Report, ReportError};
-pub use scenario::{ParseScenarioError, Scenario, ScenarioParams, ScenarioSpec};
+pub use scenario::{DataFile, ParseScenarioError, Phase, Scenario, ScenarioParams, ScenarioSpec};
 pub use suite::{prepare, run_scenario};
 pub use tracing::{InterruptCount, Target, TlbCountError, TlbCounter, TlbCounts};
-pub use upager_engine::{ResidencyEngine, UpagerEngine};
+pub use upager_engine::{
+    probe_fault_mode, select_fault_modes, select_fault_modes_with, ResidencyEngine, UpagerEngine,
+};
 pub use upager_workloads::{ResidencyMethod, UpagerConfig, UpagerJob};
 pub use worker::{run_worker, RunOptions, WorkerError, WorkerExe, WorkerRun};
-pub use workloads::{WorkerResult, Workload, WorkloadError};
+pub use workloads::{NumpyBackend, WorkerResult, Workload, WorkloadError};

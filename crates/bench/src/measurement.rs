@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::latency::LatencySummary;
 use crate::worker::WorkerRun;
 
 /// The main number of a scenario, for tables, ratios and plots.
@@ -73,6 +74,10 @@ pub struct Measurement {
     pub peak_bytes: Option<u64>,
     /// Scenario-specific values.
     pub extra: BTreeMap<String, f64>,
+    /// Latency of the accesses the workload timed (random-read: every read;
+    /// multi-fault: one fault in 16), the same way for every engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencySummary>,
     /// What was skipped or worth knowing.
     pub notes: Vec<String>,
 }
@@ -139,7 +144,8 @@ impl Measurement {
             },
             peak_bytes: run.peak_bytes,
             extra: r.extra.clone(),
-            notes: run.notes.clone(),
+            latency: r.latency.clone(),
+            notes: run.notes.iter().chain(&r.notes).cloned().collect(),
         }
     }
 }

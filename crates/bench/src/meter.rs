@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use crate::latency::LatencySummary;
 use crate::raw;
 
 /// Errors of running a workload.
@@ -32,6 +33,7 @@ pub(crate) fn wio(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Wor
 
 /// What a workload reports (measured part only).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct WorkerResult {
     /// Wall time of the measured part.
     pub elapsed_s: f64,
@@ -49,6 +51,14 @@ pub struct WorkerResult {
     pub bad_words: u64,
     /// Workload-specific values.
     pub extra: BTreeMap<String, f64>,
+    /// Latency of the accesses the workload timed (random-read,
+    /// multi-fault), if it timed any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencySummary>,
+    /// What the workload wants the report to say (e.g. the Python package
+    /// it ran).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Started before the measured part, stopped after it.
@@ -92,6 +102,8 @@ impl Meter {
             ops,
             bad_words,
             extra,
+            latency: None,
+            notes: Vec::new(),
         })
     }
 }

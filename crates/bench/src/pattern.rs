@@ -32,6 +32,65 @@ pub fn create_pattern_file(path: &Path, len: u64, seed: u64) -> Result<Duration,
     Ok(t.elapsed())
 }
 
+/// Create (or replace) `path` with `len / 8` float64 elements (little
+/// endian), element i = i (numpy scenario): every slice sum and every random
+/// gather then has an exact expected value (integers below 2^53 add
+/// exactly), so the Python driver checks what it read. Synced and evicted
+/// from the page cache like [`create_pattern_file`].
+pub fn create_f64_index_file(path: &Path, len: u64) -> Result<Duration, SetupError> {
+    let t = Instant::now();
+    let len = len / 8 * 8;
+    let f = upager_testdata::write_file(path, len, |off| ((off / 8) as f64).to_bits())
+        .map_err(io_err("writing the data file", path))?;
+    f.sync_all()
+        .map_err(io_err("syncing the data file", path))?;
+    raw::evict_file_cache(&f)
+        .map_err(io_err("evicting the data file from the page cache", path))?;
+    Ok(t.elapsed())
+}
+
+/// What a scenario's data file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataFile {
+    /// No data file.
+    None,
+    /// `upager_testdata::xor_word` pattern words (`offset ^ seed`).
+    Pattern,
+    /// float64 values, element i = i (numpy): every slice sum and random
+    /// gather has an exact expected value.
+    F64Index,
+}
+
+/// Make `file` with `kind`'s content unless it already exists with the
+/// right size (a numpy run restores what it wrote; an engine whose run
+/// failed removes the file, so it is made again). Says what it made on
+/// stderr.
+pub fn ensure_data_file(
+    kind: DataFile,
+    file_bytes: u64,
+    seed: u64,
+    file: &Path,
+) -> Result<(), SetupError> {
+    let want = match kind {
+        DataFile::F64Index => file_bytes / 8 * 8,
+        DataFile::Pattern | DataFile::None => file_bytes.div_ceil(8) * 8,
+    };
+    if std::fs::metadata(file).map(|m| m.len()).ok() == Some(want) {
+        return Ok(());
+    }
+    let t = match kind {
+        DataFile::F64Index => create_f64_index_file(file, file_bytes)?,
+        DataFile::Pattern | DataFile::None => create_pattern_file(file, file_bytes, seed)?,
+    };
+    eprintln!(
+        "upager-bench: made {} ({} MiB) in {:.2} s",
+        file.display(),
+        file_bytes >> 20,
+        t.as_secs_f64()
+    );
+    Ok(())
+}
+
 /// Drop a file's clean, unmapped pages from the page cache
 /// (`posix_fadvise(POSIX_FADV_DONTNEED)`), so the next run reads it from the
 /// device and charges it to its own cgroup. Targeted, unlike
@@ -67,6 +126,19 @@ mod tests {
         );
         assert_eq!(verify_pattern_file(&p, 0xfeed).unwrap(), None);
         assert_eq!(verify_pattern_file(&p, 0xbeef).unwrap(), Some(0));
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn f64_index_file() {
+        let p = std::env::temp_dir().join(crate::host::unique_name("f64"));
+        create_f64_index_file(&p, (1 << 20) + 12).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(bytes.len(), (1 << 20) + 8);
+        for i in [0usize, 1, 4095, 131_072] {
+            let b: [u8; 8] = bytes[i * 8..i * 8 + 8].try_into().unwrap();
+            assert_eq!(f64::from_le_bytes(b), i as f64);
+        }
         std::fs::remove_file(&p).unwrap();
     }
 }

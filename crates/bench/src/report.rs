@@ -137,6 +137,22 @@ pub struct SummaryRow {
     /// variant, e.g. vs `kernel MADV_RANDOM` as well as plain `kernel`.
     #[serde(default)]
     pub vs_kernels: BTreeMap<String, f64>,
+    /// Median over the runs of each run's median access latency, ns
+    /// (random-read, multi-fault).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_p50_ns: Option<f64>,
+    /// Median over the runs of each run's 99th percentile, ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_p99_ns: Option<f64>,
+    /// Largest latency of any run, ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_max_ns: Option<f64>,
+    /// Per phase (numpy), medians: `<phase>` → rate, `<phase> s` → seconds.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases: BTreeMap<String, f64>,
+    /// Per phase, this engine's rate / the baseline engine's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases_vs_kernel: BTreeMap<String, f64>,
 }
 
 /// Everything one scenario run produced.
@@ -162,6 +178,22 @@ pub struct Report {
     pub runs: Vec<RunRecord>,
     /// Medians and ratios.
     pub summary: Vec<SummaryRow>,
+    /// The scenario's phases in order (numpy: sequential, random reads,
+    /// random writes + flush); the keys of each row's `phases`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_names: Vec<String>,
+    /// The engine `vs_kernel` compares with (`kernel`; numpy:
+    /// `kernel numpy.memmap`).
+    #[serde(default = "default_baseline")]
+    pub baseline_engine: String,
+    /// What the run left out or changed, and why (e.g. a fault mode the
+    /// engine refused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+fn default_baseline() -> String {
+    "kernel".into()
 }
 
 /// `(round, engine index)` in interleaved order: A B C A B C … for `rounds`.
@@ -212,12 +244,16 @@ impl Report {
             params: params.clone(),
             runs,
             summary: Vec::new(),
+            phase_names: sc.phases.iter().map(|p| p.name.to_string()).collect(),
+            baseline_engine: sc.baseline_engine.to_string(),
+            notes: Vec::new(),
         };
         r.summary = r.summarize(sc.baseline_variant);
         r
     }
 
     fn summarize(&self, baseline_variant: Option<&str>) -> Vec<SummaryRow> {
+        let phases = self.scenario.spec().phases;
         // Keep first-seen order of variants and engines.
         let mut keys: Vec<(String, String)> = Vec::new();
         for run in &self.runs {
@@ -265,6 +301,29 @@ impl Report {
                     vs_kernel: None,
                     vs_baseline_pct: None,
                     vs_kernels: BTreeMap::new(),
+                    latency_p50_ns: median_opt(
+                        ms.iter().map(|m| m.latency.as_ref().map(|l| l.p50_ns)),
+                    ),
+                    latency_p99_ns: median_opt(
+                        ms.iter().map(|m| m.latency.as_ref().map(|l| l.p99_ns)),
+                    ),
+                    latency_max_ns: ms
+                        .iter()
+                        .filter_map(|m| m.latency.as_ref().map(|l| l.max_ns))
+                        .reduce(f64::max),
+                    phases: phases
+                        .iter()
+                        .flat_map(|ph| {
+                            [
+                                (ph.name.to_string(), ph.rate_key),
+                                (format!("{} s", ph.name), ph.time_key),
+                            ]
+                        })
+                        .filter_map(|(k, key)| {
+                            median_opt(ms.iter().map(|m| m.extra.get(key).copied())).map(|v| (k, v))
+                        })
+                        .collect(),
+                    phases_vs_kernel: BTreeMap::new(),
                 }
             })
             .collect();
@@ -272,10 +331,24 @@ impl Report {
             .iter()
             .map(|r| ((r.variant.clone(), r.engine.clone()), r.value))
             .collect();
+        let phase_lookup: BTreeMap<(String, String), BTreeMap<String, f64>> = rows
+            .iter()
+            .map(|r| ((r.variant.clone(), r.engine.clone()), r.phases.clone()))
+            .collect();
         for r in &mut rows {
-            if let Some(k) = lookup.get(&(r.variant.clone(), "kernel".to_string())) {
+            let base = (r.variant.clone(), self.baseline_engine.clone());
+            if let Some(k) = lookup.get(&base) {
                 if *k > 0.0 && r.value.is_finite() {
                     r.vs_kernel = Some(r.value / k);
+                }
+            }
+            if let Some(kp) = phase_lookup.get(&base) {
+                for ph in phases {
+                    if let (Some(v), Some(k)) = (r.phases.get(ph.name), kp.get(ph.name)) {
+                        if *k > 0.0 && v.is_finite() {
+                            r.phases_vs_kernel.insert(ph.name.to_string(), v / k);
+                        }
+                    }
                 }
             }
             for ((v, e), k) in &lookup {
@@ -327,7 +400,11 @@ impl Report {
             self.params.rounds.max(1)
         );
         let _ = writeln!(s, "target: {}", self.target);
-        let _ = writeln!(
+        if self.baseline_engine != "kernel" {
+            let _ = writeln!(s, "vs kern: vs {}", self.baseline_engine);
+        }
+        let latency = self.summary.iter().any(|r| r.latency_p50_ns.is_some());
+        let _ = write!(
             s,
             "{:<12} {:<22} {:>13} {:>8} {:>9} {:>8} {:>8} {:>10} {:>10} {:>9}",
             "variant",
@@ -341,7 +418,12 @@ impl Report {
             "IRQ/s",
             "sends/1k"
         );
+        if latency {
+            let _ = write!(s, " {:>8} {:>8} {:>9}", "p50 µs", "p99 µs", "max µs");
+        }
+        s.push('\n');
         let f = |x: Option<f64>, p: usize| x.map_or("-".to_string(), |v| format!("{v:.p$}"));
+        let us = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", v / 1000.0));
         for r in &self.summary {
             let val = if self.metric.higher_is_better() {
                 format!("{:.0}", r.value)
@@ -354,9 +436,9 @@ impl Report {
             if let Some(p) = r.vs_baseline_pct {
                 vs = format!("{vs} {p:+.0}%");
             }
-            let _ = writeln!(
+            let _ = write!(
                 s,
-                "{:<12} {:<22} {:>13} {:>8} {:>9.3} {:>8.3} {:>8.3} {:>10} {:>10} {:>9}{}",
+                "{:<12} {:<22} {:>13} {:>8} {:>9.3} {:>8.3} {:>8.3} {:>10} {:>10} {:>9}",
                 r.variant,
                 r.engine,
                 val,
@@ -367,19 +449,58 @@ impl Report {
                 f(r.tlb_sends, 0),
                 f(r.tlb_irq_per_s, 0),
                 f(r.sends_per_1000_evicted, 2),
-                if r.failures > 0 {
-                    format!("  ({} failed)", r.failures)
-                } else {
-                    String::new()
-                }
             );
+            if latency {
+                let _ = write!(
+                    s,
+                    " {:>8} {:>8} {:>9}",
+                    us(r.latency_p50_ns),
+                    us(r.latency_p99_ns),
+                    us(r.latency_max_ns)
+                );
+            }
+            if r.failures > 0 {
+                let _ = write!(s, "  ({} failed)", r.failures);
+            }
+            s.push('\n');
+        }
+        let phases = self.scenario.spec().phases;
+        if !phases.is_empty() {
+            let _ = writeln!(
+                s,
+                "phases (median; rate, seconds, rate vs {}):",
+                self.baseline_engine
+            );
+            for r in &self.summary {
+                let _ = write!(s, "  {:<22}", r.engine);
+                for ph in phases {
+                    let rate = r.phases.get(ph.name);
+                    let secs = r.phases.get(&format!("{} s", ph.name));
+                    let vs = r
+                        .phases_vs_kernel
+                        .get(ph.name)
+                        .map_or(String::new(), |v| format!(" {v:.2}×"));
+                    let _ = write!(
+                        s,
+                        "  {}: {} {} ({} s){vs}",
+                        ph.name,
+                        rate.map_or("-".into(), |v| fmt_rate(*v)),
+                        ph.rate_unit,
+                        secs.map_or("-".into(), |v| format!("{v:.2}")),
+                    );
+                }
+                s.push('\n');
+            }
         }
         for r in &self.summary {
             for (k, v) in &r.vs_kernels {
-                if k != "kernel" && !r.engine.starts_with("kernel") {
+                if *k != self.baseline_engine && !r.engine.starts_with("kernel") {
                     let _ = writeln!(s, "  {} {} vs {k}: {v:.2}×", r.variant, r.engine);
                 }
             }
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
         }
         for run in self.runs.iter().filter(|r| r.error.is_some()) {
             let _ = writeln!(
@@ -392,6 +513,38 @@ impl Report {
             );
         }
         s
+    }
+
+    /// Runs that failed, as `variant engine round: error` lines.
+    pub fn failures(&self) -> Vec<String> {
+        self.runs
+            .iter()
+            .filter_map(|r| {
+                r.error
+                    .as_ref()
+                    .map(|e| format!("{} {} round {}: {e}", r.variant, r.engine, r.round + 1))
+            })
+            .collect()
+    }
+}
+
+/// A rate with sensible digits: 2.38 (GB/s), 35,712 (reads/s).
+fn fmt_rate(v: f64) -> String {
+    if v >= 1000.0 {
+        let n = v.round() as u64;
+        let mut out = String::new();
+        let digits = n.to_string();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
     }
 }
 

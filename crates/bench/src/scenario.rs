@@ -10,6 +10,7 @@ use std::str::FromStr;
 
 use crate::host::ncpu;
 use crate::measurement::Metric;
+pub use crate::pattern::DataFile;
 use crate::thp::mthp_sizes_kb;
 
 /// A scenario: one seed experiment, run by every engine that supports it.
@@ -30,17 +31,21 @@ pub enum Scenario {
     Swap,
     /// Seed 004: classifying resident / evicted / never touched.
     Residency,
+    /// Issue 12: a numpy user's float64 array larger than memory,
+    /// `numpy.memmap` in a memory cgroup vs `upager.open_array`.
+    Numpy,
 }
 
 impl Scenario {
     /// Every scenario, in the order `all` runs them.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::MmapRead,
         Scenario::RandomRead,
         Scenario::MultiFault,
         Scenario::UnmapFolio,
         Scenario::Swap,
         Scenario::Residency,
+        Scenario::Numpy,
     ];
 
     /// What the scenario is, as data.
@@ -52,6 +57,7 @@ impl Scenario {
             Scenario::UnmapFolio => &UNMAP_FOLIO,
             Scenario::Swap => &SWAP,
             Scenario::Residency => &RESIDENCY,
+            Scenario::Numpy => &NUMPY,
         }
     }
 
@@ -77,7 +83,7 @@ impl fmt::Display for Scenario {
     }
 }
 
-/// unknown scenario {0:?}; known: mmap-read, random-read, multi-fault, unmap-folio, swap, residency
+/// unknown scenario {0:?}; known: mmap-read, random-read, multi-fault, unmap-folio, swap, residency, numpy
 #[derive(Debug, Clone, PartialEq, Eq, displaydoc::Display, thiserror::Error)]
 pub struct ParseScenarioError(pub String);
 
@@ -165,6 +171,14 @@ pub struct ScenarioParams {
     /// Directory for upager's private swap files (swap scenario; set by
     /// [`crate::suite::prepare`] to the RAM device's ext4 when there is one).
     pub swap_dir: Option<PathBuf>,
+    /// upager's budget where it differs from `limit_bytes` (numpy: the
+    /// Python process runs in the cgroup of `limit_bytes` on both sides and
+    /// upager gets this budget inside it); 0 = `limit_bytes`.
+    pub budget_bytes: u64,
+    /// Random element reads, and as many writes (numpy).
+    pub random_ops: u64,
+    /// Bytes per slice of the sequential pass (numpy).
+    pub slice_bytes: u64,
 }
 
 impl Default for ScenarioParams {
@@ -192,6 +206,20 @@ impl Default for ScenarioParams {
             trace_tlb: true,
             timeout_s: 600.0,
             swap_dir: None,
+            budget_bytes: 0,
+            random_ops: 200_000,
+            slice_bytes: 8 << 20,
+        }
+    }
+}
+
+impl ScenarioParams {
+    /// upager's budget: `budget_bytes`, or `limit_bytes` when that is 0.
+    pub fn upager_budget(&self) -> u64 {
+        if self.budget_bytes > 0 {
+            self.budget_bytes
+        } else {
+            self.limit_bytes
         }
     }
 }
@@ -312,7 +340,56 @@ fn residency_tiny() -> ScenarioParams {
     }
 }
 
+fn numpy_defaults() -> ScenarioParams {
+    // The sizes of issue 12's "As a numpy user sees it".
+    ScenarioParams {
+        file_bytes: 2 << 30,
+        limit_bytes: 256 << 20,
+        budget_bytes: 192 << 20,
+        random_ops: 200_000,
+        slice_bytes: 8 << 20,
+        threads: 1,
+        ..Default::default()
+    }
+}
+fn numpy_tiny() -> ScenarioParams {
+    // The Python process with numpy and upager imported is ~30 MiB: a
+    // 96 MiB cgroup leaves the kernel ~60 MiB of page cache for a 128 MiB
+    // file, and upager a 24 MiB budget inside it.
+    ScenarioParams {
+        file_bytes: 128 << 20,
+        limit_bytes: 96 << 20,
+        budget_bytes: 24 << 20,
+        random_ops: 5_000,
+        slice_bytes: 1 << 20,
+        threads: 1,
+        rounds: 1,
+        timeout_s: 120.0,
+        ..Default::default()
+    }
+}
+
+/// One phase of a multi-phase scenario (numpy), reported next to the main
+/// metric: its time and its rate, both read from the run's `extra`.
+#[derive(Debug, Clone, Copy)]
+pub struct Phase {
+    /// Short name (`sequential`).
+    pub name: &'static str,
+    /// `extra` key of the phase's seconds.
+    pub time_key: &'static str,
+    /// `extra` key of its rate (higher is better).
+    pub rate_key: &'static str,
+    /// Unit of the rate (`GB/s`, `reads/s`).
+    pub rate_unit: &'static str,
+}
+
 /// A scenario as data.
+///
+/// The upager engines named by fault mode (issue 12), `upager handlers` and
+/// `upager in-thread`, are the same configuration in the two modes: the
+/// one each scenario's target is about (mmap-read and multi-fault: the
+/// defaults; random-read and swap: 4 KiB folios). The other upager engines
+/// are ablations and run in handlers mode.
 #[derive(Debug, Clone)]
 pub struct ScenarioSpec {
     /// The scenario.
@@ -330,8 +407,13 @@ pub struct ScenarioSpec {
     pub target: &'static str,
     /// The main metric.
     pub metric: Metric,
-    /// Needs a data file on the RAM device.
-    pub needs_file: bool,
+    /// The data file it needs on the RAM device, if any.
+    pub data: DataFile,
+    /// The engine the others are compared with (`vs kernel`): `kernel`, or
+    /// `kernel numpy.memmap`.
+    pub baseline_engine: &'static str,
+    /// Phases reported separately (numpy); empty for the others.
+    pub phases: &'static [Phase],
     /// Needs a swap device for the kernel.
     pub needs_swap: bool,
     /// Variant whose value the others are compared to within one engine
@@ -351,10 +433,18 @@ static MMAP_READ: ScenarioSpec = ScenarioSpec {
           larger than the memory budget, so every page read evicts one. Measures elapsed time, CPU and \
           TLB shootdowns per second and per 1000 evicted pages: eviction under pressure is where one \
           shootdown per page used to cost 25% of the run.",
-    engines: &["kernel", "kernel MADV_SEQUENTIAL", "upager batch=1", "upager"],
+    engines: &[
+        "kernel",
+        "kernel MADV_SEQUENTIAL",
+        "upager batch=1",
+        "upager handlers",
+        "upager in-thread",
+    ],
     target: "elapsed ≤ 0.6× the kernel's; ≤ 2 TLB shootdowns per 1000 evicted pages (batch=1 ≈ 1000)",
     metric: Metric::ElapsedS,
-    needs_file: true,
+    data: DataFile::Pattern,
+    baseline_engine: "kernel",
+    phases: &[],
     needs_swap: false,
     baseline_variant: None,
     defaults: mmap_read_defaults,
@@ -365,13 +455,26 @@ static RANDOM_READ: ScenarioSpec = ScenarioSpec {
     scenario: Scenario::RandomRead,
     name: "random-read",
     seed: "CIDR'22 mmap-in-DBMS study / vmcache lookups",
-    doc: "T threads do uniformly random 4 KiB reads over a file 8× the budget, a fixed number each. \
-          Measures reads/s and shootdowns: the case where mmap loses to direct I/O in databases, and \
-          where a user-space pager pays one fault round trip per miss.",
-    engines: &["kernel", "kernel MADV_RANDOM", "upager batch=1", "upager"],
+    doc:
+        "T threads do uniformly random 4 KiB reads over a file 8× the budget, a fixed number each. \
+          Measures reads/s, shootdowns and the latency of each read (p50/p99/max: with 1/8 of the \
+          file resident most reads are misses): the case where mmap loses to direct I/O in \
+          databases, and where a user-space pager pays one fault round trip per miss. `upager \
+          handlers` / `upager in-thread`: 4 KiB folios, the two fault modes; `upager 64K`: the \
+          default folio size.",
+    engines: &[
+        "kernel",
+        "kernel MADV_RANDOM",
+        "upager batch=1",
+        "upager 64K",
+        "upager handlers",
+        "upager in-thread",
+    ],
     target: "reads/s ≥ 0.9× the kernel's",
     metric: Metric::OpsPerS,
-    needs_file: true,
+    data: DataFile::Pattern,
+    baseline_engine: "kernel",
+    phases: &[],
     needs_swap: false,
     baseline_variant: None,
     defaults: random_read_defaults,
@@ -383,12 +486,20 @@ static MULTI_FAULT: ScenarioSpec = ScenarioSpec {
     name: "multi-fault",
     seed: "001 (Kamezawa, speculative page fault; per-VMA locks)",
     doc: "T threads each write-fault their own 2 MiB anonymous area page by page, discard it with \
-          MADV_DONTNEED and repeat for D seconds; faults/s for T = 1..2×ncpu. Measures whether the \
-          fault path scales with threads or serialises on an address-space lock.",
-    engines: &["kernel", "upager", "upager locked-lookup"],
+          MADV_DONTNEED and repeat for D seconds; faults/s for T = 1..2×ncpu, and the latency of a \
+          fault (one page in 16 timed). Measures whether the fault path scales with threads or \
+          serialises on an address-space lock, and what one fault costs in each fault mode.",
+    engines: &[
+        "kernel",
+        "upager handlers",
+        "upager in-thread",
+        "upager locked-lookup",
+    ],
     target: "2 threads ≥ 1.6× the faults/s of 1 thread",
     metric: Metric::OpsPerS,
-    needs_file: false,
+    data: DataFile::None,
+    baseline_engine: "kernel",
+    phases: &[],
     needs_swap: false,
     baseline_variant: Some("threads=1"),
     defaults: multi_fault_defaults,
@@ -405,7 +516,9 @@ static UNMAP_FOLIO: ScenarioSpec = ScenarioSpec {
     engines: &["kernel", "upager"],
     target: "≥ 50% less time at 64 KiB than at 4 KiB",
     metric: Metric::ElapsedS,
-    needs_file: false,
+    data: DataFile::None,
+    baseline_engine: "kernel",
+    phases: &[],
     needs_swap: false,
     baseline_variant: Some("folio=4K"),
     defaults: unmap_defaults,
@@ -418,11 +531,21 @@ static SWAP: ScenarioSpec = ScenarioSpec {
     seed: "003 (Mel Gorman, batch removal of mappings under a single lock; usemem)",
     doc: "T threads touch anonymous memory larger than the budget (usemem: write each page, read it \
           back), the kernel with a RAM swap device in the cgroup. System time and elapsed per thread \
-          count: the cost of removing pages under pressure.",
-    engines: &["kernel", "upager batched", "upager unbatched"],
+          count: the cost of removing pages under pressure. `upager handlers` / `upager in-thread`: \
+          4 KiB folios with batched removal; `upager unbatched` its ablation; `upager 64K` the \
+          default folio size.",
+    engines: &[
+        "kernel",
+        "upager handlers",
+        "upager in-thread",
+        "upager unbatched",
+        "upager 64K",
+    ],
     target: "system time below the kernel's; batched removal beats unbatched",
     metric: Metric::SysS,
-    needs_file: false,
+    data: DataFile::None,
+    baseline_engine: "kernel",
+    phases: &[],
     needs_swap: true,
     baseline_variant: None,
     defaults: swap_defaults,
@@ -443,12 +566,68 @@ static RESIDENCY: ScenarioSpec = ScenarioSpec {
     engines: &["kernel", "kernel PAGEMAP_SCAN", "upager residency", "upager pagemap"],
     target: "upager residency ≥ 10× faster than reading /proc/self/pagemap (≤ 0.1×)",
     metric: Metric::ElapsedS,
-    needs_file: false,
+    data: DataFile::None,
+    baseline_engine: "kernel",
+    phases: &[],
     needs_swap: false,
     baseline_variant: None,
     defaults: residency_defaults,
     tiny: residency_tiny,
 };
+
+static NUMPY: ScenarioSpec = ScenarioSpec {
+    scenario: Scenario::Numpy,
+    name: "numpy",
+    seed: "issue 12 (a numpy user's float64 array larger than memory)",
+    doc: "One Python process (bench/numpy_scenario.py) in a memory cgroup of the limit works on a \
+          float64 file on ext4 on a RAM block device: numpy.memmap(mode=\"r+\") against \
+          upager.open_array(mode=\"r+\", budget=…) with 4 KiB and 64 KiB folios in each fault \
+          mode. Phases: a sequential pass (sum over 8 MiB slices), N random element reads \
+          (a[idx].sum()), N random element writes (a[idx] = 1.5) and flush(). Time and rate per \
+          phase, each vs numpy.memmap: what a numpy user sees first.",
+    engines: &[
+        "kernel numpy.memmap",
+        "upager handlers 4K",
+        "upager in-thread 4K",
+        "upager handlers 64K",
+        "upager in-thread 64K",
+    ],
+    target: "sequential pass no slower than numpy.memmap; random reads ≥ 5×; random writes + flush ≥ 1.0×",
+    metric: Metric::ElapsedS,
+    data: DataFile::F64Index,
+    baseline_engine: "kernel numpy.memmap",
+    phases: &[
+        Phase {
+            name: "sequential",
+            time_key: "seq_s",
+            rate_key: "seq_gb_per_s",
+            rate_unit: "GB/s",
+        },
+        Phase {
+            name: "random reads",
+            time_key: "reads_s",
+            rate_key: "reads_per_s",
+            rate_unit: "reads/s",
+        },
+        Phase {
+            name: "random writes + flush",
+            time_key: "writes_flush_s",
+            rate_key: "writes_per_s",
+            rate_unit: "writes/s",
+        },
+    ],
+    needs_swap: false,
+    baseline_variant: None,
+    defaults: numpy_defaults,
+    tiny: numpy_tiny,
+};
+
+impl ScenarioSpec {
+    /// Whether the scenario needs a data file on the RAM device.
+    pub fn needs_file(&self) -> bool {
+        self.data != DataFile::None
+    }
+}
 
 fn size_label(kb: u64) -> String {
     if kb >= 1024 && kb & 1023 == 0 {
@@ -497,6 +676,14 @@ impl Scenario {
                     })
                     .collect()
             }
+            Scenario::Numpy => vec![ScenarioParams {
+                variant: format!(
+                    "cgroup={},budget={}",
+                    size_label(p.limit_bytes >> 10),
+                    size_label(p.upager_budget() >> 10)
+                ),
+                ..base
+            }],
             Scenario::MmapRead | Scenario::RandomRead | Scenario::Residency => {
                 vec![ScenarioParams {
                     variant: format!("threads={}", p.threads),
@@ -518,7 +705,9 @@ mod tests {
             assert_eq!(s.scenario, sc);
             assert_eq!(sc.name().parse::<Scenario>().unwrap(), sc);
             assert_eq!(sc.to_string(), s.name);
-            assert!(!s.doc.is_empty() && !s.target.is_empty() && s.engines.contains(&"kernel"));
+            assert!(!s.doc.is_empty() && !s.target.is_empty());
+            assert!(s.engines.contains(&s.baseline_engine), "{sc}");
+            assert!(s.baseline_engine.starts_with("kernel"), "{sc}");
             assert!(!sc.variants(&sc.tiny()).is_empty());
             assert!(!sc.variants(&sc.defaults()).is_empty());
         }

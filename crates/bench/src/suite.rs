@@ -2,10 +2,12 @@
 //! environment's RAM device, [`run_scenario`] runs every engine on every
 //! variant in interleaved rounds and returns a [`Report`].
 
+use std::path::PathBuf;
+
 use crate::engine::{BenchError, Engine};
 use crate::env::{drop_caches, BenchEnv};
 use crate::host::is_root;
-use crate::pattern::create_pattern_file;
+use crate::pattern::{ensure_data_file, DataFile};
 use crate::report::{interleaved, Report, RunRecord};
 use crate::scenario::{Scenario, ScenarioParams};
 
@@ -18,25 +20,25 @@ pub fn prepare(
 ) -> Result<ScenarioParams, BenchError> {
     let sc = scenario.spec();
     let mut p = params.clone();
-    if sc.needs_file && p.data_file.is_none() {
-        let file = env
-            .data_dir()
-            .join(format!("data-{}-{:x}", p.file_bytes, p.seed));
-        if std::fs::metadata(&file).map(|m| m.len()).ok() != Some(p.file_bytes.div_ceil(8) * 8) {
-            let t = create_pattern_file(&file, p.file_bytes, p.seed)?;
-            eprintln!(
-                "upager-bench: made {} ({} MiB) in {:.2} s",
-                file.display(),
-                p.file_bytes >> 20,
-                t.as_secs_f64()
-            );
-        }
+    if sc.needs_file() && p.data_file.is_none() {
+        let file = data_file_path(scenario, &p, env);
+        ensure_data_file(sc.data, p.file_bytes, p.seed, &file)?;
         p.data_file = Some(file);
     }
     if sc.needs_swap && p.swap_dir.is_none() && env.store.is_some() {
         p.swap_dir = Some(env.data_dir());
     }
     Ok(p)
+}
+
+/// Where [`prepare`] puts a scenario's data file in `env`: named by kind,
+/// size and seed, so scenarios that share a file reuse it.
+pub fn data_file_path(scenario: Scenario, p: &ScenarioParams, env: &BenchEnv) -> PathBuf {
+    let name = match scenario.spec().data {
+        DataFile::F64Index => format!("f64-{}", p.file_bytes),
+        DataFile::Pattern | DataFile::None => format!("data-{}-{:x}", p.file_bytes, p.seed),
+    };
+    env.data_dir().join(name)
 }
 
 /// Run `scenario` with `params` on every engine that supports it:
@@ -49,7 +51,7 @@ pub fn run_scenario(
     engines: &[Box<dyn Engine>],
 ) -> Result<Report, BenchError> {
     let sc = scenario.spec();
-    if sc.needs_file && params.data_file.is_none() {
+    if sc.needs_file() && params.data_file.is_none() {
         return Err(BenchError::NoDataFile(scenario));
     }
     let engines: Vec<&dyn Engine> = engines

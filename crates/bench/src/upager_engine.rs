@@ -13,8 +13,12 @@
 
 use std::time::Duration;
 
+use upager::FaultMode;
+
 use crate::engine::{BenchError, Engine};
+use crate::host::in_ci;
 use crate::measurement::Measurement;
+use crate::numpy_engine::NumpyEngine;
 use crate::pattern::evict_file;
 use crate::scenario::{Scenario, ScenarioParams};
 use crate::upager_workloads::{ResidencyMethod, UpagerConfig, UpagerJob};
@@ -30,13 +34,6 @@ pub struct UpagerEngine {
     config: UpagerConfig,
     scenarios: &'static [Scenario],
 }
-
-const FILE_AND_ANON: &[Scenario] = &[
-    Scenario::MmapRead,
-    Scenario::RandomRead,
-    Scenario::MultiFault,
-    Scenario::UnmapFolio,
-];
 
 impl UpagerEngine {
     /// An engine named `name` with `config` for `scenarios`.
@@ -54,14 +51,45 @@ impl UpagerEngine {
         }
     }
 
-    /// The standard set of upager engines of issue 3 (with each ablation),
-    /// plus the residency methods of seed 004.
+    /// Every upager engine: both fault modes ([`UpagerEngine::for_modes`]).
     pub fn all(exe: &WorkerExe) -> Vec<Box<dyn Engine>> {
+        Self::for_modes(exe, &[FaultMode::Handlers, FaultMode::InThread])
+    }
+
+    /// The standard set of upager engines: `upager <mode>` for each of
+    /// `modes` (issue 12; the configuration each scenario's target is
+    /// about), the ablations of issue 3 (in handlers mode, the default), the
+    /// residency methods of seed 004 and the numpy engines (4 KiB and
+    /// 64 KiB folios in each of `modes`).
+    pub fn for_modes(exe: &WorkerExe, modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
         let e = |name: &str, config: UpagerConfig, sc: &'static [Scenario]| {
             Box::new(UpagerEngine::new(exe.clone(), name, config, sc)) as Box<dyn Engine>
         };
         let d = UpagerConfig::default;
-        let mut v = vec![
+        let mut v = Vec::new();
+        for &mode in modes {
+            let name = format!("upager {}", mode.name());
+            // One name, two configurations on disjoint scenarios: each
+            // scenario runs the mode at the folio size its target is about.
+            v.push(e(
+                &name,
+                UpagerConfig {
+                    fault_mode: mode,
+                    ..d()
+                },
+                &[Scenario::MmapRead, Scenario::MultiFault],
+            ));
+            v.push(e(
+                &name,
+                UpagerConfig {
+                    folio_kb: 4,
+                    fault_mode: mode,
+                    ..d()
+                },
+                &[Scenario::RandomRead, Scenario::Swap],
+            ));
+        }
+        v.extend([
             e(
                 "upager batch=1",
                 UpagerConfig {
@@ -70,12 +98,7 @@ impl UpagerEngine {
                 },
                 &[Scenario::MmapRead, Scenario::RandomRead],
             ),
-            e("upager", d(), FILE_AND_ANON),
-            e(
-                "upager folio=4K",
-                UpagerConfig { folio_kb: 4, ..d() },
-                &[Scenario::RandomRead],
-            ),
+            e("upager 64K", d(), &[Scenario::RandomRead, Scenario::Swap]),
             e(
                 "upager locked-lookup",
                 UpagerConfig {
@@ -83,11 +106,6 @@ impl UpagerEngine {
                     ..d()
                 },
                 &[Scenario::MultiFault],
-            ),
-            e(
-                "upager batched",
-                UpagerConfig { folio_kb: 4, ..d() },
-                &[Scenario::Swap],
             ),
             e(
                 "upager unbatched",
@@ -98,8 +116,8 @@ impl UpagerEngine {
                 },
                 &[Scenario::Swap],
             ),
-            e("upager 64K", d(), &[Scenario::Swap]),
-        ];
+            e("upager", d(), &[Scenario::UnmapFolio]),
+        ]);
         for (name, m) in [
             ("kernel", ResidencyMethod::ProcPagemap),
             ("kernel PAGEMAP_SCAN", ResidencyMethod::PagemapScan),
@@ -112,6 +130,7 @@ impl UpagerEngine {
                 method: m,
             }));
         }
+        v.extend(NumpyEngine::for_modes(modes));
         v
     }
 
@@ -161,8 +180,8 @@ impl UpagerEngine {
                     passes: p.passes,
                 }
             }
-            // Classified by the residency engines.
-            Scenario::Residency => {
+            // Classified by the residency engines; numpy runs in Python.
+            Scenario::Residency | Scenario::Numpy => {
                 return Err(BenchError::Unsupported {
                     engine: self.name.clone(),
                     scenario,
@@ -252,4 +271,76 @@ impl Engine for ResidencyEngine {
         };
         run_upager(&self.exe, p, 0, UpagerConfig::default(), job)
     }
+}
+
+/// Whether a pager in fault mode `mode` can be built and resolve faults
+/// here: a tiny job ([`UpagerJob::Probe`]) in a worker process, like the
+/// runs. `Err` says why not (e.g. the engine refuses the mode: "fault mode
+/// in-thread: not built yet").
+pub fn probe_fault_mode(exe: &WorkerExe, mode: FaultMode) -> Result<(), String> {
+    let w = Workload::Upager {
+        budget: 16 << 20,
+        config: UpagerConfig {
+            fault_mode: mode,
+            ..UpagerConfig::default()
+        },
+        job: UpagerJob::Probe,
+    };
+    let opts = RunOptions {
+        cgroup_limit: None,
+        trace_tlb: false,
+        timeout: Duration::from_secs(60),
+    };
+    let run = run_worker(exe, &w, &opts).map_err(|e| e.to_string())?;
+    if run.result.bad_words > 0 {
+        return Err(format!(
+            "{} of 256 words read back wrong",
+            run.result.bad_words
+        ));
+    }
+    Ok(())
+}
+
+/// The fault modes a run can use, of those `requested`, probed with
+/// [`probe_fault_mode`]. A mode that cannot run is left out with a note
+/// saying so (for the report and the terminal), so the run goes on with the
+/// others; with `strict` (what [`select_fault_modes`] uses under
+/// `CI=true`) it is an error instead. No mode left is always an error.
+pub fn select_fault_modes_with(
+    exe: &WorkerExe,
+    requested: &[FaultMode],
+    strict: bool,
+) -> Result<(Vec<FaultMode>, Vec<String>), BenchError> {
+    let (mut ok, mut notes) = (Vec::new(), Vec::new());
+    for &mode in requested {
+        match probe_fault_mode(exe, mode) {
+            Ok(()) => ok.push(mode),
+            Err(why) if strict => {
+                return Err(BenchError::FaultMode {
+                    mode: mode.name(),
+                    why: format!("{why} (under CI=true a requested mode that cannot run fails the run)"),
+                })
+            }
+            Err(why) => notes.push(format!(
+                "fault mode {} is not available ({why}): its engines (upager {}…) were left out of this run",
+                mode.name(),
+                mode.name()
+            )),
+        }
+    }
+    if ok.is_empty() {
+        return Err(BenchError::FaultMode {
+            mode: "any requested",
+            why: notes.join("; "),
+        });
+    }
+    Ok((ok, notes))
+}
+
+/// [`select_fault_modes_with`], strict under `CI=true`.
+pub fn select_fault_modes(
+    exe: &WorkerExe,
+    requested: &[FaultMode],
+) -> Result<(Vec<FaultMode>, Vec<String>), BenchError> {
+    select_fault_modes_with(exe, requested, in_ci())
 }

@@ -17,10 +17,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use upager::{Lookup, MapOptions, Pager, Region, Residency};
+use upager::{FaultMode, Lookup, MapOptions, Pager, Region, Residency};
 use upager_testdata::{xor_word, xorshift64, GOLDEN};
 
 use crate::host::{ncpu, NAME_PREFIX};
+use crate::latency::{Histogram, MULTI_FAULT_SAMPLE_EVERY};
 use crate::meter::{median, wio, Meter, WorkerResult, WorkloadError};
 use crate::raw;
 
@@ -44,6 +45,29 @@ pub struct UpagerConfig {
     pub handler_threads: Option<usize>,
     /// Directory of anonymous regions' swap files (`None` = temp dir).
     pub swap_dir: Option<PathBuf>,
+    /// How faults are resolved (issue 12). Always set on the builder, so
+    /// `UPAGER_FAULT_MODE` in the environment cannot change what an engine's
+    /// name says. In JSON by its name (`handlers`, `in-thread`).
+    #[serde(with = "fault_mode_name")]
+    pub fault_mode: FaultMode,
+}
+
+/// [`FaultMode`] in JSON as its name (`"in-thread"`).
+pub mod fault_mode_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use upager::FaultMode;
+
+    /// Serialize as `FaultMode::name`.
+    pub fn serialize<S: Serializer>(m: &FaultMode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(m.name())
+    }
+
+    /// Parse with `FaultMode`'s `FromStr`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FaultMode, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 impl Default for UpagerConfig {
@@ -56,6 +80,7 @@ impl Default for UpagerConfig {
             readahead: None,
             handler_threads: None,
             swap_dir: None,
+            fault_mode: FaultMode::Handlers,
         }
     }
 }
@@ -126,6 +151,11 @@ pub enum UpagerJob {
         /// Passes (the first writes).
         passes: u32,
     },
+    /// Can a pager with this configuration be built and resolve a fault?
+    /// (Asked before a run, so a fault mode the engine refuses is left out
+    /// with a clear note instead of failing every run.) Maps 1 MiB of
+    /// anonymous memory, writes and reads back one word per page.
+    Probe,
     /// Seed 004: a file-backed region over a sparse file on /dev/shm, laid
     /// out per 4 MiB: 1 MiB resident, 1 MiB evicted (read, then paged out),
     /// 2 MiB never touched; time one classification of the whole region.
@@ -146,7 +176,8 @@ fn invalid(e: impl std::fmt::Display) -> WorkloadError {
 fn pager(budget: u64, c: &UpagerConfig) -> Result<Pager, WorkloadError> {
     let mut b = Pager::builder()
         .budget(budget)
-        .batched_removal(c.batched_removal);
+        .batched_removal(c.batched_removal)
+        .fault_mode(c.fault_mode);
     if let Some(n) = c.batch {
         b = b.batch(n);
     }
@@ -206,9 +237,15 @@ pub fn run_job(
                     bytes_per_thread,
                     passes,
                 } => usemem(&p, c, *threads, *bytes_per_thread, *passes)?,
+                UpagerJob::Probe => probe(&p)?,
                 UpagerJob::Unmap { .. } | UpagerJob::Residency { .. } => unreachable!(),
             };
-            add_stats(&mut r, &p, c.folio_kb);
+            // multi-fault and the probe map 4 KiB folios whatever the config.
+            let folio_kb = match job {
+                UpagerJob::MultiFault { .. } | UpagerJob::Probe => PAGE as u64 / 1024,
+                _ => c.folio_kb,
+            };
+            add_stats(&mut r, &p, folio_kb);
             Ok(r)
         }
     }
@@ -224,28 +261,60 @@ fn add_stats(r: &mut WorkerResult, p: &Pager, folio_kb: u64) {
         "evicted_pages".into(),
         (s.evictions * folio_kb * 1024 / PAGE as u64) as f64,
     );
+    r.extra.insert("folio_kb".into(), folio_kb as f64);
+    r.extra.insert(
+        "upager.fault_mode_in_thread".into(),
+        f64::from(u8::from(p.fault_mode() == FaultMode::InThread)),
+    );
 }
 
-/// Threads started behind a barrier; the meter starts when they are released.
+fn probe(p: &Pager) -> Result<WorkerResult, WorkloadError> {
+    let len = 1u64 << 20;
+    let region = p
+        .map_anonymous(len, &MapOptions::new().folio(PAGE as u64))
+        .map_err(invalid)?;
+    let meter = Meter::start()?;
+    let words = region.words();
+    let mut bad = 0;
+    for (i, o) in (0..len as usize).step_by(PAGE).enumerate() {
+        words[o / 8].store(i as u64 + 1, Relaxed);
+    }
+    for (i, o) in (0..len as usize).step_by(PAGE).enumerate() {
+        bad += u64::from(words[o / 8].load(Relaxed) != i as u64 + 1);
+    }
+    let r = meter.stop(len / PAGE as u64, bad)?;
+    region.unmap().map_err(|(e, _)| invalid(e))?;
+    Ok(r)
+}
+
+/// Threads started behind a barrier; the meter starts when they are
+/// released. Each thread gets its own [`Histogram`] for the latencies it
+/// times; they are merged into the returned one.
 fn timed<T: Send>(
     threads: usize,
-    f: impl Fn(usize, &Barrier) -> Result<T, WorkloadError> + Sync,
-) -> Result<(Meter, Vec<T>), WorkloadError> {
+    f: impl Fn(usize, &Barrier, &mut Histogram) -> Result<T, WorkloadError> + Sync,
+) -> Result<(Meter, Vec<T>, Histogram), WorkloadError> {
     let barrier = Barrier::new(threads + 1);
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let (f, b) = (&f, &barrier);
-                s.spawn(move || f(t, b))
+                s.spawn(move || {
+                    let mut hist = Box::new(Histogram::new());
+                    f(t, b, &mut hist).map(|r| (r, hist))
+                })
             })
             .collect();
         let meter = Meter::start()?;
         barrier.wait();
         let mut out = Vec::with_capacity(threads);
+        let mut all = Histogram::new();
         for h in hs {
-            out.push(h.join().map_err(|_| invalid("a thread panicked"))??);
+            let (r, hist) = h.join().map_err(|_| invalid("a thread panicked"))??;
+            out.push(r);
+            all.merge(&hist);
         }
-        Ok((meter, out))
+        Ok((meter, out, all))
     })
 }
 
@@ -264,7 +333,7 @@ fn mmap_read(
     let threads = threads.max(1);
     let pages = region.len() / PAGE;
     let words = region.words();
-    let (meter, res) = timed(threads, |t, b| {
+    let (meter, res, _) = timed(threads, |t, b, _| {
         let (lo, hi) = (pages * t / threads, pages * (t + 1) / threads);
         b.wait();
         let mut bad = 0u64;
@@ -298,22 +367,27 @@ fn random_read(
     let threads = threads.max(1);
     let pages = (region.len() / PAGE) as u64;
     let words = region.words();
-    let (meter, res) = timed(threads, |t, b| {
-        // The same sequence as the kernel workload.
+    let (meter, res, hist) = timed(threads, |t, b, hist| {
+        // The same sequence as the kernel workload, timed the same way.
         let mut rng = GOLDEN ^ ((t as u64 + 1) << 32) ^ seed;
         b.wait();
         let mut bad = 0u64;
         for _ in 0..reads {
             let r = xorshift64(&mut rng);
             let off = ((r % pages) as usize) * PAGE + ((r >> 40) as usize % (PAGE / 8)) * 8;
-            if words[off / 8].load(Relaxed) != xor_word(off as u64, seed) {
+            let t0 = Instant::now();
+            let w = black_box(words[off / 8].load(Relaxed));
+            hist.record(t0.elapsed().as_nanos() as u64);
+            if w != xor_word(off as u64, seed) {
                 bad += 1;
             }
         }
         Ok((reads, bad))
     })?;
     let (ops, bad) = res.iter().fold((0, 0), |a, x| (a.0 + x.0, a.1 + x.1));
-    meter.stop(ops, bad)
+    let mut r = meter.stop(ops, bad)?;
+    r.latency = hist.summary();
+    Ok(r)
 }
 
 fn multi_fault(
@@ -329,15 +403,23 @@ fn multi_fault(
         .map_err(invalid)?;
     let bytes = region.bytes();
     let n = ncpu();
-    let (meter, res) = timed(threads, |t, b| {
+    let (meter, res, hist) = timed(threads, |t, b, hist| {
         let _ = raw::pin_to_cpu(t % n);
         let base = t as u64 * area;
         b.wait();
         let end = Instant::now() + Duration::from_secs_f64(seconds);
         let mut faults = 0u64;
         while Instant::now() < end {
-            for o in (base..base + area).step_by(PAGE) {
-                bytes[o as usize].store(1, Relaxed);
+            // Timed like the kernel workload: one page in
+            // MULTI_FAULT_SAMPLE_EVERY.
+            for (i, o) in (base..base + area).step_by(PAGE).enumerate() {
+                if i % MULTI_FAULT_SAMPLE_EVERY == 0 {
+                    let t0 = Instant::now();
+                    bytes[o as usize].store(1, Relaxed);
+                    hist.record(t0.elapsed().as_nanos() as u64);
+                } else {
+                    bytes[o as usize].store(1, Relaxed);
+                }
             }
             faults += area / PAGE as u64;
             region.discard(base, area).map_err(invalid)?;
@@ -345,6 +427,7 @@ fn multi_fault(
         Ok(faults)
     })?;
     let mut r = meter.stop(res.iter().sum(), 0)?;
+    r.latency = hist.summary();
     r.extra.insert("threads".into(), threads as f64);
     Ok(r)
 }
@@ -363,7 +446,7 @@ fn usemem(
         .map_anonymous(per * threads as u64, &opts(c))
         .map_err(invalid)?;
     let words = region.words();
-    let (meter, res) = timed(threads, |t, b| {
+    let (meter, res, _) = timed(threads, |t, b, _| {
         let base = t as u64 * per;
         b.wait();
         let (mut ops, mut bad) = (0u64, 0u64);

@@ -323,6 +323,9 @@ pub fn run_worker(
     };
     match rx.recv_timeout(left(deadline).min(Duration::from_secs(30))) {
         Ok(l) if l.starts_with("ready") => {}
+        // A worker that cannot start (the Python driver without numpy)
+        // says why.
+        Ok(l) if l.starts_with("error ") => return Err(WorkerError::Failed(l[6..].to_string())),
         Ok(l) => return Err(WorkerError::Failed(format!("unexpected first line {l:?}"))),
         Err(mpsc::RecvTimeoutError::Timeout) => {
             return Err(WorkerError::Timeout {

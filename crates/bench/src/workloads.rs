@@ -9,6 +9,16 @@ pub use crate::kernel_workloads::MapAdvice;
 pub use crate::meter::{WorkerResult, WorkloadError};
 use crate::upager_workloads::{self, UpagerConfig, UpagerJob};
 
+/// Which array the numpy scenario's Python driver opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NumpyBackend {
+    /// `numpy.memmap(file, float64, mode="r+")`.
+    Memmap,
+    /// `upager.open_array(file, float64, mode="r+", budget=…, folio=…)`.
+    Upager,
+}
+
 /// One workload and its parameters (the kernel's, or upager's in [`Workload::Upager`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "workload", rename_all = "kebab-case")]
@@ -109,6 +119,42 @@ pub enum Workload {
         /// The file's pattern seed.
         seed: u64,
     },
+    /// Issue 12's numpy user, run by the Python driver
+    /// (bench/numpy_scenario.py, which documents the phases) in the
+    /// cgroup: open `file` (float64, element i = i) as an array through
+    /// `backend`, then a sequential pass summing `slice_bytes` slices,
+    /// `random_ops` random element reads (`a[idx].sum()`), `random_ops`
+    /// random element writes (`a[idx] = 1.5`) and `flush()`; every sum is
+    /// checked; afterwards the written elements are checked and restored.
+    Numpy {
+        /// The float64 file (modified, then restored).
+        file: PathBuf,
+        /// numpy.memmap or upager.open_array.
+        backend: NumpyBackend,
+        /// upager's budget, bytes.
+        budget: u64,
+        /// upager's folio size, KiB.
+        folio_kb: u64,
+        /// upager's fault mode (`handlers`, `in-thread`).
+        fault_mode: String,
+        /// Bytes per slice of the sequential pass.
+        slice_bytes: u64,
+        /// Random reads, and as many random writes.
+        random_ops: u64,
+        /// Seed of the random indices.
+        seed: u64,
+    },
+}
+
+impl Workload {
+    /// `Workload::Numpy` is run by bench/numpy_scenario.py (Python), which
+    /// reads this JSON; see `numpy_engine`.
+    fn python_only(&self) -> WorkloadError {
+        WorkloadError::Invalid(
+            "the numpy workload runs in bench/numpy_scenario.py (Python), not in this worker"
+                .into(),
+        )
+    }
 }
 
 /// Run a workload in this process.
@@ -151,6 +197,7 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
             writes_per_thread,
             seed,
         } => kernel::mixed(file, *threads, *reads_per_thread, *writes_per_thread, *seed),
+        Workload::Numpy { .. } => Err(w.python_only()),
     }
 }
 

@@ -7,18 +7,24 @@
 //! - mmap-read with clean pages: upager's default engine sends ≤ 2 TLB
 //!   shootdowns per 1000 evicted pages, and batch=1 sends many more;
 //! - upager never exceeds its budget (resident peak);
+//! - `upager in-thread` resolved its faults in the faulting thread and
+//!   `upager handlers` (and every ablation) did not (issue 12);
+//! - random-read and multi-fault report the latency distribution of every
+//!   engine, kernel and upager alike, from every timed access;
 //! - residency: upager's answer distinguishes evicted from never touched,
 //!   /proc/self/pagemap does not.
 //!
-//! Needs root (userfaultfd, cgroup, zram, tracefs); skipped otherwise.
-//! Tests take one lock: they share zram0.
+//! Needs root (userfaultfd, cgroup, zram, tracefs): skipped otherwise, a
+//! failure under CI=true. Tests take one lock: they share the RAM device.
 
 mod common;
 
 #[cfg(test)]
 mod tests {
-    use crate::common::{assert_all_ran, exe, serial};
-    use upager_bench::env::is_root;
+    use crate::common::{
+        assert_all_ran, assert_fault_modes_honoured, exe, require_root, serial, skip_or_fail,
+    };
+    use upager_bench::latency::MULTI_FAULT_SAMPLE_EVERY;
     use upager_bench::workloads::MapAdvice;
     use upager_bench::{
         prepare, run_scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Report, Scenario,
@@ -36,13 +42,7 @@ mod tests {
     }
 
     fn skip() -> bool {
-        if !is_root() {
-            eprintln!(
-                "skipped: upager engines need root (/dev/userfaultfd, cgroup, zram, tracefs)"
-            );
-            return true;
-        }
-        false
+        !require_root("upager engines (/dev/userfaultfd, cgroup, zram, tracefs)")
     }
 
     fn tiny(sc: Scenario) -> ScenarioParams {
@@ -51,24 +51,50 @@ mod tests {
         p
     }
 
-    fn zram_free() -> bool {
-        std::fs::read_to_string("/sys/block/zram0/disksize").is_ok_and(|s| s.trim() == "0")
+    /// The RAM device (zram0, or a hot-added zram device when zram0 is
+    /// busy) and swap; `None` (skip, or fail under CI) when neither zram0
+    /// nor a hot-added device can be had.
+    fn env(file: bool, swap: bool) -> Option<BenchEnv> {
+        match BenchEnv::setup(&EnvConfig {
+            zram_index: Some(0),
+            zram_bytes: 192 << 20,
+            swap: swap.then_some(SwapKind::ZramHotAdd),
+            swap_bytes: 128 << 20,
+        }) {
+            Ok(env) => Some(env),
+            Err(e @ upager_bench::SetupError::DeviceBusy { .. }) => {
+                skip_or_fail(&format!("no free RAM block device: {e}"));
+                None
+            }
+            Err(e) => panic!("setup (file={file}): {e}"),
+        }
     }
 
-    fn env(file: bool, swap: bool) -> Option<BenchEnv> {
-        if !zram_free() {
-            eprintln!("zram0 busy: skipping (another benchmark is running)");
-            return None;
+    /// Every engine of the report timed its accesses: `samples` of them,
+    /// p50 ≤ p99 ≤ max, all above zero.
+    fn assert_latency(r: &Report, samples: impl Fn(&upager_bench::Measurement) -> u64) {
+        for run in &r.runs {
+            let m = run.measurement.as_ref().unwrap();
+            let l = m
+                .latency
+                .as_ref()
+                .unwrap_or_else(|| panic!("{}: no latency", run.engine));
+            assert_eq!(l.samples, samples(m), "{}: {l:?}", run.engine);
+            assert!(
+                0.0 < l.p50_ns && l.p50_ns <= l.p99_ns && l.p99_ns <= l.max_ns,
+                "{}: {l:?}",
+                run.engine
+            );
+            assert_eq!(l.buckets.iter().map(|b| b[1]).sum::<u64>(), l.samples);
         }
-        Some(
-            BenchEnv::setup(&EnvConfig {
-                zram_index: Some(0),
-                zram_bytes: 192 << 20,
-                swap: swap.then_some(SwapKind::ZramHotAdd),
-                swap_bytes: 128 << 20,
-            })
-            .unwrap_or_else(|e| panic!("setup (file={file}): {e}")),
-        )
+        for row in &r.summary {
+            assert!(
+                row.latency_p50_ns.is_some() && row.latency_p99_ns.is_some(),
+                "{row:?}"
+            );
+        }
+        let t = r.table();
+        assert!(t.contains("p50 µs") && t.contains("p99 µs"), "{t}");
     }
 
     fn run(name: Scenario, p: &ScenarioParams) -> Report {
@@ -96,6 +122,7 @@ mod tests {
                 "engine {e} listed for {name} did not run"
             );
         }
+        assert_fault_modes_honoured(&r);
         r
     }
 
@@ -127,7 +154,7 @@ mod tests {
         };
         let p = prepare(Scenario::MmapRead, &p, &env).unwrap();
         let r = run(Scenario::MmapRead, &p);
-        let up = m(&r, "upager");
+        let up = m(&r, "upager handlers");
         let evicted = up.evicted_pages.unwrap();
         assert!(evicted >= 16384, "file 16× the budget must evict: {up:?}");
         let per1k = up.sends_per_1000_evicted.unwrap();
@@ -155,7 +182,13 @@ mod tests {
         let Some(env) = env(true, false) else { return };
         let p = prepare(Scenario::RandomRead, &tiny(Scenario::RandomRead), &env).unwrap();
         let r = run(Scenario::RandomRead, &p);
-        assert_eq!(m(&r, "upager").ops, p.reads_per_thread * p.threads as u64);
+        let reads = p.reads_per_thread * p.threads as u64;
+        for e in ["upager handlers", "upager in-thread"] {
+            assert_eq!(m(&r, e).ops, reads, "{e}");
+            assert_eq!(m(&r, e).extra["folio_kb"], 4.0, "{e}: 4 KiB folios");
+        }
+        // Every read is timed, on every engine.
+        assert_latency(&r, |_| reads);
         drop(env);
     }
 
@@ -167,7 +200,10 @@ mod tests {
         }
         let r = run(Scenario::MultiFault, &tiny(Scenario::MultiFault));
         // Faults are counted in whole 2 MiB areas.
-        assert_eq!(m(&r, "upager").ops % 512, 0);
+        assert_eq!(m(&r, "upager handlers").ops % 512, 0);
+        assert_eq!(m(&r, "upager in-thread").ops % 512, 0);
+        // One fault in MULTI_FAULT_SAMPLE_EVERY is timed, on every engine.
+        assert_latency(&r, |m| m.ops / MULTI_FAULT_SAMPLE_EVERY as u64);
     }
 
     #[test]
@@ -199,7 +235,7 @@ mod tests {
             "upager's swap files go on the zram ext4"
         );
         let r = run(Scenario::Swap, &p);
-        for e in ["upager batched", "upager unbatched"] {
+        for e in ["upager handlers", "upager in-thread", "upager unbatched"] {
             let x = m(&r, e);
             assert!(
                 x.evicted_pages.unwrap() > 0,
@@ -207,9 +243,9 @@ mod tests {
             );
         }
         let acq = |e: &str| m(&r, e).extra["upager.reclaim_lock_acquisitions"];
-        let batches = m(&r, "upager batched").extra["upager.evict_batches"];
-        assert!(acq("upager batched") <= 2.0 * batches + 2.0);
-        assert!(acq("upager unbatched") > acq("upager batched"));
+        let batches = m(&r, "upager handlers").extra["upager.evict_batches"];
+        assert!(acq("upager handlers") <= 2.0 * batches + 2.0);
+        assert!(acq("upager unbatched") > acq("upager handlers"));
         drop(env);
     }
 

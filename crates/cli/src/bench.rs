@@ -12,10 +12,12 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use clap::builder::PossibleValue;
+use upager::FaultMode;
+use upager_bench::env::in_ci;
 use upager_bench::workloads::MapAdvice;
 use upager_bench::{
-    plot, prepare, run_scenario, BenchEnv, Engine, EnvConfig, KernelEngine, Scenario,
-    ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
+    plot, prepare, run_scenario, select_fault_modes, BenchEnv, Engine, EnvConfig, KernelEngine,
+    Scenario, ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
 };
 
 use crate::size_arg;
@@ -81,6 +83,16 @@ fn size_item(s: &str) -> Result<u64, String> {
     size_arg(s.trim())
 }
 
+/// One element of a comma-separated fault mode list (`handlers,in-thread`),
+/// by `FaultMode`'s names (shown in --help).
+fn mode_item() -> impl clap::builder::TypedValueParser<Value = FaultMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(
+        [FaultMode::Handlers, FaultMode::InThread].map(FaultMode::name),
+    )
+    .try_map(|s| s.parse::<FaultMode>())
+}
+
 /// One element of a comma-separated thread count list (`1,2,4`).
 fn count_item(s: &str) -> Result<usize, String> {
     s.trim().parse::<usize>().map_err(|e| format!("{s:?}: {e}"))
@@ -135,6 +147,20 @@ pub struct BenchArgs {
     /// Folio sizes to sweep, e.g. 4K,64K,2M (unmap-folio).
     #[arg(long, value_delimiter = ',', value_parser = size_item)]
     pub folios: Option<Vec<u64>>,
+    /// Fault modes of the `upager <mode>` engines, e.g. `handlers` or
+    /// `handlers,in-thread` (default: both). A mode the engine cannot run
+    /// here is left out with a note (under CI=true: the run fails). The
+    /// ablations (batch=1, locked-lookup, unbatched, 64K) run in handlers
+    /// mode whatever this says.
+    #[arg(long, value_delimiter = ',', value_parser = mode_item())]
+    pub fault_mode: Option<Vec<FaultMode>>,
+    /// Random element reads and writes (numpy).
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// upager's budget inside the cgroup of --budget (numpy; default
+    /// three quarters of it).
+    #[arg(long, value_parser = size_arg)]
+    pub upager_budget: Option<u64>,
     /// Only the kernel's engines.
     #[arg(long, conflicts_with = "upager_only")]
     pub kernel_only: bool,
@@ -143,25 +169,38 @@ pub struct BenchArgs {
     pub upager_only: bool,
 }
 
-fn engines(a: &BenchArgs, exe: &WorkerExe) -> Vec<Box<dyn Engine>> {
-    let mut v: Vec<Box<dyn Engine>> = Vec::new();
-    if !a.upager_only {
-        v.push(Box::new(KernelEngine::with_worker(exe.clone())));
-        v.push(Box::new(
-            KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Random),
-        ));
-        v.push(Box::new(
-            KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Sequential),
-        ));
-    }
-    if !a.kernel_only {
-        v.extend(
-            UpagerEngine::all(exe)
-                .into_iter()
-                .filter(|e| !(a.upager_only && e.name().starts_with("kernel"))),
-        );
-    }
+fn engines(a: &BenchArgs, exe: &WorkerExe, modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
+    let mut v: Vec<Box<dyn Engine>> = vec![
+        Box::new(KernelEngine::with_worker(exe.clone())),
+        Box::new(KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Random)),
+        Box::new(KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Sequential)),
+    ];
+    v.extend(UpagerEngine::for_modes(exe, modes));
+    v.retain(|e| {
+        let kernel = e.name().starts_with("kernel");
+        !(a.upager_only && kernel || a.kernel_only && !kernel)
+    });
     v
+}
+
+/// The fault modes to run: the requested ones (default both) that can run
+/// here, and notes on those left out. Kernel-only runs need none.
+fn fault_modes(
+    a: &BenchArgs,
+    exe: &WorkerExe,
+) -> Result<(Vec<FaultMode>, Vec<String>), Box<dyn std::error::Error>> {
+    let requested = a
+        .fault_mode
+        .clone()
+        .unwrap_or_else(|| vec![FaultMode::Handlers, FaultMode::InThread]);
+    if a.kernel_only {
+        return Ok((requested, Vec::new()));
+    }
+    let (modes, notes) = select_fault_modes(exe, &requested)?;
+    for n in &notes {
+        eprintln!("upager bench: {n}");
+    }
+    Ok((modes, notes))
 }
 
 /// Runs `upager bench`.
@@ -171,7 +210,9 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--json/--png name one scenario's files; with `all`, use --out DIR".into());
     }
     let exe = worker_exe()?;
-    let engines = engines(a, &exe);
+    let (modes, mode_notes) = fault_modes(a, &exe)?;
+    let engines = engines(a, &exe, &modes);
+    let mut failed = Vec::new();
     for name in names {
         let sc = name.spec();
         let mut p: ScenarioParams = if a.tiny { name.tiny() } else { name.defaults() };
@@ -202,6 +243,15 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(f) = &a.folios {
             p.folio_sizes_kb = f.iter().map(|b| b / 1024).collect();
         }
+        if let Some(n) = a.ops {
+            p.random_ops = n;
+        }
+        if let Some(b) = a.upager_budget {
+            p.budget_bytes = b;
+        } else if a.budget.is_some() && p.budget_bytes > 0 {
+            // The numpy default: upager gets 3/4 of the cgroup (192 of 256 MiB).
+            p.budget_bytes = p.limit_bytes / 4 * 3;
+        }
         eprintln!("== {name}: seed {}", sc.seed);
         eprintln!("   {}", sc.doc);
         let per_thread = if p.bytes_per_thread > 0 {
@@ -222,9 +272,9 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 1
             };
-        let needs_env = sc.needs_file || sc.needs_swap;
+        let needs_env = sc.needs_file() || sc.needs_swap;
         let env = if needs_env {
-            let zram_bytes = if sc.needs_file {
+            let zram_bytes = if sc.needs_file() {
                 p.file_bytes + p.file_bytes / 8 + (64 << 20)
             } else {
                 // upager's private swap files on the same kind of RAM device.
@@ -246,8 +296,10 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             Some(env) => prepare(name, &p, env)?,
             None => p,
         };
-        let report = run_scenario(name, &p, &engines)?;
+        let mut report = run_scenario(name, &p, &engines)?;
         drop(env);
+        report.notes.extend(mode_notes.iter().cloned());
+        failed.extend(report.failures().into_iter().map(|f| format!("{name} {f}")));
         println!("{}", report.table());
         let json = a
             .json
@@ -268,6 +320,14 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         } else {
             println!("wrote {}", json.display());
         }
+    }
+    if in_ci() && !failed.is_empty() {
+        return Err(format!(
+            "{} run(s) failed (under CI=true a failed run fails `upager bench`):\n  {}",
+            failed.len(),
+            failed.join("\n  ")
+        )
+        .into());
     }
     Ok(())
 }
@@ -379,6 +439,65 @@ mod tests {
         // Repeating the option adds to the list.
         let a = parse("swap --thread-counts 1 --thread-counts 4");
         assert_eq!(a.thread_counts, Some(vec![1, 4]));
+    }
+
+    #[test]
+    fn fault_mode_and_numpy_options_parse() {
+        let a = parse("random-read --fault-mode handlers,in-thread");
+        assert_eq!(
+            a.fault_mode,
+            Some(vec![FaultMode::Handlers, FaultMode::InThread])
+        );
+        assert_eq!(
+            parse("swap --fault-mode in-thread").fault_mode,
+            Some(vec![FaultMode::InThread])
+        );
+        assert_eq!(
+            parse("swap").fault_mode,
+            None,
+            "default: both, chosen in run()"
+        );
+        let e =
+            Top::try_parse_from(["bench", "swap", "--fault-mode", "handlers,sigbus"]).unwrap_err();
+        assert!(e.to_string().contains("sigbus"), "{e}");
+        let a = parse("numpy --ops 1000 --budget 64M --upager-budget 40M");
+        assert_eq!(a.scenario, ScenarioArg::One(Scenario::Numpy));
+        assert_eq!(
+            (a.ops, a.budget, a.upager_budget),
+            (Some(1000), Some(64 << 20), Some(40 << 20))
+        );
+    }
+
+    /// Which engines run: the mode engines only in the modes chosen, the
+    /// kernel's alone with --kernel-only, none of them with --upager-only.
+    #[test]
+    fn engines_follow_modes_and_filters() {
+        let exe = WorkerExe::Binary("/nonexistent".into());
+        let names = |line: &str, modes: &[FaultMode]| -> Vec<String> {
+            engines(&parse(line), &exe, modes)
+                .iter()
+                .map(|e| e.name())
+                .collect()
+        };
+        let both = names("random-read", &[FaultMode::Handlers, FaultMode::InThread]);
+        for e in [
+            "upager handlers",
+            "upager in-thread",
+            "upager in-thread 4K",
+            "kernel numpy.memmap",
+        ] {
+            assert!(both.iter().any(|n| n == e), "{e} missing from {both:?}");
+        }
+        let one = names("random-read", &[FaultMode::Handlers]);
+        assert!(!one.iter().any(|n| n.contains("in-thread")), "{one:?}");
+        assert!(one.iter().any(|n| n == "upager handlers 64K"), "{one:?}");
+        let k = names("numpy --kernel-only", &[FaultMode::Handlers]);
+        assert!(
+            k.iter().all(|n| n.starts_with("kernel")) && k.len() >= 4,
+            "{k:?}"
+        );
+        let u = names("numpy --upager-only", &[FaultMode::Handlers]);
+        assert!(u.iter().all(|n| !n.starts_with("kernel")), "{u:?}");
     }
 
     #[test]

@@ -1,0 +1,177 @@
+//! The numpy scenario's engines (issue 12, "As a numpy user sees it"):
+//! `numpy.memmap` and `upager.open_array` driven by one Python process,
+//! `bench/numpy_scenario.py` (embedded here, so the suite runs from any
+//! directory), which speaks the worker protocol itself (`ready`, `go`,
+//! `result`): [`run_worker`] puts it in the memory cgroup and counts its TLB
+//! shootdowns exactly as for the Rust worker.
+//!
+//! Unlike the other upager engines, upager's process runs in the cgroup too:
+//! the issue's setting is one Python process in a cgroup of 256 MiB, with
+//! upager given a budget of 192 MiB inside it, so the interpreter, numpy and
+//! the index arrays are charged to both sides alike.
+//!
+//! The data file (float64, element i = i) is modified by the write phase;
+//! the driver writes the old values back after measuring. A run that fails
+//! may leave it modified, so the engine removes it and the next run makes it
+//! again.
+//!
+//! The Python interpreter is `$UPAGER_BENCH_PYTHON` or `python3`; it must
+//! import numpy and the upager package (`make python`).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use upager::FaultMode;
+
+use crate::engine::{BenchError, Engine};
+use crate::host::unique_name;
+use crate::measurement::Measurement;
+use crate::pattern::{ensure_data_file, evict_file, DataFile};
+use crate::scenario::{Scenario, ScenarioParams};
+use crate::worker::{run_worker, RunOptions, WorkerExe};
+use crate::workloads::{NumpyBackend, Workload};
+
+/// The driver script (bench/numpy_scenario.py).
+pub const NUMPY_SCENARIO_PY: &str = include_str!("../../../bench/numpy_scenario.py");
+
+/// The Python interpreter the numpy scenario runs: `$UPAGER_BENCH_PYTHON`,
+/// else `python3`.
+pub fn python() -> PathBuf {
+    std::env::var_os("UPAGER_BENCH_PYTHON").map_or_else(|| "python3".into(), PathBuf::from)
+}
+
+/// Whether [`python`] imports numpy and upager: `Ok` with a line saying
+/// which (versions, where upager was installed from), `Err` saying what is
+/// missing.
+pub fn check_python() -> Result<String, String> {
+    let py = python();
+    let out = Command::new(&py)
+        .args([
+            "-c",
+            "import numpy, upager; print('numpy', numpy.__version__, '· upager', \
+             upager.__version__, 'from', upager.__file__)",
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", py.display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "{} cannot import numpy and upager (install them with `make python`): {}",
+            py.display(),
+            err.trim().lines().last().unwrap_or("")
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// One side of the numpy scenario: `kernel numpy.memmap`, or upager with a
+/// folio size and fault mode (`upager handlers 4K`).
+#[derive(Debug, Clone)]
+pub struct NumpyEngine {
+    name: String,
+    backend: NumpyBackend,
+    folio_kb: u64,
+    fault_mode: FaultMode,
+}
+
+impl NumpyEngine {
+    /// The kernel's baseline: `numpy.memmap(mode="r+")`.
+    pub fn memmap() -> Self {
+        NumpyEngine {
+            name: "kernel numpy.memmap".into(),
+            backend: NumpyBackend::Memmap,
+            folio_kb: 4,
+            fault_mode: FaultMode::Handlers,
+        }
+    }
+
+    /// `upager.open_array(mode="r+")` with `folio_kb` folios in `mode`.
+    pub fn upager(folio_kb: u64, mode: FaultMode) -> Self {
+        NumpyEngine {
+            name: format!("upager {} {}K", mode.name(), folio_kb),
+            backend: NumpyBackend::Upager,
+            folio_kb,
+            fault_mode: mode,
+        }
+    }
+
+    /// The memmap baseline, then upager with 4 KiB and 64 KiB folios in
+    /// each of `modes`.
+    pub fn for_modes(modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
+        let mut v: Vec<Box<dyn Engine>> = vec![Box::new(Self::memmap())];
+        for folio in [4, 64] {
+            for &m in modes {
+                v.push(Box::new(Self::upager(folio, m)));
+            }
+        }
+        v
+    }
+
+    /// The workload for a variant.
+    pub fn workload(&self, p: &ScenarioParams) -> Result<Workload, BenchError> {
+        Ok(Workload::Numpy {
+            file: p
+                .data_file
+                .clone()
+                .ok_or(BenchError::NoDataFile(Scenario::Numpy))?,
+            backend: self.backend,
+            budget: p.upager_budget(),
+            folio_kb: self.folio_kb,
+            fault_mode: self.fault_mode.name().to_string(),
+            slice_bytes: p.slice_bytes,
+            random_ops: p.random_ops,
+            seed: p.seed,
+        })
+    }
+}
+
+impl Engine for NumpyEngine {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn supports(&self, scenario: Scenario) -> bool {
+        scenario == Scenario::Numpy
+    }
+
+    fn run(&self, scenario: Scenario, p: &ScenarioParams) -> Result<Measurement, BenchError> {
+        let w = self.workload(p)?;
+        let file = p
+            .data_file
+            .clone()
+            .ok_or(BenchError::NoDataFile(scenario))?;
+        ensure_data_file(DataFile::F64Index, p.file_bytes, p.seed, &file)?;
+        evict_file(&file)?;
+        let script = std::env::temp_dir().join(format!("{}.py", unique_name("numpy")));
+        std::fs::write(&script, NUMPY_SCENARIO_PY)
+            .map_err(|e| BenchError::Other(format!("writing {}: {e}", script.display())))?;
+        let exe = WorkerExe::SelfWithArg(python(), script.display().to_string());
+        let opts = RunOptions {
+            cgroup_limit: p.use_cgroup.then_some(p.limit_bytes),
+            trace_tlb: p.trace_tlb,
+            timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
+        };
+        let run = run_worker(&exe, &w, &opts);
+        let _ = std::fs::remove_file(&script);
+        let bad = run.as_ref().map_or(0, |r| r.result.bad_words);
+        if run.is_err() || bad > 0 {
+            // The write phase may not have been undone: make the file again
+            // before the next run.
+            let _ = std::fs::remove_file(&file);
+        }
+        let run = run?;
+        if bad > 0 {
+            return Err(BenchError::WrongData(bad));
+        }
+        let mut m = Measurement::from_worker(&run);
+        if let Some(&e) = run.result.extra.get("evicted_pages") {
+            m.evicted_pages = Some(e as u64);
+            m.sends_per_1000_evicted = match m.tlb_sends {
+                Some(s) if e > 0.0 => Some(s as f64 * 1000.0 / e),
+                _ => None,
+            };
+        }
+        Ok(m)
+    }
+}

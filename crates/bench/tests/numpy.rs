@@ -1,0 +1,168 @@
+//! The numpy scenario (issue 12) at its tiny size, end to end: a float64
+//! file on ext4 on a RAM block device, the Python driver
+//! (bench/numpy_scenario.py) in a memory cgroup, numpy.memmap against
+//! upager.open_array with 4 KiB and 64 KiB folios in both fault modes.
+//! Asserted, not timed:
+//! - every engine ran every phase and read exact sums (the driver checks
+//!   each slice sum and the gather's sum; a wrong one fails the run);
+//! - every phase has a rate and a ratio vs numpy.memmap, in the summary and
+//!   the table;
+//! - the kernel stayed within its cgroup, upager within its budget, and
+//!   upager evicted (the file is 5× the budget);
+//! - the fault mode an engine is named after is the one that ran;
+//! - the data file is as it was after the runs (the driver restores what it
+//!   wrote), and a file with a wrong element fails the run and is made
+//!   again before the next one.
+//!
+//! Needs root (cgroup, zram, userfaultfd) and a Python that imports numpy
+//! and this tree's upager package (`make python`; scripts/test.sh installs
+//! it before the Rust tests, or set UPAGER_BENCH_PYTHON): skipped otherwise,
+//! a failure under CI=true.
+
+mod common;
+
+#[cfg(test)]
+mod tests {
+    use crate::common::{
+        assert_all_ran, assert_fault_modes_honoured, exe, require_root, serial, skip_or_fail,
+    };
+    use upager::FaultMode;
+    use upager_bench::numpy_engine::check_python;
+    use upager_bench::{
+        prepare, run_scenario, BenchEnv, Engine, EnvConfig, NumpyEngine, Report, Scenario,
+        ScenarioParams, UpagerEngine,
+    };
+
+    fn setup() -> Option<(BenchEnv, ScenarioParams)> {
+        if !require_root("the numpy scenario (cgroup, zram, /dev/userfaultfd)") {
+            return None;
+        }
+        match check_python() {
+            Ok(which) => eprintln!("python: {which}"),
+            Err(e) => {
+                skip_or_fail(&e);
+                return None;
+            }
+        }
+        let env = match BenchEnv::setup(&EnvConfig {
+            zram_index: Some(0),
+            zram_bytes: 256 << 20,
+            swap: None,
+            swap_bytes: 0,
+        }) {
+            Ok(env) => env,
+            Err(e @ upager_bench::SetupError::DeviceBusy { .. }) => {
+                skip_or_fail(&format!("no free RAM block device: {e}"));
+                return None;
+            }
+            Err(e) => panic!("setup: {e}"),
+        };
+        let mut p = Scenario::Numpy.tiny();
+        p.drop_caches = false;
+        let p = prepare(Scenario::Numpy, &p, &env).unwrap();
+        Some((env, p))
+    }
+
+    /// Element i of the file is i, everywhere.
+    fn assert_file_intact(p: &ScenarioParams) {
+        let bytes = std::fs::read(p.data_file.as_ref().unwrap()).unwrap();
+        assert_eq!(bytes.len() as u64, p.file_bytes);
+        let wrong = bytes
+            .chunks_exact(8)
+            .enumerate()
+            .filter(|(i, b)| f64::from_le_bytes((*b).try_into().unwrap()) != *i as f64)
+            .count();
+        assert_eq!(wrong, 0, "elements not restored after the runs");
+    }
+
+    #[test]
+    fn numpy_scenario_every_engine_every_phase() {
+        let _g = serial();
+        let Some((env, p)) = setup() else { return };
+        let engines = UpagerEngine::for_modes(&exe(), &[FaultMode::Handlers, FaultMode::InThread]);
+        let r = run_scenario(Scenario::Numpy, &p, &engines).unwrap();
+        assert_all_ran(&r);
+        assert_fault_modes_honoured(&r);
+        let spec = Scenario::Numpy.spec();
+        for e in spec.engines {
+            assert!(r.runs.iter().any(|x| x.engine == *e), "{e} did not run");
+        }
+        assert_eq!(r.baseline_engine, "kernel numpy.memmap");
+        for row in &r.summary {
+            for ph in spec.phases {
+                let rate = row.phases.get(ph.name).copied().unwrap_or(0.0);
+                assert!(rate > 0.0, "{}: no rate for {}", row.engine, ph.name);
+                assert!(row.phases.contains_key(&format!("{} s", ph.name)));
+                assert!(
+                    row.phases_vs_kernel.contains_key(ph.name),
+                    "{}: no ratio for {}",
+                    row.engine,
+                    ph.name
+                );
+            }
+            if row.engine == spec.baseline_engine {
+                assert_eq!(row.vs_kernel, Some(1.0));
+            }
+        }
+        for run in &r.runs {
+            let m = run.measurement.as_ref().unwrap();
+            let x = |k: &str| m.extra.get(k).copied().unwrap_or(f64::NAN);
+            assert_eq!(x("random_ops"), p.random_ops as f64, "{}", run.engine);
+            assert_eq!(x("bytes"), p.file_bytes as f64, "{}", run.engine);
+            let peak = m.peak_bytes.expect("the cgroup's peak charge");
+            assert!(peak <= p.limit_bytes, "{}: cgroup peak {peak}", run.engine);
+            if run.engine.starts_with("upager") {
+                let budget = p.upager_budget() as f64;
+                assert!(x("upager.resident_peak_bytes") <= budget, "{}", run.engine);
+                assert!(
+                    x("upager.evictions") > 0.0,
+                    "{}: nothing evicted",
+                    run.engine
+                );
+                assert!(x("upager.flushes") >= 1.0, "{}: no flush", run.engine);
+            }
+        }
+        let t = r.table();
+        assert!(
+            t.contains("random writes + flush") && t.contains("vs kernel numpy.memmap"),
+            "{t}"
+        );
+        assert_file_intact(&p);
+        // The JSON keeps the phases (floats need not round-trip bit-exactly).
+        let back: Report = serde_json::from_str(&r.to_json().unwrap()).unwrap();
+        assert_eq!(back.baseline_engine, r.baseline_engine);
+        for (a, b) in back.summary.iter().zip(&r.summary) {
+            assert_eq!(
+                a.phases.keys().collect::<Vec<_>>(),
+                b.phases.keys().collect::<Vec<_>>()
+            );
+        }
+        drop(env);
+    }
+
+    /// The driver's checks can fail: with one element changed, the
+    /// sequential pass's sum for that slice is wrong, so the run fails with
+    /// wrong data, and the engine removes the file so that the next run
+    /// starts from a file made anew.
+    #[test]
+    fn numpy_scenario_detects_a_wrong_element() {
+        let _g = serial();
+        let Some((env, p)) = setup() else { return };
+        let file = p.data_file.clone().unwrap();
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.write_all_at(&7.25f64.to_le_bytes(), 8 * 12_345).unwrap();
+            f.sync_all().unwrap();
+        }
+        let engines: Vec<Box<dyn Engine>> = vec![Box::new(NumpyEngine::memmap())];
+        let r = run_scenario(Scenario::Numpy, &p, &engines).unwrap();
+        let err = r.runs[0].error.as_deref().unwrap_or("");
+        assert!(err.contains("wrong words"), "{:?}", r.runs[0]);
+        assert!(!file.exists(), "a failed run removes the data file");
+        let r = run_scenario(Scenario::Numpy, &p, &engines).unwrap();
+        assert_all_ran(&r);
+        assert_file_intact(&p);
+        drop(env);
+    }
+}
