@@ -56,7 +56,9 @@ def main(paths):
                      f"| {us(r.get('latency_max_ns'))} |" if lat else ""))
         phase_names = rep.get("phase_names") or []
         if phase_names:
-            print(f"\n| engine | " + " | ".join(phase_names) + " |")
+            units = rep.get("phase_units") or [""] * len(phase_names)
+            heads = [f"{p} {u} (s) vs {base}" for p, u in zip(phase_names, units)]
+            print(f"\n| engine | " + " | ".join(heads) + " |")
             print("|---|" + "---|" * len(phase_names))
             for r in rep["summary"]:
                 ph, vs = r.get("phases") or {}, r.get("phases_vs_kernel") or {}

@@ -62,6 +62,33 @@ def read_bytes():
     return None
 
 
+def cgroup_peak_bytes():
+    """The peak memory charge of this process's memory cgroup so far
+    (v1 memory.max_usage_in_bytes, v2 memory.peak), or None. Read right
+    after the measured phases: the checks and the restore afterwards go
+    through the page cache and would raise it to the limit."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            candidates = [f"/sys/fs/cgroup/memory{path}/memory.max_usage_in_bytes"]
+        elif controllers == "":
+            candidates = [f"/sys/fs/cgroup{path}/memory.peak"]
+        else:
+            continue
+        for c in candidates:
+            try:
+                with open(c) as f:
+                    return int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return None
+
+
 def open_upager(upager, path, np, cfg):
     """upager.open_array in the requested fault mode: the `fault_mode`
     keyword where the package has it, else UPAGER_FAULT_MODE (read by the
@@ -124,6 +151,7 @@ def run(cfg, np, upager):
 
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     io1 = read_bytes()
+    peak = cgroup_peak_bytes()
 
     # Unmeasured: the writes are there (through the array and in the file).
     t = time.perf_counter()
@@ -170,6 +198,8 @@ def run(cfg, np, upager):
     }
     if io0 is not None and io1 is not None:
         extra["read_bytes"] = float(io1 - io0)
+    if peak is not None:
+        extra["cgroup_peak_bytes"] = float(peak)
     notes = [f"numpy {np.__version__}"]
     if backend == "upager":
         for k, v in stats.items():

@@ -44,7 +44,7 @@ def main(src, dst):
     phases = rep.get("phase_names") or []
     base_w = max(6, 1.4 * len(variants) * max(1, len(engines)) / 2 + 3)
     if latency or phases:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(2 * base_w, 4.5))
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(2 * min(base_w, 8), 4.5))
     else:
         fig, ax = plt.subplots(figsize=(base_w, 4.5))
         ax2 = None

@@ -165,6 +165,11 @@ impl Engine for NumpyEngine {
             return Err(BenchError::WrongData(bad));
         }
         let mut m = Measurement::from_worker(&run);
+        // The cgroup's peak at the end of the measured phases (the checks
+        // and the restore after them fill the page cache up to the limit).
+        if let Some(&peak) = run.result.extra.get("cgroup_peak_bytes") {
+            m.peak_bytes = Some(peak as u64);
+        }
         if let Some(&e) = run.result.extra.get("evicted_pages") {
             m.evicted_pages = Some(e as u64);
             m.sends_per_1000_evicted = match m.tlb_sends {

@@ -182,6 +182,9 @@ pub struct Report {
     /// random writes + flush); the keys of each row's `phases`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phase_names: Vec<String>,
+    /// The unit of each phase's rate (`GB/s`, `reads/s`), in that order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_units: Vec<String>,
     /// The engine `vs_kernel` compares with (`kernel`; numpy:
     /// `kernel numpy.memmap`).
     #[serde(default = "default_baseline")]
@@ -245,6 +248,7 @@ impl Report {
             runs,
             summary: Vec::new(),
             phase_names: sc.phases.iter().map(|p| p.name.to_string()).collect(),
+            phase_units: sc.phases.iter().map(|p| p.rate_unit.to_string()).collect(),
             baseline_engine: sc.baseline_engine.to_string(),
             notes: Vec::new(),
         };
