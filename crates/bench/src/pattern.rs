@@ -19,14 +19,19 @@ use crate::raw;
 /// word at each offset is `xor_word(offset, seed)`. Writes 4 MiB chunks and
 /// fsyncs. Returns the time taken.
 pub fn create_pattern_file(path: &Path, len: u64, seed: u64) -> Result<Duration, SetupError> {
+    create_file(path, len.div_ceil(8) * 8, |off| xor_word(off, seed))
+}
+
+/// Writes `len` bytes of `word(offset)` words to `path`, syncs it and
+/// evicts it from the page cache (left there, it would be charged to this
+/// process's cgroup, and a run reading it would hit it without charging
+/// its own). Returns the time taken.
+fn create_file(path: &Path, len: u64, word: impl Fn(u64) -> u64) -> Result<Duration, SetupError> {
     let t = Instant::now();
-    let len = len.div_ceil(8) * 8;
-    let f = upager_testdata::write_file(path, len, |off| xor_word(off, seed))
+    let f = upager_testdata::write_file(path, len, word)
         .map_err(io_err("writing the data file", path))?;
     f.sync_all()
         .map_err(io_err("syncing the data file", path))?;
-    // Not left in the page cache: it would be charged to this process's
-    // cgroup, and a run reading it would hit it without charging its own.
     raw::evict_file_cache(&f)
         .map_err(io_err("evicting the data file from the page cache", path))?;
     Ok(t.elapsed())
@@ -38,15 +43,7 @@ pub fn create_pattern_file(path: &Path, len: u64, seed: u64) -> Result<Duration,
 /// exactly), so the Python driver checks what it read. Synced and evicted
 /// from the page cache like [`create_pattern_file`].
 pub fn create_f64_index_file(path: &Path, len: u64) -> Result<Duration, SetupError> {
-    let t = Instant::now();
-    let len = len / 8 * 8;
-    let f = upager_testdata::write_file(path, len, |off| ((off / 8) as f64).to_bits())
-        .map_err(io_err("writing the data file", path))?;
-    f.sync_all()
-        .map_err(io_err("syncing the data file", path))?;
-    raw::evict_file_cache(&f)
-        .map_err(io_err("evicting the data file from the page cache", path))?;
-    Ok(t.elapsed())
+    create_file(path, len / 8 * 8, |off| ((off / 8) as f64).to_bits())
 }
 
 /// What a scenario's data file holds.

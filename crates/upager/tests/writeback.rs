@@ -119,14 +119,7 @@ fn a_batch_of_scattered_dirty_folios_is_submitted_together() {
     let dir = ram_dir();
     let len = 16 << 20;
     let path = pattern_file(dir.path(), "data", len, 7);
-    let store = Arc::new(Recorder::new(&path));
-    let pager = Pager::builder().budget(64 << 20).build().unwrap();
-    let r = pager
-        .map_store(
-            store.clone(),
-            &MapOptions::new().writable(true).folio(FOLIO),
-        )
-        .unwrap();
+    let (store, pager, r) = recorded(&path);
     let dirty: Vec<u64> = (0..len / FOLIO).step_by(4).collect();
     for &f in &dirty {
         r.words()[(f * FOLIO / 8) as usize].store(!word(f * FOLIO, 7), Relaxed);
@@ -206,14 +199,7 @@ fn a_failed_write_in_a_batch_keeps_exactly_its_folios_dirty() {
     let dir = ram_dir();
     let len = 8 << 20;
     let path = pattern_file(dir.path(), "data", len, 9);
-    let store = Arc::new(Recorder::new(&path));
-    let pager = Pager::builder().budget(64 << 20).build().unwrap();
-    let r = pager
-        .map_store(
-            store.clone(),
-            &MapOptions::new().writable(true).folio(FOLIO),
-        )
-        .unwrap();
+    let (store, pager, r) = recorded(&path);
     let n = len / FOLIO;
     // Every sixth folio dirty, plus one run of three consecutive folios
     // between two of them (one write of three folios).
@@ -363,4 +349,18 @@ fn the_dirty_limit_cleans_in_address_order_from_the_oldest_dirty_folio() {
         );
     }
     r.flush().unwrap();
+}
+
+/// A writable region of `path` through a [`Recorder`] store, 4 KiB
+/// folios, on a pager with a 64 MiB budget.
+fn recorded(path: &std::path::Path) -> (Arc<Recorder>, Pager, upager::Region) {
+    let store = Arc::new(Recorder::new(path));
+    let pager = Pager::builder().budget(64 << 20).build().unwrap();
+    let r = pager
+        .map_store(
+            store.clone(),
+            &MapOptions::new().writable(true).folio(FOLIO),
+        )
+        .unwrap();
+    (store, pager, r)
 }
