@@ -48,9 +48,9 @@ faulting it in: before file I/O straight from or into region memory
 ``Region.fault_in`` on the range (and retry on EFAULT: nothing pins it), or
 copy first (``f.write(bytes(view))``). upager's SIGBUS handler must stay
 installed: enable :mod:`faulthandler` before the first "in-thread" pager
-(``python -X faulthandler``; pytest does), never after it, and do not
-disable it afterwards: either replaces upager's handler, and the next fault
-ends the process with SIGBUS::
+(``python -X faulthandler``; pytest does). Enabling or disabling it later
+replaces upager's handler: faults end the process with SIGBUS until upager
+installs its handler again, which it does when it maps the next region::
 
     a = upager.open_array("big.f64", np.float64, budget="256MiB",
                           fault_mode="in-thread")

@@ -3,7 +3,8 @@
 //! A userfaultfd opened with `UFFD_FEATURE_SIGBUS` makes a fault in a
 //! registered range raise SIGBUS (`BUS_ADRERR`, `si_addr` = the address) in
 //! the faulting thread instead of queueing a message. [`install_sigbus`]
-//! installs one handler for the process (once; it stays installed) that
+//! installs one handler for the process (again if the program replaced it
+//! since; the engine calls it for every in-thread region it maps) that
 //! hands such a fault to the engine's resolver and returns, so the access
 //! retries. Everything else goes on to the handler that was installed
 //! before, or gets the default action:
@@ -24,9 +25,12 @@
 //!
 //! A program that installs its own SIGBUS handler after upager's must chain
 //! to the one it replaced (as it would for any library that handles
-//! signals, e.g. a JVM), or in-thread faults end its process.
+//! signals, e.g. a JVM), or in-thread faults end its process until upager
+//! installs its handler again (at the next map, on top of the program's,
+//! which then gets the foreign signals).
 
 use std::io;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// A SIGBUS raised by a memory access.
@@ -44,32 +48,32 @@ pub struct BusFault {
 pub type Resolver = fn(&BusFault) -> bool;
 
 static RESOLVER: OnceLock<Resolver> = OnceLock::new();
-/// The disposition upager's handler replaced.
-static PREVIOUS: OnceLock<Previous> = OnceLock::new();
+/// The disposition upager's handler replaced last (a leaked box: a
+/// handler may be reading an older one, so none is ever freed; one per
+/// (re)installation).
+static PREVIOUS: AtomicPtr<Previous> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: Mutex<()> = Mutex::new(());
 
 /// A saved `struct sigaction`.
 struct Previous(libc::sigaction);
-// SAFETY: a sigaction is plain data (a handler address, a mask, flags);
-// it is written once before the handler can read it and never changed.
-unsafe impl Sync for Previous {}
-// SAFETY: as above.
-unsafe impl Send for Previous {}
 
-/// Installs upager's SIGBUS handler (once per process) with `resolver`.
-/// A second call with a different resolver is an error (one engine per
-/// process); with the same one it does nothing.
+/// Installs upager's SIGBUS handler with `resolver`, or installs it again
+/// if the program replaced it since (e.g. Python's `faulthandler.enable()`):
+/// the replacing handler becomes the one foreign signals are passed to. A
+/// call with a different resolver than the first is an error (one engine
+/// per process).
 pub fn install_sigbus(resolver: Resolver) -> io::Result<()> {
     let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(r) = RESOLVER.get() {
-        return if std::ptr::fn_addr_eq(*r, resolver) {
-            Ok(())
-        } else {
-            Err(io::Error::new(
+        if !std::ptr::fn_addr_eq(*r, resolver) {
+            return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "another SIGBUS resolver is installed",
-            ))
-        };
+            ));
+        }
+        if sigbus_installed() {
+            return Ok(());
+        }
     }
     // SAFETY: zeroed sigaction structs are valid (no handler, empty mask).
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -77,7 +81,7 @@ pub fn install_sigbus(resolver: Resolver) -> io::Result<()> {
     if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let _ = PREVIOUS.set(Previous(old));
+    PREVIOUS.store(Box::into_raw(Box::new(Previous(old))), Ordering::Release);
     let _ = RESOLVER.set(resolver);
     // SAFETY: as above.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -126,7 +130,10 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// Gives the signal to the handler upager replaced, or restores the
 /// default action (the retried access then ends the process by SIGBUS).
 fn pass_on(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    let prev = PREVIOUS.get().map(|p| p.0);
+    let p = PREVIOUS.load(Ordering::Acquire);
+    // SAFETY: non-null pointers in PREVIOUS come from Box::into_raw and are
+    // never freed.
+    let prev = (!p.is_null()).then(|| unsafe { (*p).0 });
     match prev {
         Some(p) if p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN => {
             if p.sa_flags & libc::SA_SIGINFO != 0 {

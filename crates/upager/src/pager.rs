@@ -349,6 +349,12 @@ impl Pager {
         // fork: a child must not see half-paged memory (it gets SIGSEGV).
         let _ = map.advise(0, map.len(), Advice::NoHugePage);
         let _ = map.advise(0, map.len(), Advice::DontFork);
+        // In-thread: upager's SIGBUS handler must be the process's (a
+        // program may have replaced it since the pager was built, e.g.
+        // Python's faulthandler.enable()).
+        if sh.mode == crate::FaultMode::InThread {
+            crate::inthread::install().map_err(MapError::Register)?;
+        }
         // Registration is the last step that can fail: if it does, the
         // mapping is dropped (munmap) before anyone saw its address.
         sh.uffd

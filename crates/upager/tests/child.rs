@@ -40,22 +40,22 @@ fn child_main() {
             println!("not reached: {v}");
         }
         "foreign_sigbus" => {
-            // The program's own SIGBUS handler, installed before upager's.
-            // SAFETY: a zeroed sigaction is valid (no handler, empty mask).
-            let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
-            sa.sa_sigaction = own_sigbus as *const () as usize;
-            sa.sa_flags = libc::SA_SIGINFO;
-            assert_eq!(
-                // SAFETY: a valid action with an SA_SIGINFO handler.
-                unsafe { libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) },
-                0
-            );
+            // The program's own SIGBUS handler, installed before upager's
+            // (or, with "replaced", after the pager: upager installs its
+            // own again on top when it maps the region).
+            let replaced = std::env::var_os("UPAGER_CHILD_REPLACED").is_some();
+            if !replaced {
+                install_own_sigbus();
+            }
             let path = pattern_file(dir.path(), "data", 4 * MIB, 3);
             let pager = Pager::builder()
                 .budget(MIB)
                 .fault_mode(upager::FaultMode::InThread)
                 .build()
                 .unwrap();
+            if replaced {
+                install_own_sigbus();
+            }
             let r = pager.map_file(&path, &MapOptions::new()).unwrap();
             for w in (0..r.len() / 8).step_by(509) {
                 assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 3));
@@ -64,35 +64,7 @@ fn child_main() {
                 "in-thread faults served: {}",
                 pager.stats().faults_in_thread
             );
-            // Another mapping's SIGBUS: a shared file mapping read beyond
-            // the end of its (truncated) file.
-            let f = std::fs::File::options()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dir.path().join("short"))
-                .unwrap();
-            f.set_len(8192).unwrap();
-            // SAFETY: a new shared mapping of an open file; nothing else
-            // refers to the address range.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    8192,
-                    libc::PROT_READ,
-                    libc::MAP_SHARED,
-                    std::os::fd::AsRawFd::as_raw_fd(&f),
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            f.set_len(0).unwrap();
-            println!("FOREIGN {:#x}", p as u64 + 4096);
-            // SAFETY: inside the 8 KiB mapping above (beyond the file's end
-            // now: the read raises SIGBUS, which the test is about).
-            let v = unsafe { std::ptr::read_volatile((p as *const u8).add(4096)) };
-            println!("not reached {v}");
+            foreign_sigbus(dir.path());
         }
         "fault_mode_env" => {
             // SAFETY: this child runs one thread that reads the environment.
@@ -157,6 +129,53 @@ fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
 }
 
+/// Raises another mapping's SIGBUS: a shared file mapping read beyond the
+/// end of its (truncated) file. Prints the address first.
+fn foreign_sigbus(dir: &std::path::Path) {
+    // Another mapping's SIGBUS: a shared file mapping read beyond
+    // the end of its (truncated) file.
+    let f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.join("short"))
+        .unwrap();
+    f.set_len(8192).unwrap();
+    // SAFETY: a new shared mapping of an open file; nothing else
+    // refers to the address range.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    f.set_len(0).unwrap();
+    println!("FOREIGN {:#x}", p as u64 + 4096);
+    // SAFETY: inside the 8 KiB mapping above (beyond the file's end
+    // now: the read raises SIGBUS, which the test is about).
+    let v = unsafe { std::ptr::read_volatile((p as *const u8).add(4096)) };
+    println!("not reached {v}");
+}
+
+/// Installs `own_sigbus` as the process's SIGBUS handler.
+fn install_own_sigbus() {
+    // SAFETY: a zeroed sigaction is valid (no handler, empty mask).
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = own_sigbus as *const () as usize;
+    sa.sa_flags = libc::SA_SIGINFO;
+    assert_eq!(
+        // SAFETY: a valid action with an SA_SIGINFO handler.
+        unsafe { libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) },
+        0
+    );
+}
+
 /// The program's SIGBUS handler in the child `foreign_sigbus`: reports the
 /// address and exits 7 (async-signal-safe: write and _exit).
 extern "C" fn own_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
@@ -189,6 +208,26 @@ fn a_foreign_sigbus_reaches_the_programs_own_handler() {
         .find_map(|l| l.strip_prefix("OWN HANDLER 0x"))
         .map(|a| u64::from_str_radix(a.trim(), 16).unwrap());
     assert_eq!(got, Some(want), "{stdout}");
+    assert_eq!(out.status.code(), Some(7), "{:?} {stdout}", out.status);
+}
+
+/// The program replaces upager's SIGBUS handler after the pager exists
+/// (as Python's `faulthandler.enable()` does): mapping a region installs
+/// upager's again, on top, and foreign signals still reach the program's.
+#[test]
+fn upager_reinstalls_its_handler_over_one_installed_after_it() {
+    let out = run_child(
+        "foreign_sigbus",
+        &["/usr/bin/env", "UPAGER_CHILD_REPLACED=1"],
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("in-thread faults served"),
+        "{stdout} {:?}",
+        out.status
+    );
+    assert!(stdout.contains("OWN HANDLER"), "{stdout}");
     assert_eq!(out.status.code(), Some(7), "{:?} {stdout}", out.status);
 }
 
