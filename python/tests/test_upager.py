@@ -190,6 +190,10 @@ PINNED_STAT_NAMES = [
     "faults_handed_off",
     "pinned_bytes",
     "writeback_submits",
+    "thp_fills",
+    "thp_fill_fallback",
+    "thp_evictions",
+    "overhead_bytes",
 ]
 
 

@@ -127,6 +127,14 @@ counters! {
     pinned_bytes,
     /// System calls that submitted write-back I/O to stores (`io_uring_enter`, or one `pwrite` per run of folios without batching): against `writebacks`, how well batches are submitted together.
     writeback_submits,
+    /// Fills of 2 MiB folios moved into the view as one huge page (`UFFDIO_MOVE` of a staged THP).
+    thp_fills,
+    /// Fills of 2 MiB folios that could not get a huge page (fragmented memory, no staged THP) and were copied as base pages instead.
+    thp_fill_fallback,
+    /// 2 MiB folios evicted while mapped as one huge page.
+    thp_evictions,
+    /// Bytes of memory the engine itself holds besides the folios (fill buffers, staging, tables; gauge).
+    overhead_bytes,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

@@ -47,6 +47,10 @@ static const char *const names[] = {
     "faults_handed_off",
     "pinned_bytes",
     "writeback_submits",
+    "thp_fills",
+    "thp_fill_fallback",
+    "thp_evictions",
+    "overhead_bytes",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
