@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
 use std::time::Duration;
 
 use crate::cvt;
@@ -82,32 +82,28 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Waits until `a` or `b` is readable, or `timeout` passes. Returns
-/// `(a_ready, b_ready)`.
-pub fn poll2(a: impl AsFd, b: impl AsFd, timeout: Duration) -> io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd {
-            fd: a.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: b.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+/// Waits until one of `fds` is readable, or `timeout` passes. Returns which
+/// are (none after a timeout or a signal).
+pub fn poll_fds<const N: usize>(
+    fds: [BorrowedFd<'_>; N],
+    timeout: Duration,
+) -> io::Result<[bool; N]> {
+    let mut pfds = fds.map(|fd| libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `fds` is a live array of 2 pollfds the kernel reads and writes.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    // SAFETY: `pfds` is a live array of N pollfds the kernel reads and writes.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), N as libc::nfds_t, ms) };
     match cvt(r.into()) {
-        Ok(_) => Ok((fds[0].revents != 0, fds[1].revents != 0)),
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok((false, false)),
+        Ok(_) => Ok(pfds.map(|p| p.revents != 0)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok([false; N]),
         Err(e) => Err(e),
     }
 }
 
-/// An eventfd used to wake threads blocked in [`poll2`].
+/// An eventfd used to wake threads blocked in [`poll_fds`].
 #[derive(Debug)]
 pub struct EventFd {
     file: File,

@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use linux_raw_sys::general as k;
 use linux_raw_sys::ioctl as kio;
 
-use crate::mem::{MapRange, Mapping};
+use crate::mem::MapRange;
 use crate::{cvt, ioc, last_err, IOC_NONE, IOC_READ_WRITE};
 
 const UFFDIO: u32 = 0xAA;
@@ -175,14 +175,17 @@ impl Uffd {
         Ok(api.features)
     }
 
-    /// `UFFDIO_REGISTER` of a whole mapping for missing and optionally
-    /// write-protect faults; returns the ioctl mask the range supports.
+    /// `UFFDIO_REGISTER` of a range of a mapping (the whole mapping, or one
+    /// shard of it when a region's range is spread over several
+    /// userfaultfds: the kernel then splits the mapping into one VMA per
+    /// registration) for missing and optionally write-protect faults;
+    /// returns the ioctl mask the range supports.
     ///
-    /// Only [`Mapping`]s can be registered, so the fills below (which the
-    /// kernel allows only in ranges registered on this userfaultfd) can only
+    /// Only [`MapRange`]s of [`Mapping`](crate::mem::Mapping)s can be registered, so the fills
+    /// below (which the kernel allows only in registered ranges) can only
     /// ever write memory of a mapping the caller owns.
-    pub fn register(&self, map: &Mapping, missing: bool, wp: bool) -> io::Result<u64> {
-        let (start, len) = (map.addr(), map.len() as u64);
+    pub fn register(&self, range: MapRange<'_>, missing: bool, wp: bool) -> io::Result<u64> {
+        let (start, len) = (range.addr(), range.len());
         let mut mode = 0u64;
         if missing {
             mode |= u64::from(k::UFFDIO_REGISTER_MODE_MISSING);

@@ -48,6 +48,36 @@ pub(crate) struct Area {
     pub wb_backoff: Backoff,
     /// Pin counts of pinned folios (their state words carry PINNED).
     pub pins: Mutex<std::collections::HashMap<usize, u32>>,
+    /// Folios per shard: the range is registered in runs of this many
+    /// folios, each on its own userfaultfd (see [`Shards`]).
+    pub shard_folios: usize,
+    /// The userfaultfd (index modulo the pager's count) of the first shard;
+    /// shard `k` is on `shard_first + k`.
+    pub shard_first: usize,
+}
+
+/// How a region of `nfolios` folios of `folio` bytes is split over
+/// `uffds` userfaultfds: contiguous shards of `folios` folios (a multiple of
+/// 2 MiB and of the folio, so no folio, huge page or fill straddles two of
+/// them), at most `uffds` of them, the last one shorter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shards {
+    pub folios: usize,
+    pub count: usize,
+}
+
+impl Shards {
+    pub fn new(nfolios: usize, folio: u64, uffds: usize) -> Shards {
+        let align = ((2 << 20) / folio).max(1) as usize;
+        let folios = nfolios
+            .div_ceil(uffds.max(1))
+            .next_multiple_of(align)
+            .max(align);
+        Shards {
+            folios,
+            count: nfolios.div_ceil(folios).max(1),
+        }
+    }
 }
 
 /// Back-off of write-backs to a store that refuses them (full disk, I/O
@@ -164,6 +194,16 @@ impl Area {
     }
     pub fn nfolios(&self) -> usize {
         self.states.len()
+    }
+    /// The shard of folio `idx` (the pager's userfaultfd index, before
+    /// the modulo).
+    pub fn shard(&self, idx: usize) -> usize {
+        self.shard_first + idx / self.shard_folios
+    }
+    /// One past the last folio of `idx`'s shard: fills and wakes never
+    /// cross it (a userfaultfd fill must stay inside one registration).
+    pub fn shard_end(&self, idx: usize) -> usize {
+        ((idx / self.shard_folios + 1) * self.shard_folios).min(self.nfolios())
     }
     pub fn folio_addr(&self, idx: usize) -> u64 {
         self.base() + ((idx as u64) << self.shift)
@@ -288,7 +328,39 @@ impl Area {
 
 #[cfg(test)]
 mod tests {
-    use super::Backoff;
+    use super::{Backoff, Shards};
+
+    #[test]
+    fn shards_are_contiguous_2mib_multiples_and_at_most_asked() {
+        let mib = 1usize << 20;
+        // 16 MiB of 4 KiB folios over 4: 4 shards of 4 MiB.
+        assert_eq!(
+            Shards::new(16 * mib / 4096, 4096, 4),
+            Shards {
+                folios: 1024,
+                count: 4
+            }
+        );
+        // 12 MiB of 64 KiB folios over 4: 3 MiB rounds up to 4 MiB, 3 shards.
+        assert_eq!(
+            Shards::new(192, 64 << 10, 4),
+            Shards {
+                folios: 64,
+                count: 3
+            }
+        );
+        // Small regions: one shard; one userfaultfd: one shard.
+        assert_eq!(Shards::new(4, 4096, 4).count, 1);
+        assert_eq!(Shards::new(1 << 20, 4096, 1).count, 1);
+        // 2 MiB folios: whole folios per shard.
+        assert_eq!(
+            Shards::new(5, 2 << 20, 2),
+            Shards {
+                folios: 3,
+                count: 2
+            }
+        );
+    }
     use std::sync::atomic::Ordering;
 
     #[test]

@@ -109,6 +109,7 @@ pub struct PagerBuilder {
     pub(crate) budget: u64,
     pub(crate) batch: Option<usize>,
     pub(crate) handler_threads: usize,
+    pub(crate) uffd_shards: Option<usize>,
     pub(crate) background_reclaim: bool,
     pub(crate) lookup: Lookup,
     pub(crate) batched_removal: bool,
@@ -130,6 +131,7 @@ impl Default for PagerBuilder {
             budget: 256 << 20,
             batch: None,
             handler_threads: upager_sys::io::online_cpus().clamp(1, 4),
+            uffd_shards: None,
             background_reclaim: true,
             lookup: Lookup::LockFree,
             batched_removal: true,
@@ -162,6 +164,18 @@ impl PagerBuilder {
     /// Fault-handler threads. Default: the number of CPUs, at most 4.
     pub fn handler_threads(mut self, n: usize) -> Self {
         self.handler_threads = n;
+        self
+    }
+    /// Userfaultfds the pager's fault queue is split over (handler mode):
+    /// each handler thread waits on one of them, and each region's range is
+    /// split into up to `n` contiguous shards (multiples of 2 MiB and of the
+    /// folio) registered on different ones, so faulting threads working on
+    /// different parts of the data queue on different wait queues and wake
+    /// different handlers. 1 to the number of handler threads. Default: one
+    /// per handler thread. The in-thread mode always uses one (its faults
+    /// never queue).
+    pub fn uffd_shards(mut self, n: usize) -> Self {
+        self.uffd_shards = Some(n);
         self
     }
     /// Run a background reclaimer between the watermarks. Default on; off

@@ -25,6 +25,13 @@ pub enum PagerError {
     BudgetTooSmall(u64),
     /// the number of fault-handler threads must be 1 to 64, got {0}
     HandlerThreads(usize),
+    /// the userfaultfd shards must be 1 to the number of handler threads ({threads}), got {shards}
+    UffdShards {
+        /// Shards asked for.
+        shards: usize,
+        /// Handler threads.
+        threads: usize,
+    },
     /// the eviction batch must be 1 to 1024 folios, got {0}
     Batch(usize),
     /// the dirty limit must be at least 4 KiB and at most the budget ({budget} bytes), got {limit} bytes
@@ -328,6 +335,7 @@ impl ErrorCode for PagerError {
             PagerError::MissingFeature(_) => errno::ENOSYS,
             PagerError::BudgetTooSmall(_)
             | PagerError::HandlerThreads(_)
+            | PagerError::UffdShards { .. }
             | PagerError::Batch(_)
             | PagerError::DirtyLimit { .. }
             | PagerError::Readahead(_)

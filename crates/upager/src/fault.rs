@@ -72,15 +72,27 @@ pub(crate) enum Outcome {
 }
 
 impl Shared {
-    /// Body of a fault-handler thread.
-    pub(crate) fn handler_main(self: Arc<Self>) {
+    /// Body of a fault-handler thread: serves the faults queued on
+    /// userfaultfd `shard` and, when it has none, on the next one. Each
+    /// shard is watched by two handlers (with one shard, all of them): a
+    /// fault wakes two threads rather than every handler, and a handler
+    /// stuck in a slow store read does not stall its shard.
+    pub(crate) fn handler_main(self: Arc<Self>, shard: usize) {
+        use std::os::fd::AsFd;
+        let n = self.uffds.len();
+        let own = &self.uffds[shard % n];
+        let next = &self.uffds[(shard + 1) % n];
         let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
         let spin = self.cfg.handler_spin;
         let mut spin_until = std::time::Instant::now();
         while !self.stopping() {
             let mut raw = std::mem::take(&mut ctx.raw);
             let mut msgs = std::mem::take(&mut ctx.msgs);
-            match self.uffd.read_msgs(&mut raw, &mut msgs) {
+            let read = match own.read_msgs(&mut raw, &mut msgs) {
+                Ok(0) if n > 1 => next.read_msgs(&mut raw, &mut msgs),
+                other => other,
+            };
+            match read {
                 Ok(0) if !spin.is_zero() && std::time::Instant::now() < spin_until => {
                     // Just served a fault: the next one usually follows within
                     // microseconds. Yielding (not blocking) lets the woken
@@ -89,9 +101,8 @@ impl Shared {
                     std::thread::yield_now();
                 }
                 Ok(0) => {
-                    let _ = upager_sys::io::poll2(
-                        &self.uffd,
-                        self.stop_fd(),
+                    let _ = upager_sys::io::poll_fds(
+                        [own.as_fd(), next.as_fd(), self.stop_fd().as_fd()],
                         Duration::from_millis(200),
                     );
                 }
@@ -264,7 +275,7 @@ impl Shared {
                     // raises SIGBUS). Waking is harmless if no one waits.
                     self.counters.faults_stale.inc();
                     if !in_thread {
-                        let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+                        let _ = self.uffd_of(r, idx).wake(r.folio_addr(idx), r.folio);
                     }
                     return Outcome::Done;
                 }
@@ -317,7 +328,9 @@ impl Shared {
     fn make_dirty(&self, r: &Area, idx: usize) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
-        let res = self.uffd.writeprotect(r.span(idx, 1), false, false);
+        let res = self
+            .uffd_of(r, idx)
+            .writeprotect(r.span(idx, 1), false, false);
         debug_assert!(res.is_ok(), "unprotect failed: {res:?}");
         self.counters.wp_unprotects.inc();
         let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
@@ -500,7 +513,7 @@ impl Shared {
             }
             _ => {
                 if !prefetch || waiters {
-                    let _ = self.uffd.wake(addr, total as u64);
+                    let _ = self.uffd_of(r, idx).wake(addr, total as u64);
                 }
             }
         }
@@ -600,7 +613,10 @@ impl Shared {
             .min(max)
             .min(self.fill_buf_bytes() / r.folio as usize - 1);
         let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
-        for j in idx + 1..(idx + 1 + window).min(r.nfolios()).min(end_folio) {
+        // A run is filled by one UFFDIO_COPY, which must stay inside one
+        // registration: readahead stops at the shard's end.
+        let end = (idx + 1 + window).min(r.shard_end(idx)).min(end_folio);
+        for j in idx + 1..end {
             if !self.budget.try_charge(r.folio) {
                 break;
             }
@@ -645,14 +661,14 @@ impl Shared {
     fn copy_all(&self, r: &Area, dst: MapRange<'_>, src: &[u8], wp: bool, quiet: bool) -> bool {
         let mut done = 0usize;
         let len = src.len();
+        // Any userfaultfd of the pager may fill a registered range (the run
+        // stays inside one shard's registration); the wake comes later.
+        let uffd = self.uffd_of(r, ((dst.addr() - r.base()) >> r.shift) as usize);
         for _attempt in 0..16 {
             if done >= len {
                 return true;
             }
-            match self
-                .uffd
-                .copy(dst.sub(done, len - done), &src[done..], wp, false)
-            {
+            match uffd.copy(dst.sub(done, len - done), &src[done..], wp, false) {
                 Ok(Fill::Done) => return true,
                 Ok(Fill::Retry { done: d }) => done += d as usize,
                 Ok(Fill::Exists { done: d }) => {
@@ -681,7 +697,7 @@ impl Shared {
     /// Makes an access to claimed folio `idx` raise SIGBUS (EFAULT in a
     /// system call) until the reclaimer clears it. Holds no budget.
     fn poison(&self, r: &Arc<Area>, idx: usize) {
-        let res = self.uffd.poison(r.span(idx, 1));
+        let res = self.uffd_of(r, idx).poison(r.span(idx, 1));
         let poisoned = matches!(res, Ok(Fill::Done));
         if !poisoned {
             log::error!("UFFDIO_POISON failed ({res:?}); the access will fault again");
@@ -692,7 +708,7 @@ impl Shared {
         } else {
             // The POISON did not wake the faulting thread: wake it (and any
             // waiter) so it retries rather than sleeping for ever.
-            let _ = self.uffd.wake(r.folio_addr(idx), r.folio);
+            let _ = self.uffd_of(r, idx).wake(r.folio_addr(idx), r.folio);
         }
         self.lru.add_poisoned(r, idx);
     }

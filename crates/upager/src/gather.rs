@@ -417,7 +417,7 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
         })
         .is_some()
         {
-            let _ = sh.uffd.writeprotect(r.span(i, 1), false, false);
+            let _ = sh.uffd_of(r, i).writeprotect(r.span(i, 1), false, false);
             let prev = folio::release(r.state(i), |s| s.with_kind(Kind::Dirty));
             sh.wake_if_waiter(r, i, prev);
         }
@@ -428,9 +428,10 @@ fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) {
     // Failure leaves pages writable; the write-back that follows may then
     // race with a writer, so treat it as fatal to the invariant: it
     // cannot fail on a live registered range, and the debug build says so.
-    let res = sh
-        .uffd
-        .writeprotect(r.span(first, last + 1 - first), true, true);
+    // Any of the pager's userfaultfds may protect any registered range, and
+    // the range may span shards (the kernel walks its VMAs); protecting
+    // wakes no one.
+    let res = sh.uffds[0].writeprotect(r.span(first, last + 1 - first), true, true);
     debug_assert!(
         res.is_ok(),
         "write-protect of a registered range failed: {res:?}"

@@ -64,6 +64,14 @@ impl Pager {
         if !(1..=64).contains(&cfg.handler_threads) {
             return Err(PagerError::HandlerThreads(cfg.handler_threads));
         }
+        if let Some(n) = cfg.uffd_shards {
+            if !(1..=cfg.handler_threads).contains(&n) {
+                return Err(PagerError::UffdShards {
+                    shards: n,
+                    threads: cfg.handler_threads,
+                });
+            }
+        }
         match &cfg.fault_mode {
             Err(e) => return Err(PagerError::FaultMode(e.clone())),
             Ok(crate::FaultMode::InThread) => {
@@ -100,7 +108,8 @@ impl Pager {
                         if in_thread {
                             s.resolver_main()
                         } else {
-                            s.handler_main()
+                            let shard = i % s.uffds.len();
+                            s.handler_main(shard)
                         }
                     })
                     .map_err(PagerError::Spawn)?,
@@ -356,13 +365,25 @@ impl Pager {
             crate::inthread::install().map_err(MapError::Register)?;
         }
         // Registration is the last step that can fail: if it does, the
-        // mapping is dropped (munmap) before anyone saw its address.
-        sh.uffd
-            .register(&map, true, writable)
-            .map_err(MapError::Register)?;
+        // mapping is dropped (munmap, which ends every registration) before
+        // anyone saw its address. One registration per shard, round-robin
+        // over the pager's userfaultfds from the region's id.
+        let id = sh.next_region_id();
+        let shards = crate::area::Shards::new(nfolios, folio, sh.uffds.len());
+        let shard_first = id as usize % sh.uffds.len();
+        for k in 0..shards.count {
+            let first = k * shards.folios;
+            let n = shards.folios.min(nfolios - first);
+            let range = map.range(first * folio as usize, n * folio as usize);
+            sh.uffds[(shard_first + k) % sh.uffds.len()]
+                .register(range, true, writable)
+                .map_err(MapError::Register)?;
+        }
         let inner = Arc::new(Area {
             touched,
-            id: sh.next_region_id(),
+            shard_folios: shards.folios,
+            shard_first,
+            id,
             states,
             map,
             len,
@@ -413,6 +434,14 @@ impl Pager {
     /// How this pager resolves faults.
     pub fn fault_mode(&self) -> crate::FaultMode {
         self.shared().mode
+    }
+
+    /// How many userfaultfds this pager's faults are queued on
+    /// ([`PagerBuilder::uffd_shards`]; 1 in the in-thread mode).
+    ///
+    /// [`PagerBuilder::uffd_shards`]: crate::PagerBuilder::uffd_shards
+    pub fn uffd_shards(&self) -> usize {
+        self.shared().uffds.len()
     }
 }
 

@@ -217,7 +217,9 @@ impl Region {
                 log::error!("and protecting it failed: {e}; faults there wait");
             }
         }
-        let _ = sh.uffd.wake(r.base(), r.map_len());
+        for uffd in &sh.uffds {
+            let _ = uffd.wake(r.base(), r.map_len());
+        }
         if sh.mode == crate::FaultMode::InThread {
             // In-thread faults on the range now get SIGSEGV, not SIGBUS.
             crate::inthread::unregister(r.id, sh);

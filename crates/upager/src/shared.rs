@@ -37,7 +37,11 @@ use crate::table::RegionTable;
 
 /// State shared by a pager's handles, regions and threads.
 pub(crate) struct Shared {
-    pub uffd: Uffd,
+    /// The userfaultfds regions are registered on: one per shard (handler
+    /// mode; see [`PagerBuilder::uffd_shards`]), one in-thread.
+    ///
+    /// [`PagerBuilder::uffd_shards`]: crate::PagerBuilder::uffd_shards
+    pub uffds: Vec<Uffd>,
     pub pidfd: SelfPidfd,
     pub cfg: PagerBuilder,
     /// How faults are resolved (from `cfg`, checked by the builder).
@@ -136,29 +140,37 @@ impl Ctx {
 impl Shared {
     /// Opens the userfaultfd (with the features upager needs) and the pidfd.
     pub fn new(cfg: PagerBuilder) -> Result<Shared, PagerError> {
-        let uffd = Uffd::open().map_err(|f| PagerError::NoUserfaultfd {
-            device: f.device,
-            syscall: f.syscall,
-        })?;
         let mode = cfg.fault_mode.clone().unwrap_or_default();
         let sigbus = if mode == FaultMode::InThread {
             feature::SIGBUS
         } else {
             0
         };
+        let shards = match mode {
+            FaultMode::InThread => 1,
+            _ => cfg.uffd_shards.unwrap_or(cfg.handler_threads),
+        };
         let want = feature::THREAD_ID | feature::PAGEFAULT_FLAG_WP | feature::POISON | sigbus;
-        let got = uffd.api(want).map_err(PagerError::Api)?;
-        for (bit, name) in [
-            (feature::PAGEFAULT_FLAG_WP, "write-protect faults"),
-            (feature::POISON, "UFFDIO_POISON"),
-            (sigbus, "UFFD_FEATURE_SIGBUS"),
-        ] {
-            if got & bit != bit {
-                return Err(PagerError::MissingFeature(name));
+        let mut uffds = Vec::with_capacity(shards);
+        for _ in 0..shards {
+            let uffd = Uffd::open().map_err(|f| PagerError::NoUserfaultfd {
+                device: f.device,
+                syscall: f.syscall,
+            })?;
+            let got = uffd.api(want).map_err(PagerError::Api)?;
+            for (bit, name) in [
+                (feature::PAGEFAULT_FLAG_WP, "write-protect faults"),
+                (feature::POISON, "UFFDIO_POISON"),
+                (sigbus, "UFFD_FEATURE_SIGBUS"),
+            ] {
+                if got & bit != bit {
+                    return Err(PagerError::MissingFeature(name));
+                }
             }
+            uffds.push(uffd);
         }
         Ok(Shared {
-            uffd,
+            uffds,
             pidfd: SelfPidfd::open().map_err(PagerError::Pidfd)?,
             counters: Counters::default(),
             phases: PhaseClock::default(),
@@ -245,9 +257,21 @@ impl Shared {
                 }
             }
             _ => {
-                let _ = self.uffd.wake(r.folio_addr(idx), r.folio * n as u64);
+                // One UFFDIO_WAKE per shard the folios span.
+                let mut k = idx;
+                while k < idx + n {
+                    let end = r.shard_end(k).min(idx + n);
+                    let len = r.folio * (end - k) as u64;
+                    let _ = self.uffd_of(r, k).wake(r.folio_addr(k), len);
+                    k = end;
+                }
             }
         }
+    }
+
+    /// The userfaultfd folio `idx` of `r` is registered on.
+    pub fn uffd_of(&self, r: &Area, idx: usize) -> &Uffd {
+        &self.uffds[r.shard(idx) % self.uffds.len()]
     }
 
     /// Rings the reclaimer's doorbell (once until it answers).

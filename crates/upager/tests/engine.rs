@@ -912,3 +912,125 @@ fn pinned_folios_stay_resident_until_unpinned() {
     r.unmap().map_err(|(e, _)| e).unwrap();
     assert_eq!(pager.stats().pinned_bytes, 0);
 }
+
+/// Handler mode with the fault queue split over 4 userfaultfds (issue 12,
+/// `uffd_shards`): each region's range is registered in contiguous shards
+/// on different ones (one VMA each), and threads faulting all over several
+/// regions — file regions with 4 KiB and 64 KiB folios, an anonymous one —
+/// under eviction read the right data and get their writes back: no fill
+/// crosses a registration, and no wake goes to a queue the faulting thread
+/// does not sleep on (it would hang; the threads have 60 s). In-thread mode
+/// has one userfaultfd whatever is asked.
+#[test]
+fn faults_over_userfaultfd_shards_all_resolve() {
+    let dir = ram_dir();
+    let uffds = || {
+        open_fds("self")
+            .iter()
+            .filter(|(_, t)| t.contains("userfaultfd"))
+            .count()
+    };
+    let before = uffds();
+    let pager = Pager::builder()
+        .budget(8 * MIB)
+        .handler_threads(4)
+        .uffd_shards(4)
+        .build()
+        .unwrap();
+    let want = if in_thread() { 1 } else { 4 };
+    assert_eq!(pager.uffd_shards(), want);
+    assert_eq!(uffds() - before, want, "userfaultfds opened");
+    let a_path = pattern_file(dir.path(), "a", 16 * MIB, 31);
+    let b_path = pattern_file(dir.path(), "b", 12 * MIB, 32);
+    let a = Arc::new(
+        pager
+            .map_file(&a_path, &MapOptions::new().folio(4096))
+            .unwrap(),
+    );
+    let b = Arc::new(pager.map_file(&b_path, &MapOptions::new()).unwrap());
+    let c = Arc::new(pager.map_anonymous(8 * MIB, &MapOptions::new()).unwrap());
+    // 16 MiB in 4 shards of 4 MiB: 4 mappings in /proc/self/maps (each
+    // registration is a VMA of its own); 12 MiB of 64 KiB folios: shards of
+    // 4 MiB (3 MiB rounded up to 2 MiB multiples), so 3.
+    let vmas = |r: &upager::Region| {
+        let (lo, hi) = (r.as_ptr() as u64, r.as_ptr() as u64 + r.len() as u64);
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                let (s, rest) = l.split_once('-').unwrap();
+                let e = rest.split_once(' ').unwrap().0;
+                let (s, e) = (
+                    u64::from_str_radix(s, 16).unwrap(),
+                    u64::from_str_radix(e, 16).unwrap(),
+                );
+                s >= lo && e <= hi
+            })
+            .count()
+    };
+    if !in_thread() {
+        assert_eq!((vmas(&a), vmas(&b)), (4, 3), "one mapping per shard");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..4u64 {
+        let (a, b, c, tx) = (a.clone(), b.clone(), c.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let mut x = t + 7;
+            let cw = c.len() / 8;
+            for i in 0..40_000u64 {
+                let n = upager_testdata::xorshift64(&mut x);
+                match i % 3 {
+                    0 => {
+                        let w = (n % (a.len() / 8) as u64) as usize;
+                        assert_eq!(a.words()[w].load(Relaxed), word(w as u64 * 8, 31));
+                    }
+                    1 => {
+                        let w = (n % (b.len() / 8) as u64) as usize;
+                        assert_eq!(b.words()[w].load(Relaxed), word(w as u64 * 8, 32));
+                    }
+                    _ => {
+                        // Words of this thread's own (w % 4 == t).
+                        let w = (n % (cw / 4) as u64) as usize * 4 + t as usize;
+                        let v = c.words()[w].load(Relaxed);
+                        assert!(v == 0 || v == word(w as u64 * 8, t), "word {w}: {v:#x}");
+                        c.words()[w].store(word(w as u64 * 8, t), Relaxed);
+                    }
+                }
+            }
+            tx.send(t).unwrap();
+        });
+    }
+    drop(tx);
+    for _ in 0..4 {
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("a faulting thread hung or failed");
+    }
+    let s = pager.stats();
+    assert!(s.evictions > 0 && s.resident_peak_bytes <= 8 * MIB, "{s:?}");
+    for w in (0..c.len() / 8).step_by(4 * 97) {
+        let v = c.words()[w].load(Relaxed);
+        assert!(v == 0 || v == word(w as u64 * 8, 0), "word {w}: {v:#x}");
+    }
+    for r in [a, b, c] {
+        Arc::try_unwrap(r).unwrap().unmap().unwrap();
+    }
+}
+
+#[test]
+fn uffd_shards_outside_one_to_the_handler_threads_are_refused() {
+    for n in [0, 3] {
+        let e = Pager::builder()
+            .handler_threads(2)
+            .uffd_shards(n)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(e, PagerError::UffdShards { shards, threads: 2 } if shards == n),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("1 to the number of handler threads"),
+            "{e}"
+        );
+    }
+}

@@ -239,10 +239,11 @@ fn many_regions_child() {
         t0.elapsed()
     ));
     // Two per distinct file, two for the shared swap file, and the pager's
-    // own three (userfaultfd, pidfd, eventfd).
+    // own: its userfaultfds (one per shard), pidfd and eventfd.
     assert!(
-        fds - fds_before <= 2 * FILES + 2 + 3,
-        "{fds_before} -> {fds}"
+        fds - fds_before <= 2 * FILES + 2 + pager.uffd_shards() + 2,
+        "{fds_before} -> {fds} ({} userfaultfds)",
+        pager.uffd_shards()
     );
     // File regions: the pattern's first word of each folio, checked, then
     // the last word of the region written. Anonymous: two words written.
@@ -287,8 +288,13 @@ fn many_regions_child() {
         open_fds("self").len()
     ));
     assert_eq!(s.resident_bytes, 0);
-    // Every store closed; the pager keeps its own three.
-    assert_eq!(open_fds("self").len(), fds_before + 3, "every store closed");
+    // Every store closed; the pager keeps its own (userfaultfds, pidfd,
+    // eventfd).
+    assert_eq!(
+        open_fds("self").len(),
+        fds_before + pager.uffd_shards() + 2,
+        "every store closed"
+    );
     // The written words reached the files.
     for (f, path) in files.iter().enumerate() {
         let data = std::fs::read(path).unwrap();
@@ -458,7 +464,11 @@ fn a_full_disk_stops_writes_but_not_reads_and_write_backs_back_off() {
     // holds) decayed the delay to nothing during the reads: then at most one
     // more run of 16. Without the back-off: 1.7 million in 2 s.
     assert!(s.writeback_errors - e0 <= 16 * 1024, "{s:?}");
-    assert!(s.writeback_errors < 40_000, "{s:?}");
+    // All of them, the writes before the refusal included: 9-13K alone,
+    // 33-35K with the file's other tests running beside it (1 run in 8
+    // went past the 40K this bound was first; the same with one
+    // userfaultfd), a retry storm millions.
+    assert!(s.writeback_errors < 64 * 1024, "{s:?}");
     assert!(s.resident_peak_bytes <= budget, "{s:?}");
 
     // flush reports the error, again and again, and keeps the data.
