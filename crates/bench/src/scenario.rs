@@ -488,11 +488,14 @@ static MULTI_FAULT: ScenarioSpec = ScenarioSpec {
     doc: "T threads each write-fault their own 2 MiB anonymous area page by page, discard it with \
           MADV_DONTNEED and repeat for D seconds; faults/s for T = 1..2×ncpu, and the latency of a \
           fault (one page in 16 timed). Measures whether the fault path scales with threads or \
-          serialises on an address-space lock, and what one fault costs in each fault mode.",
+          serialises on an address-space lock, and what one fault costs in each fault mode. \
+          `upager handlers 1-uffd`: handler mode with one userfaultfd instead of one per \
+          handler thread (the sharding of issue 12).",
     engines: &[
         "kernel",
         "upager handlers",
         "upager in-thread",
+        "upager handlers 1-uffd",
         "upager locked-lookup",
     ],
     target: "2 threads ≥ 1.6× the faults/s of 1 thread",

@@ -100,6 +100,14 @@ impl UpagerEngine {
             ),
             e("upager 64K", d(), &[Scenario::RandomRead, Scenario::Swap]),
             e(
+                "upager handlers 1-uffd",
+                UpagerConfig {
+                    uffd_shards: Some(1),
+                    ..d()
+                },
+                &[Scenario::MultiFault],
+            ),
+            e(
                 "upager locked-lookup",
                 UpagerConfig {
                     locked_lookup: true,

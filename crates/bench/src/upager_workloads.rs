@@ -43,6 +43,9 @@ pub struct UpagerConfig {
     pub readahead: Option<u64>,
     /// Fault handler threads (`None` = default).
     pub handler_threads: Option<usize>,
+    /// Userfaultfds the fault queue is split over (`None` = the engine's
+    /// default, one per handler thread; issue 12).
+    pub uffd_shards: Option<usize>,
     /// Directory of anonymous regions' swap files (`None` = temp dir).
     pub swap_dir: Option<PathBuf>,
     /// How faults are resolved (issue 12). Always set on the builder, so
@@ -79,6 +82,7 @@ impl Default for UpagerConfig {
             batched_removal: true,
             readahead: None,
             handler_threads: None,
+            uffd_shards: None,
             swap_dir: None,
             fault_mode: FaultMode::Handlers,
         }
@@ -189,6 +193,9 @@ fn pager(budget: u64, c: &UpagerConfig) -> Result<Pager, WorkloadError> {
     }
     if let Some(h) = c.handler_threads {
         b = b.handler_threads(h);
+    }
+    if let Some(n) = c.uffd_shards {
+        b = b.uffd_shards(n);
     }
     if let Some(d) = &c.swap_dir {
         b = b.swap_dir(d);
