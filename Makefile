@@ -32,6 +32,9 @@ install-c:
 	install -d "$(ABS_PREFIX)/include/umap" "$(ABS_PREFIX)/lib/pkgconfig"
 	install -m 644 crates/capi/include/upager.h "$(ABS_PREFIX)/include/upager.h"
 	install -m 644 crates/capi/include/umap/umap.h "$(ABS_PREFIX)/include/umap/umap.h"
+	install -d "$(ABS_PREFIX)/include/umap/store"
+	install -m 644 crates/capi/include/umap/store/Store.hpp crates/capi/include/umap/store/SparseStore.h \
+	    "$(ABS_PREFIX)/include/umap/store/"
 	install -m 755 "$(REL)/libupager.so" "$(ABS_PREFIX)/lib/libupager.so.$(VERSION)"
 	ln -sfn "libupager.so.$(VERSION)" "$(ABS_PREFIX)/lib/libupager.so.0"
 	ln -sfn "libupager.so.0" "$(ABS_PREFIX)/lib/libupager.so"

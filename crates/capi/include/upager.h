@@ -232,6 +232,57 @@ int upager_map_anonymous(upager_t *pager, uint64_t length,
                          const struct upager_map_options *opts,
                          upager_region_t **out);
 
+/* A store of your own: upager pages the region from it and writes the
+ * region back to it through these callbacks (a compressed file, remote
+ * memory, an object store...). Initialise with upager_store_ops_init(),
+ * then set ctx, length, read and (for a writable store) write.
+ *
+ * The callbacks run on upager's threads (fault handlers, the reclaimer, a
+ * resolver thread in the in-thread mode; never in a signal handler),
+ * several at once for different folios: they must be thread-safe. They may
+ * block: the fault that needs the data waits, other faults go on. They
+ * must not touch the region's own memory that is not resident (the fault
+ * would wait for itself), and must not throw (C++) or longjmp out.
+ *
+ *   read     reads up to len bytes at offset into buf (page-aligned);
+ *            returns the bytes read, or a negative errno. A short read is
+ *            asked again for the rest; 0 before `length` is an error. An
+ *            error makes the access that needed the data fail with SIGBUS
+ *            (EFAULT in a system call), as an unreadable file does.
+ *            Required.
+ *   write    writes all len bytes of buf at offset; 0 or a negative errno.
+ *            On error the data stays dirty in memory and upager_flush()
+ *            returns the error. NULL: the store is read-only
+ *            (UPAGER_MAP_WRITE is then refused with -EROFS).
+ *   sync     makes every completed write durable (upager_flush() calls it
+ *            last); 0 or a negative errno. NULL: nothing to do.
+ *   release  called once when no region uses the store any more, also when
+ *            upager_map_store() fails after accepting the struct. NULL:
+ *            nothing to do.
+ *
+ * Offsets are the store's: the region's first byte is at
+ * upager_map_options.offset. */
+struct upager_store_ops {
+    size_t size;       /* sizeof(struct upager_store_ops), set by _init */
+    void *ctx;         /* passed to every callback */
+    uint64_t length;   /* bytes in the store */
+    int64_t (*read)(void *ctx, void *buf, size_t len, uint64_t offset);
+    int (*write)(void *ctx, const void *buf, size_t len, uint64_t offset);
+    int (*sync)(void *ctx);
+    void (*release)(void *ctx);
+};
+
+/* Zeroes *ops and sets ops->size. */
+void upager_store_ops_init(struct upager_store_ops *ops);
+
+/* Maps a region over a store of your own (see struct upager_store_ops):
+ * like upager_map_file() with opts->offset and opts->length in the store.
+ * The struct is copied. -EINVAL for a NULL or uninitialised ops, a NULL
+ * read callback, or the errors of upager_map_file(). */
+int upager_map_store(upager_t *pager, const struct upager_store_ops *ops,
+                     const struct upager_map_options *opts,
+                     upager_region_t **out);
+
 /* First byte of the region (aligned to the folio size); NULL for NULL. */
 void *upager_region_addr(const upager_region_t *region);
 

@@ -9,6 +9,10 @@
 //!   program written for UMap builds against upager by changing only the
 //!   include path and `-lumap` (libumap.so is installed as another name of
 //!   this library).
+//! - [`store`]: stores of the program's own (`struct upager_store_ops`:
+//!   read / write / sync callbacks), for `upager_map_store` and the UMap
+//!   drop-in's C++ `Umap::umap_ex` / `Umap::Store` (header-only, in
+//!   `umap/umap.h` and `umap/store/`).
 //!
 //! # unsafe
 //! This crate is the C ABI boundary: its functions take raw pointers from C.
@@ -31,5 +35,7 @@
 mod error;
 #[allow(unsafe_code)]
 pub mod native;
+#[allow(unsafe_code)]
+pub mod store;
 #[allow(unsafe_code)]
 pub mod umap;

@@ -201,7 +201,7 @@ unsafe fn put<T>(out: *mut *mut T, v: T) -> Result<c_int, Failure> {
     Ok(0)
 }
 
-fn checked_size(got: usize, want: usize, what: &str) -> Result<(), Failure> {
+pub(crate) fn checked_size(got: usize, want: usize, what: &str) -> Result<(), Failure> {
     if got == want {
         Ok(())
     } else {
@@ -416,6 +416,42 @@ pub unsafe extern "C" fn upager_map_file(
         let (h, path, (m, _)) =
             unsafe { (handle(p, "pager")?, c_str(path, "path")?, map_opts(opts)?) };
         let region = h.pager.map_file(path, &m)?;
+        // SAFETY: as above.
+        unsafe {
+            put(
+                out,
+                upager_region_t {
+                    region: Some(region),
+                },
+            )
+        }
+    })
+}
+
+/// `upager_map_store`: maps a store of the program's own callbacks
+/// (`struct upager_store_ops`, see [`crate::store`]).
+///
+/// # Safety
+/// `p` is a live pager handle; `ops` NULL or initialised (its callbacks
+/// and context as upager.h requires); `opts` NULL or initialised; `out`
+/// valid for one pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn upager_map_store(
+    p: *const upager_t,
+    ops: *const crate::store::upager_store_ops,
+    opts: *const upager_map_options,
+    out: *mut *mut upager_region_t,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the pointers meet the contract stated above.
+        let (h, (m, _), store) = unsafe {
+            (
+                handle(p, "pager")?,
+                map_opts(opts)?,
+                crate::store::store_from(ops)?,
+            )
+        };
+        let region = h.pager.map_store(std::sync::Arc::new(store), &m)?;
         // SAFETY: as above.
         unsafe {
             put(

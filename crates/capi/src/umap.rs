@@ -289,12 +289,21 @@ fn catch<T>(what: &str, on_err: T, f: impl FnOnce() -> Result<T, Failure>) -> T 
 
 const UMAP_FAILED: *mut c_void = usize::MAX as *mut c_void;
 
+/// What a umap region pages from.
+enum Source {
+    /// An open file (duplicated).
+    Fd(c_int),
+    /// A store of the program's callbacks (`upager_umap_store`, C++
+    /// `Umap::umap_ex` with a `Umap::Store`).
+    Store(crate::store::CallbackStore),
+}
+
 fn umap_inner(
     addr: *mut c_void,
     length: usize,
     prot: c_int,
     flags: c_int,
-    fd: c_int,
+    source: Source,
     offset: libc::off_t,
 ) -> Result<*mut c_void, Failure> {
     let c = cfg();
@@ -321,7 +330,6 @@ fn umap_inner(
         )));
     }
     let writable = prot & libc::PROT_WRITE != 0;
-    let file = native::dup_fd(fd, writable)?;
     let mut opts = MapOptions::new()
         .writable(writable)
         .folio(c.page_size)
@@ -351,11 +359,20 @@ fn umap_inner(
         // (umap.h), and it overlaps no region of ours.
         opts = opts.at(unsafe { engine::FixedRange::new(start, len) });
     }
-    let region = pager()?.map_open_file(file, &opts)?;
+    let (region, from) = match source {
+        Source::Fd(fd) => {
+            let file = native::dup_fd(fd, writable)?;
+            (pager()?.map_open_file(file, &opts)?, format!("fd {fd}"))
+        }
+        Source::Store(store) => (
+            pager()?.map_store(Arc::new(store), &opts)?,
+            "a store".to_string(),
+        ),
+    };
     let base = region.as_ptr();
     log(
         Level::Debug,
-        &format!("umap(fd {fd}, offset {offset}, length {length}, prot {prot:#x}) = {base:p}"),
+        &format!("umap({from}, offset {offset}, length {length}, prot {prot:#x}) = {base:p}"),
     );
     regions().insert(base as usize, Arc::new(region));
     Ok(base.cast())
@@ -373,7 +390,30 @@ pub extern "C" fn umap(
     offset: libc::off_t,
 ) -> *mut c_void {
     catch("umap", UMAP_FAILED, || {
-        umap_inner(addr, length, prot, flags, fd, offset)
+        umap_inner(addr, length, prot, flags, Source::Fd(fd), offset)
+    })
+}
+
+/// `upager_umap_store`: `umap` over a store of the program's callbacks
+/// instead of a descriptor (what C++ `Umap::umap_ex` with a `Umap::Store`
+/// calls); UMAP_FAILED and errno on failure.
+///
+/// # Safety
+/// `ops` is NULL or an initialised `struct upager_store_ops` whose
+/// callbacks and context meet upager.h's contract.
+#[no_mangle]
+pub unsafe extern "C" fn upager_umap_store(
+    addr: *mut c_void,
+    length: usize,
+    prot: c_int,
+    flags: c_int,
+    ops: *const crate::store::upager_store_ops,
+    offset: libc::off_t,
+) -> *mut c_void {
+    catch("umap_ex", UMAP_FAILED, || {
+        // SAFETY: forwarded contract.
+        let store = unsafe { crate::store::store_from(ops) }?;
+        umap_inner(addr, length, prot, flags, Source::Store(store), offset)
     })
 }
 

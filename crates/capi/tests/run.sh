@@ -31,6 +31,18 @@ build errors "$SRC/errors.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lupager $RPATH
 build stat_names "$SRC/stat_names.c" $(pkg-config --cflags --libs upager) $RPATH
 build fault_mode "$SRC/fault_mode.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fault_mode "$SRC/umap_fault_mode.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
+build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
+build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
+# UMap's C++ API (header-only over the C library): the system's g++.
+CXX=${CXX:-g++}
+CXXFLAGS="-O2 -g -Wall -Wextra -Werror -std=c++17 -pthread"
+buildxx() { # name source link-flags...
+    name=$1; src=$2; shift 2
+    echo "c++ $name: $*"
+    $CXX $CXXFLAGS "$src" -o "$OUT/$name" "$@"
+}
+buildxx umap_store "$SRC/umap_store.cpp" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
+buildxx umap_sparsestore "$SRC/umap_sparsestore.cpp" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 
 # -lumap records the soname of the one library.
 readelf -d "$OUT/umap_rw" | grep -q 'NEEDED.*libupager.so.0' ||
@@ -59,4 +71,11 @@ run env UPAGER_FAULT_MODE=in-thread "$OUT/fault_mode"
 for mode in "" handlers in-thread sigbus; do
     run env UPAGER_FAULT_MODE="$mode" UMAP_BUFSIZE=1024 "$OUT/umap_fault_mode"
 done
+# Stores of the program's own (issue 15): C callbacks (short, failing and
+# blocking stores), UMap's C++ Umap::Store and SparseStore, umapsort's
+# multi-file mode at fixed addresses.
+run "$OUT/store_ops"
+run env UMAP_BUFSIZE=512 "$OUT/umap_store"
+run env UMAP_BUFSIZE=256 "$OUT/umap_sparsestore"
+run env UMAP_BUFSIZE=4096 "$OUT/umap_fixed_sort"
 echo "C tests passed"

@@ -5,8 +5,13 @@
  * upager by changing only the include path and the link flag: the same
  * functions, types, constants and environment variables, linked with -lumap
  * (libumap.so is installed as another name of libupager.so) or -lupager.
- * Only the C API is provided: not UMap's C++ Umap::umap_ex/Store classes
- * nor its client/server (mpumap) functions.
+ * UMap's C++ API is here too: Umap::umap_ex() below, the abstract
+ * Umap::Store in <umap/store/Store.hpp> and Umap::SparseStore in
+ * <umap/store/SparseStore.h>, header-only (inline, over
+ * upager_umap_store()), so -lumap stays the only library and C programs do
+ * not pull in libstdc++. Not provided: UMap's client/server (mpumap)
+ * functions. docs/umap.md lists every UMap entry point with upager's
+ * behaviour.
  *
  * All umap() regions share one process-wide pager, created at the first
  * umap() call from these environment variables (read once, at the first
@@ -150,6 +155,16 @@ void umap_fetch_and_pin(char *paddr, uint64_t size);
 /* 1: regions mapped with PROT_WRITE write back to their files. */
 int umap_has_write_support(void);
 
+struct upager_store_ops; /* <upager.h> */
+
+/* upager's own: umap() over a store of your own callbacks (struct
+ * upager_store_ops in <upager.h>) instead of a descriptor; what C++
+ * Umap::umap_ex() with a Umap::Store calls. The store's offset `offset`
+ * is the region's first byte; ops->length must cover offset + length.
+ * Returns as umap(). */
+void *upager_umap_store(void *addr, size_t length, int prot, int flags,
+                        const struct upager_store_ops *ops, off_t offset);
+
 /* Configuration getters: the values in force (environment or default). */
 long     umapcfg_get_system_page_size(void);            /* bytes */
 uint64_t umapcfg_get_umap_page_size(void);              /* UMAP_PAGESIZE, bytes */
@@ -173,5 +188,35 @@ int      umapcfg_get_evict_high_water_threshold(void);  /* percent */
 
 /* Return value of a failed umap(). */
 #define UMAP_FAILED ((void *)-1)
+
+#ifdef __cplusplus
+#include <upager.h>
+#include <umap/store/Store.hpp>
+
+namespace Umap {
+/* UMap's umap_ex(): with store == nullptr, umap(addr, length, prot, flags,
+ * fd, offset); with a store, the region pages from it: read_from_store()
+ * fills a page, write_to_store() writes a dirty page back (on eviction,
+ * umap_flush() and uunmap()), at the store offset `offset` + the page's
+ * offset in the region. The store must outlive the region (uunmap() it
+ * before deleting the store). Its methods run on upager's threads, several
+ * at once: they must be thread-safe; an exception they throw fails that
+ * page's read (SIGBUS for the access) or write (the data stays dirty, the
+ * flush fails). fd is not used with a store. */
+inline void *umap_ex(void *addr, std::size_t length, int prot, int flags,
+                     int fd, off_t offset, Store *store) {
+    if (store == nullptr)
+        return ::umap(addr, length, prot, flags, fd, offset);
+    struct upager_store_ops ops;
+    upager_store_ops_init(&ops);
+    ops.ctx = store;
+    ops.length = (uint64_t)offset + length;
+    ops.read = &detail::store_read;
+    if (prot & PROT_WRITE)
+        ops.write = &detail::store_write;
+    return ::upager_umap_store(addr, length, prot, flags, &ops, offset);
+}
+} /* namespace Umap */
+#endif /* __cplusplus */
 
 #endif /* _UMAP_H_ */
