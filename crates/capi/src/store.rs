@@ -122,13 +122,12 @@ impl Store for CallbackStore {
         errno_result(i64::from(r), "write").map(|_| ())
     }
     fn sync(&self) -> io::Result<()> {
-        match self.ops.sync {
-            // SAFETY: the callback's contract: takes the context, returns.
-            Some(sync) => {
-                errno_result(i64::from(unsafe { sync(self.ops.ctx) }), "sync").map(|_| ())
-            }
-            None => Ok(()),
-        }
+        let Some(sync) = self.ops.sync else {
+            return Ok(());
+        };
+        // SAFETY: the callback's contract: takes the context, returns.
+        let r = unsafe { sync(self.ops.ctx) };
+        errno_result(i64::from(r), "sync").map(|_| ())
     }
 }
 
