@@ -32,6 +32,7 @@ build stat_names "$SRC/stat_names.c" $(pkg-config --cflags --libs upager) $RPATH
 build fault_mode "$SRC/fault_mode.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fault_mode "$SRC/umap_fault_mode.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
+build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 # UMap's C++ API (header-only over the C library): the system's g++.
 CXX=${CXX:-g++}
@@ -78,4 +79,6 @@ run "$OUT/store_ops"
 run env UMAP_BUFSIZE=512 "$OUT/umap_store"
 run env UMAP_BUFSIZE=256 "$OUT/umap_sparsestore"
 run env UMAP_BUFSIZE=4096 "$OUT/umap_fixed_sort"
+# The engine's own memory: start, growth and shrink, overhead_bytes.
+run env UMAP_BUFSIZE=4096 "$OUT/footprint"
 echo "C tests passed"

@@ -482,6 +482,27 @@ impl AlignedBuf {
     fn mapped_len(&self) -> usize {
         self.len.max(1).next_multiple_of(PAGE_SIZE)
     }
+
+    /// Gives the memory of the buffer from byte `off` (rounded up to a page)
+    /// back to the system: it reads as zeros again and is resident only once
+    /// touched (`MADV_DONTNEED`). The buffer's length does not change.
+    pub fn release_from(&mut self, off: usize) {
+        let start = off.next_multiple_of(PAGE_SIZE);
+        if start >= self.mapped_len() {
+            return;
+        }
+        // SAFETY: [ptr + start, ptr + mapped_len) lies inside this buffer's
+        // own private anonymous mapping, and &mut self means no slice of it
+        // is borrowed; DONTNEED only replaces its contents with zeros.
+        let r = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(start).cast(),
+                self.mapped_len() - start,
+                libc::MADV_DONTNEED,
+            )
+        };
+        debug_assert_eq!(r, 0, "madvise(DONTNEED) of an own mapping");
+    }
 }
 
 impl std::ops::Deref for AlignedBuf {

@@ -164,6 +164,15 @@ impl Area {
         }
     }
 
+    /// Bytes of this region's folio tables that may be resident: the touched
+    /// bitmap and the state words of the chunks ever touched.
+    pub fn table_bytes(&self) -> u64 {
+        let chunks: u64 = (0..self.touched.len())
+            .map(|w| u64::from(self.touched[w].load(Ordering::Relaxed).count_ones()))
+            .sum();
+        self.touched.len() as u64 * 8 + (chunks * CHUNK as u64 * 8).min(self.nfolios() as u64 * 8)
+    }
+
     /// Folio indexes of the chunks that were ever touched.
     pub fn touched_folios(&self) -> impl Iterator<Item = usize> + '_ {
         let n = self.nfolios();

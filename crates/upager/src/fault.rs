@@ -101,6 +101,8 @@ impl Shared {
                     std::thread::yield_now();
                 }
                 Ok(0) => {
+                    // Idle: give back what a readahead run grew the buffer to.
+                    self.shrink_ctx(&mut ctx);
                     let _ = upager_sys::io::poll_fds(
                         [own.as_fd(), next.as_fd(), self.stop_fd().as_fd()],
                         Duration::from_millis(200),
@@ -139,6 +141,9 @@ impl Shared {
         while let Ok(req) = rx.recv() {
             self.prefetch_one(&mut ctx, req);
             self.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
+            if self.prefetch_pending.load(Ordering::Acquire) == 0 {
+                self.shrink_ctx(&mut ctx);
+            }
         }
     }
 
@@ -417,6 +422,7 @@ impl Shared {
             r.mark_touched(idx + k);
         }
         let total = n * folio as usize;
+        self.note_buf_use(ctx, total);
         let buf = &mut ctx.buf[..total];
         if self.read_folios(r, idx, old, buf).is_err() {
             if ctx.in_signal {

@@ -263,6 +263,7 @@ impl Shared {
                 served = true;
             }
             if !served {
+                self.shrink_ctx(&mut ctx);
                 futex::wait(&self.handoff.bell, seen, Some(Duration::from_millis(200)));
             }
         }

@@ -416,6 +416,7 @@ impl Pager {
         s.dirty_bytes = sh.budget.dirty();
         s.pinned_bytes = sh.budget.pinned();
         s.evicted_markers = crate::advice::count_markers(sh.table.all().iter());
+        s.overhead_bytes = sh.overhead_bytes();
         s
     }
 

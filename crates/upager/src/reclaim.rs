@@ -309,7 +309,11 @@ impl Shared {
     /// limit, and clears poisoned folios whose hold time has passed.
     pub(crate) fn reclaimer_main(self: Arc<Self>) {
         while !self.stopping() {
-            self.wait_for_kick(Duration::from_millis(50));
+            if !self.wait_for_kick(Duration::from_millis(50)) {
+                // A quiet period: SIGBUS handlers' scratch spaces that a
+                // readahead run grew give the memory back.
+                self.shrink_sig_ctxs();
+            }
             if self.cfg.background_reclaim {
                 while self.budget.above_low() && !self.stopping() {
                     if self.evict_batch(Mode::Background) == 0 {
