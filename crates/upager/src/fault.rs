@@ -51,6 +51,11 @@ use crate::config::FaultMode;
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED, SEQ_MASK};
 use crate::shared::{Ctx, Shared};
 
+/// How long a handler, resolver or prefetch thread waits for work before
+/// it checks for shutdown; a thread that waited this long without work
+/// gives back the part of its fill buffer a readahead run grew.
+pub(crate) const IDLE: Duration = Duration::from_millis(200);
+
 /// Longest wait of an in-thread fault on a BUSY folio before it retries
 /// (its owner wakes it sooner: this bounds a missed wake).
 const BUSY_WAIT: Duration = Duration::from_millis(20);
@@ -101,12 +106,16 @@ impl Shared {
                     std::thread::yield_now();
                 }
                 Ok(0) => {
-                    // Idle: give back what a readahead run grew the buffer to.
-                    self.shrink_ctx(&mut ctx);
-                    let _ = upager_sys::io::poll_fds(
+                    let ready = upager_sys::io::poll_fds(
                         [own.as_fd(), next.as_fd(), self.stop_fd().as_fd()],
-                        Duration::from_millis(200),
+                        IDLE,
                     );
+                    if matches!(ready, Ok([false, false, false])) {
+                        // Idle for a while: give back what a readahead run
+                        // grew the buffer to (not between the faults of a
+                        // scan: it would be zeroed again at the next fill).
+                        self.shrink_ctx(&mut ctx);
+                    }
                 }
                 Ok(_) => {
                     for m in &msgs {
@@ -138,11 +147,14 @@ impl Shared {
         rx: std::sync::mpsc::Receiver<crate::shared::PrefetchRequest>,
     ) {
         let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
-        while let Ok(req) = rx.recv() {
-            self.prefetch_one(&mut ctx, req);
-            self.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
-            if self.prefetch_pending.load(Ordering::Acquire) == 0 {
-                self.shrink_ctx(&mut ctx);
+        loop {
+            match rx.recv_timeout(IDLE) {
+                Ok(req) => {
+                    self.prefetch_one(&mut ctx, req);
+                    self.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => self.shrink_ctx(&mut ctx),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
             }
         }
     }

@@ -262,9 +262,10 @@ impl Shared {
                 futex::wake(&slot.state, 1);
                 served = true;
             }
-            if !served {
+            if !served && !futex::wait(&self.handoff.bell, seen, Some(crate::fault::IDLE)) {
+                // Idle for a while: give back what a readahead run grew the
+                // buffer to.
                 self.shrink_ctx(&mut ctx);
-                futex::wait(&self.handoff.bell, seen, Some(Duration::from_millis(200)));
             }
         }
     }

@@ -308,11 +308,17 @@ impl Shared {
     /// down to the low watermark, cleans dirty folios down to half the dirty
     /// limit, and clears poisoned folios whose hold time has passed.
     pub(crate) fn reclaimer_main(self: Arc<Self>) {
+        let mut quiet = Duration::ZERO;
         while !self.stopping() {
-            if !self.wait_for_kick(Duration::from_millis(50)) {
-                // A quiet period: SIGBUS handlers' scratch spaces that a
-                // readahead run grew give the memory back.
-                self.shrink_sig_ctxs();
+            if self.wait_for_kick(Duration::from_millis(50)) {
+                quiet = Duration::ZERO;
+            } else {
+                quiet += Duration::from_millis(50);
+                if quiet == crate::fault::IDLE {
+                    // Quiet for a while: the SIGBUS handlers' scratch
+                    // spaces that a readahead run grew give it back.
+                    self.shrink_sig_ctxs();
+                }
             }
             if self.cfg.background_reclaim {
                 while self.budget.above_low() && !self.stopping() {
