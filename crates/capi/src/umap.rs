@@ -345,18 +345,30 @@ fn umap_inner(
                 c.page_size
             )));
         }
-        if let Some((b, r)) = regions().iter().find(|(b, r)| {
-            **b as u64 + (r.len() as u64).next_multiple_of(r.folio_size()) > start
-                && (**b as u64) < start + len
-        }) {
-            return Err(Failure::inval(format!(
-                "UMAP_FIXED range {addr:p}+{len:#x} overlaps the region at {:#x} ({} bytes): uunmap it first",
-                b,
-                r.len()
-            )));
+        // Regions of ours in the range are replaced, as MAP_FIXED replaces
+        // mappings: umapsort's multi-file mode umaps its base file, then
+        // maps each file with UMAP_FIXED over part of it. A region only
+        // partly inside is unmapped whole (its dirty data written back
+        // first; MAP_FIXED would keep the rest mapped).
+        let overlapping: Vec<usize> = regions()
+            .iter()
+            .filter(|(b, r)| {
+                **b as u64 + (r.len() as u64).next_multiple_of(r.folio_size()) > start
+                    && (**b as u64) < start + len
+            })
+            .map(|(b, _)| *b)
+            .collect();
+        for b in overlapping {
+            log(
+                Level::Warning,
+                &format!(
+                    "umap: UMAP_FIXED range {addr:p}+{len:#x} replaces the umap region at {b:#x}: it is written back and unmapped whole"
+                ),
+            );
+            unmap_region(b as *mut c_void, 0)?;
         }
         // SAFETY: UMAP_FIXED hands the range over, as MAP_FIXED does
-        // (umap.h), and it overlaps no region of ours.
+        // (umap.h), and no region of ours is left in it.
         opts = opts.at(unsafe { engine::FixedRange::new(start, len) });
     }
     let (region, from) = match source {
@@ -421,7 +433,13 @@ pub unsafe extern "C" fn upager_umap_store(
 /// and errno (the region then stays mapped).
 #[no_mangle]
 pub extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
-    catch("uunmap", -1, || {
+    catch("uunmap", -1, || unmap_region(addr, length))
+}
+
+/// [`uunmap`]'s work: the region at `addr` written back and unmapped
+/// (`length` 0: not checked).
+fn unmap_region(addr: *mut c_void, length: usize) -> Result<c_int, Failure> {
+    {
         let key = addr as usize;
         let Some(mut r) = regions().remove(&key) else {
             return Err(Failure::inval(format!(
@@ -453,7 +471,7 @@ pub extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
                 Err(e.into())
             }
         }
-    })
+    }
 }
 
 /// Flushes every umap region; the first error wins.

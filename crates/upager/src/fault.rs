@@ -49,12 +49,7 @@ use upager_sys::uffd::{Fill, Msg};
 use crate::area::Area;
 use crate::config::FaultMode;
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED, SEQ_MASK};
-use crate::shared::{Ctx, Shared};
-
-/// How long a handler, resolver or prefetch thread waits for work before
-/// it checks for shutdown; a thread that waited this long without work
-/// gives back the part of its fill buffer a readahead run grew.
-pub(crate) const IDLE: Duration = Duration::from_millis(200);
+use crate::shared::{Ctx, Shared, IDLE};
 
 /// Longest wait of an in-thread fault on a BUSY folio before it retries
 /// (its owner wakes it sooner: this bounds a missed wake).

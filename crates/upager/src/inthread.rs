@@ -262,7 +262,7 @@ impl Shared {
                 futex::wake(&slot.state, 1);
                 served = true;
             }
-            if !served && !futex::wait(&self.handoff.bell, seen, Some(crate::fault::IDLE)) {
+            if !served && !futex::wait(&self.handoff.bell, seen, Some(crate::shared::IDLE)) {
                 // Idle for a while: give back what a readahead run grew the
                 // buffer to.
                 self.shrink_ctx(&mut ctx);

@@ -314,7 +314,7 @@ impl Shared {
                 quiet = Duration::ZERO;
             } else {
                 quiet += Duration::from_millis(50);
-                if quiet == crate::fault::IDLE {
+                if quiet == crate::shared::IDLE {
                     // Quiet for a while: the SIGBUS handlers' scratch
                     // spaces that a readahead run grew give it back.
                     self.shrink_sig_ctxs();

@@ -130,6 +130,11 @@ pub(crate) struct Ctx {
 /// grows with work and shrinks back after it (counter `overhead_bytes`).
 pub(crate) const CTX_KEEP: usize = 64 << 10;
 
+/// How long a handler, resolver or prefetch thread waits for work before
+/// it checks for shutdown; a thread that waited this long without work
+/// gives back the part of its fill buffer a readahead run grew.
+pub(crate) const IDLE: Duration = Duration::from_millis(200);
+
 /// What one engine thread costs besides its scratch space, as
 /// `overhead_bytes` counts it: its stack and its allocator arena as far as
 /// they are touched. Measured (2026-11-24, glibc 2.36, Linux 6.18): the

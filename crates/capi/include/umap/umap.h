@@ -86,8 +86,12 @@
  *     It must be open O_RDWR for PROT_WRITE (else EACCES).
  *   - UMAP_FIXED maps at `addr` (a multiple of UMAP_PAGESIZE), replacing
  *     [addr, addr + length rounded up to UMAP_PAGESIZE) as MAP_FIXED does;
- *     several regions may sit side by side in one reservation. A hint
- *     `addr` without UMAP_FIXED is ignored, as UMap's mmap would.
+ *     several regions may sit side by side in one reservation. umap()
+ *     regions in that range are replaced: each is written back and
+ *     unmapped whole, also one only partly inside (MAP_FIXED would keep
+ *     its rest mapped; a WARNING says so) - what umapsort's multi-file
+ *     mode needs (it maps its files over a umap() of its base file). A
+ *     hint `addr` without UMAP_FIXED is ignored, as UMap's mmap would.
  *   - umap_fetch_and_pin() pins at most half of UMAP_BUFSIZE (see below).
  *
  * fork(): regions are not inherited by children, and a child of a process
@@ -117,7 +121,7 @@ extern "C" {
  * with errno: EINVAL (bad prot/flags/length/offset/page size, range past
  * the end of the file), EBADF (fd not open), EACCES (fd not readable, or
  * not writable with PROT_WRITE), EINVAL also for a UMAP_FIXED address that
- * is unaligned or whose range overlaps another umap() region, EPERM (no
+ * is unaligned, the errno of writing back a umap() region it replaces, EPERM (no
  * access to /dev/userfaultfd), ENOMEM (no address space). */
 void *umap(void *addr, size_t length, int prot, int flags, int fd,
            off_t offset);

@@ -1,9 +1,13 @@
-/* umapsort's multi-file mode through umap/umap.h (issue 15): reserve
- * 64 MiB of address space, map two 32 MiB files of random 64-bit keys at
- * fixed addresses side by side in it (UMAP_FIXED), sort the 64 MiB as one
- * array with qsort under a buffer of 1/4 of it (UMAP_BUFSIZE from the
- * harness), flush, unmap; the files then hold the sorted keys, none lost
- * (same sum and xor), first file's keys all <= the second's. */
+/* umapsort's multi-file mode through umap/umap.h (issue 15), as umapsort
+ * does it: umap a 64 MiB base file to get the address range, then map two
+ * 32 MiB files of random 64-bit keys with UMAP_FIXED side by side over it
+ * (each replaces the regions in its range, as MAP_FIXED does: the base
+ * region is written back and unmapped), sort the 64 MiB as one array with
+ * qsort under a buffer of 1/4 of it (UMAP_BUFSIZE from the harness),
+ * flush, unmap; the files then hold the sorted keys, none lost (same sum
+ * and xor), the first file's keys all <= the second's; the word written
+ * to the base region before it was replaced reached the base file; a
+ * fixed range that is not page-aligned is refused. */
 #include "common.h"
 
 #include <sys/mman.h>
@@ -42,18 +46,29 @@ int main(void) {
     uint64_t budget = umapcfg_get_max_pages_in_buffer() * umapcfg_get_umap_page_size();
     CHECK(budget * 4 <= 2 * half, "UMAP_BUFSIZE too large for this test");
 
-    /* The reservation, as umapsort makes it. */
-    char *base = mmap(NULL, 2 * half, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(base != MAP_FAILED, "reserve");
+    /* The range, as umapsort gets it: a umap of its base file. */
+    char basepath[256];
+    snprintf(basepath, sizeof basepath, "%s/upager-sort-base-%d", scratch_dir(), getpid());
+    make_file(basepath, 2 * half);
+    int fbase = open(basepath, O_RDWR);
+    CHECK(fbase >= 0, "open base");
+    char *base = umap(NULL, 2 * half, PROT_READ | PROT_WRITE, UMAP_PRIVATE, fbase, 0);
+    CHECK(base != UMAP_FAILED, "umap base: %s", strerror(errno));
+    ((volatile uint64_t *)base)[12345] = 0xB0B0;
     int fa = open(a, O_RDWR), fb = open(b, O_RDWR);
     CHECK(fa >= 0 && fb >= 0, "open");
+    CHECK(umap(base + 4096 + 8, half, PROT_READ, UMAP_PRIVATE | UMAP_FIXED, fa, 0) ==
+              UMAP_FAILED && errno == EINVAL, "an unaligned fixed address was accepted");
     void *ra = umap(base, half, PROT_READ | PROT_WRITE, UMAP_PRIVATE | UMAP_FIXED, fa, 0);
     void *rb = umap(base + half, half, PROT_READ | PROT_WRITE, UMAP_PRIVATE | UMAP_FIXED, fb, 0);
     CHECK(ra == base && rb == base + half, "fixed maps at %p: %p %p (%s)",
           (void *)base, ra, rb, strerror(errno));
-    /* Overlapping the first region is refused. */
-    CHECK(umap(base + MIB, MIB, PROT_READ, UMAP_PRIVATE | UMAP_FIXED, fa, 0) ==
-              UMAP_FAILED && errno == EINVAL, "overlap accepted");
+    /* The base region was written back when it was replaced. */
+    uint64_t word = 0;
+    CHECK(pread(fbase, &word, 8, 12345 * 8) == 8 && word == 0xB0B0,
+          "the base region's write was lost: %#" PRIx64, word);
+    close(fbase);
+    unlink(basepath);
 
     qsort(base, 2 * half / 8, 8, cmp);
     CHECK(umap_flush() == 0, "umap_flush: %s", strerror(errno));
@@ -82,7 +97,6 @@ int main(void) {
     }
     free(buf);
     CHECK(s2 == sum && x2 == xr, "keys lost or changed by the sort");
-    munmap(base, 2 * half);
     printf("umap_fixed_sort: ok (2 x 32 MiB at fixed addresses in one "
            "reservation, sorted under a %" PRIu64 " MiB buffer)\n", budget / MIB);
     return 0;

@@ -86,9 +86,9 @@ int main(int argc, char **argv) {
                         UMAP_PRIVATE | UMAP_FIXED, fd, 0);
     CHECK((char *)h0 == at, "UMAP_FIXED 1: %p %s", (void *)h0,
           upager_last_error());
-    CHECK(umap(at + psize, half, PROT_READ, UMAP_PRIVATE | UMAP_FIXED, fd,
+    CHECK(umap(at + psize / 2, half, PROT_READ, UMAP_PRIVATE | UMAP_FIXED, fd,
                0) == UMAP_FAILED && errno == EINVAL,
-          "an overlapping UMAP_FIXED is refused");
+          "an unaligned UMAP_FIXED is refused");
     uint64_t *h1 = umap(at + half, half, PROT_READ, UMAP_PRIVATE | UMAP_FIXED,
                         fd, half);
     CHECK((char *)h1 == at + half, "UMAP_FIXED 2: %s", upager_last_error());
