@@ -350,6 +350,42 @@ impl PyPager {
 /// `memoryview(region)`), writable for "r+" and anonymous regions.
 /// close() refuses with BufferError while arrays or memoryviews over the
 /// region exist; delete them (or let them go) first.
+/// A pinned range of a region (`Region.pin`): unpinned by `unpin()` or at
+/// the end of a `with` block.
+#[pyclass(module = "upager", name = "Pin", frozen)]
+struct PyPin {
+    pinned: Mutex<Option<(Arc<Region>, u64, u64)>>,
+}
+
+#[pymethods]
+impl PyPin {
+    /// Unpins the range (the folios become evictable again); a second call
+    /// does nothing.
+    fn unpin(&self, py: Python<'_>) -> PyResult<()> {
+        let Some((r, o, l)) = lock(&self.pinned).take() else {
+            return Ok(());
+        };
+        py.allow_threads(move || r.unpin(o, l)).map_err(engine_err)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.unpin(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        match &*lock(&self.pinned) {
+            Some((_, o, l)) => format!("<upager.Pin offset={o} length={l}>"),
+            None => "<upager.Pin unpinned>".into(),
+        }
+    }
+}
+
 #[pyclass(module = "upager", name = "Region", frozen)]
 struct PyRegion {
     region: Mutex<Option<Arc<Region>>>,
@@ -597,6 +633,31 @@ impl PyRegion {
             .map_err(engine_err)
     }
 
+    /// Pins the range: makes it resident (write=True: writable, as write
+    /// faults would) and keeps it so until unpinned, so it can be passed to
+    /// system calls in either fault mode and is never evicted meanwhile.
+    /// Returns a `Pin`, a context manager that unpins on exit:
+    /// `with region.pin(0, 1 << 20): f.write(memoryview(region)[:1 << 20])`.
+    /// Pinned bytes count against the budget; at most half of it can be
+    /// pinned (beyond that: OSError ENOMEM, nothing pinned).
+    #[pyo3(signature = (offset=0, length=None, *, write=false))]
+    fn pin(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        length: Option<u64>,
+        write: bool,
+    ) -> PyResult<PyPin> {
+        let (o, l) = self.span(offset, length)?;
+        let r = self.get()?;
+        let held = r.clone();
+        py.allow_threads(move || r.pin(o, l, write))
+            .map_err(engine_err)?;
+        Ok(PyPin {
+            pinned: Mutex::new(Some((held, o, l))),
+        })
+    }
+
     /// Drops the range's contents (like MADV_DONTNEED): anonymous memory
     /// reads as zero again; a file range is read from the file again.
     /// Writes not yet flushed or evicted in the range are lost.
@@ -689,6 +750,7 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     upager::log_to_stderr();
     m.add_class::<PyPager>()?;
     m.add_class::<PyRegion>()?;
+    m.add_class::<PyPin>()?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
     m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;

@@ -72,6 +72,7 @@ from ._upager import (
     FAULT_MODES,
     STAT_NAMES,
     Pager,
+    Pin,
     Region,
     __version__,
     parse_size,
@@ -79,6 +80,7 @@ from ._upager import (
 
 __all__ = [
     "Pager",
+    "Pin",
     "Region",
     "PagedArray",
     "open_array",
