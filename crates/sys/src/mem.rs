@@ -479,6 +479,55 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
+    /// A zeroed buffer of `len` bytes (a multiple of 2 MiB) aligned to
+    /// 2 MiB and advised `MADV_HUGEPAGE`: touching it faults in transparent
+    /// huge pages where the kernel has them (a staging area for huge
+    /// folios). None if no memory could be mapped.
+    pub fn huge(len: usize) -> Option<AlignedBuf> {
+        const HUGE: usize = 2 << 20;
+        assert!(
+            len > 0 && len.is_multiple_of(HUGE),
+            "huge buffers are whole 2 MiB pages"
+        );
+        // SAFETY: a fresh private anonymous mapping at an address the kernel
+        // chooses; no existing memory is affected.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len + HUGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        let base = raw as usize;
+        let start = base.next_multiple_of(HUGE);
+        // SAFETY: the head [base, start) and the tail [start + len, base +
+        // len + HUGE) are parts of the mapping just made, not referenced by
+        // anything; what stays is [start, start + len).
+        unsafe {
+            if start > base {
+                libc::munmap(base as *mut libc::c_void, start - base);
+            }
+            let tail = base + len + HUGE - (start + len);
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+            libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+        let ptr = NonNull::new(start as *mut u8).expect("mmap never returns 0 here");
+        Some(AlignedBuf { ptr, len })
+    }
+
+    /// First byte's address.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
     fn mapped_len(&self) -> usize {
         self.len.max(1).next_multiple_of(PAGE_SIZE)
     }

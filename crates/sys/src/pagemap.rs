@@ -27,6 +27,17 @@ pub mod category {
     pub const SWAPPED: u64 = k::PAGE_IS_SWAPPED as u64;
     /// Page was written since write protection (uffd-wp) was set.
     pub const WRITTEN: u64 = k::PAGE_IS_WRITTEN as u64;
+    /// Page is part of a huge page (PMD-mapped THP or hugetlb).
+    pub const HUGE: u64 = k::PAGE_IS_HUGE as u64;
+}
+
+/// Whether all of `[addr, addr + len)` is present and mapped by huge pages
+/// (`PAGEMAP_SCAN`).
+pub fn is_huge(pagemap: &File, addr: u64, len: u64) -> io::Result<bool> {
+    let mut out = Vec::with_capacity(4);
+    let both = category::PRESENT | category::HUGE;
+    pagemap_scan(pagemap, addr, addr + len, both, both, &mut out)?;
+    Ok(out.len() == 1 && out[0].start == addr && out[0].end == addr + len)
 }
 
 /// Reads `/proc/self/pagemap` entries for `[addr, addr+len)` into `out` (one

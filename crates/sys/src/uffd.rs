@@ -22,9 +22,23 @@ const UFFDIO: u32 = 0xAA;
 /// from `/dev/userfaultfd`, which is allowed to handle kernel-mode faults.
 const USERFAULTFD_IOC_NEW: u32 = ioc(IOC_NONE, UFFDIO, 0x00, 0);
 /// `UFFDIO_POISON` (Linux 6.6), missing from 6.1 headers.
-const UFFDIO_POISON: u32 = ioc(IOC_READ_WRITE, UFFDIO, 0x08, size_of::<k::uffdio_poison>());
+const UFFDIO_POISON: u32 = ioc(
+    IOC_READ_WRITE,
+    UFFDIO,
+    k::_UFFDIO_POISON,
+    size_of::<k::uffdio_poison>(),
+);
 /// `UFFDIO_MOVE` (Linux 6.8), missing from 6.1 headers.
-const UFFDIO_MOVE: u32 = ioc(IOC_READ_WRITE, UFFDIO, 0x05, size_of::<k::uffdio_move>());
+const UFFDIO_MOVE: u32 = ioc(
+    IOC_READ_WRITE,
+    UFFDIO,
+    k::_UFFDIO_MOVE,
+    size_of::<k::uffdio_move>(),
+);
+/// `UFFDIO_MOVE_MODE_DONTWAKE`: not exported by linux-raw-sys 0.12 (its
+/// bindgen drops the uapi's `((__u64)1<<0)` macros) nor by libc; the uapi
+/// gives it the bit of `UFFDIO_COPY_MODE_DONTWAKE`, which is exported.
+const UFFDIO_MOVE_MODE_DONTWAKE: u64 = k::UFFDIO_COPY_MODE_DONTWAKE as u64;
 
 /// `UFFDIO_WRITEPROTECT_MODE_WP` (not exported by linux-raw-sys).
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
@@ -238,8 +252,10 @@ impl Uffd {
     }
 
     /// `UFFDIO_WRITEPROTECT`: `protect` sets, otherwise clears write
-    /// protection over the range (clearing wakes waiters unless `!wake`).
-    /// Each call that changes a present page costs one TLB flush.
+    /// protection over the range (clearing wakes waiters unless `!wake`;
+    /// setting never wakes, and the kernel refuses DONTWAKE with it, so
+    /// `wake` is ignored then). Each call that changes a present page costs
+    /// one TLB flush.
     pub fn writeprotect(&self, r: MapRange<'_>, protect: bool, wake: bool) -> io::Result<()> {
         let (start, len) = (r.addr(), r.len());
         let mut mode = if protect {
@@ -247,7 +263,7 @@ impl Uffd {
         } else {
             0
         };
-        if !wake {
+        if !wake && !protect {
             mode |= UFFDIO_WRITEPROTECT_MODE_DONTWAKE;
         }
         let mut wp = k::uffdio_writeprotect {
@@ -299,6 +315,36 @@ impl Uffd {
         };
         // SAFETY: `m` is a valid uffdio_move; both ranges are parts of
         // Mappings (atomic views only), the destination registered here.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
+        fill_outcome(r, m.move_)
+    }
+
+    /// `UFFDIO_MOVE` of `src[off..off + dst.len()]` (anonymous pages of an
+    /// engine-owned buffer, e.g. a staged huge page) into `dst`, without
+    /// waking. A PMD-mapped transparent huge page moves whole when both
+    /// sides are 2 MiB-aligned and the destination has no page table there;
+    /// otherwise the kernel splits it and moves base pages. The moved part of
+    /// `src` reads as zeros afterwards.
+    pub fn move_in(
+        &self,
+        dst: MapRange<'_>,
+        src: &mut crate::mem::AlignedBuf,
+        off: usize,
+    ) -> io::Result<Fill> {
+        assert!(off
+            .checked_add(dst.len() as usize)
+            .is_some_and(|e| e <= src.len()));
+        let mut m = k::uffdio_move {
+            dst: dst.addr(),
+            src: src.addr() + off as u64,
+            len: dst.len(),
+            mode: UFFDIO_MOVE_MODE_DONTWAKE,
+            move_: 0,
+        };
+        // SAFETY: `m` is a valid uffdio_move; the destination is part of a
+        // Mapping (atomic views only) and `src` is borrowed mutably, so no
+        // slice of the pages that leave it is alive; what is left there is
+        // unmapped anonymous memory, which reads as zeros.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
         fill_outcome(r, m.move_)
     }

@@ -429,9 +429,27 @@ impl Shared {
             r.mark_touched(idx + k);
         }
         let total = n * folio as usize;
-        self.note_buf_use(ctx, total);
-        let buf = &mut ctx.buf[..total];
-        if self.read_folios(r, idx, old, buf).is_err() {
+        let quiet = ctx.in_signal;
+        // A 2 MiB folio is read into a staged huge page and moved in whole
+        // (thp.rs); without one it is copied as base pages.
+        let mut staged = if folio == crate::thp::HUGE && n == 1 && self.thp.usable() {
+            let s = self.thp.take();
+            if s.is_none() {
+                self.counters.thp_fill_fallback.inc();
+            }
+            s
+        } else {
+            None
+        };
+        let read = match staged.as_mut() {
+            Some(st) => self.read_folios(r, idx, old, &mut st.buf[..]),
+            None => {
+                self.note_buf_use(ctx, total);
+                self.read_folios(r, idx, old, &mut ctx.buf[..total])
+            }
+        };
+        if read.is_err() {
+            drop(staged);
             if ctx.in_signal {
                 return self.fill_undo(r, idx, old, extras, true);
             }
@@ -442,8 +460,10 @@ impl Shared {
         self.lap(&mut ctx.mark, &self.phases.read);
         let now = self.evict_seq.load(Ordering::Relaxed);
         let addr = r.folio_addr(idx);
-        let quiet = ctx.in_signal;
-        let ok = if write {
+        let ok = if let Some(st) = staged.as_mut() {
+            self.install_huge(r, idx, st, write, quiet)
+        } else if write {
+            let buf = &ctx.buf[..total];
             self.copy_all(r, r.span(idx, 1), &buf[..folio as usize], false, quiet)
                 && (extras.is_empty()
                     || self.copy_all(
@@ -454,8 +474,9 @@ impl Shared {
                         quiet,
                     ))
         } else {
-            self.copy_all(r, r.span(idx, n), buf, r.writable, quiet)
+            self.copy_all(r, r.span(idx, n), &ctx.buf[..total], r.writable, quiet)
         };
+        drop(staged);
         if !ok {
             // Drop whatever part of the run was installed before giving up.
             let _ = self.pidfd.dontneed(&[r.span(idx, n)]);
@@ -666,6 +687,62 @@ impl Shared {
         buf[got..].fill(0);
         self.counters.bytes_read.add(got as u64);
         Ok(())
+    }
+
+    /// Installs claimed 2 MiB folio `idx` from staged huge page `st`
+    /// (holding its data): one `UFFDIO_MOVE` of the whole PMD, then, for a
+    /// read fill of a writable region, write-protect it (CLEAN) before
+    /// anyone is woken. A move the kernel refuses (or makes partly) is
+    /// finished by copying the rest from the staged page. False if the
+    /// folio could not be installed.
+    fn install_huge(
+        &self,
+        r: &Area,
+        idx: usize,
+        st: &mut crate::thp::Staged,
+        write: bool,
+        quiet: bool,
+    ) -> bool {
+        let uffd = self.uffd_of(r, idx);
+        let span = r.span(idx, 1);
+        let wp = !write && r.writable;
+        let len = span.len() as usize;
+        // The fault left an empty page table under the folio (the kernel
+        // allocates it before it raises a missing fault on a range that may
+        // not hold huge pages): drop it (CONFIG_PT_RECLAIM frees empty page
+        // tables on MADV_DONTNEED), so the huge page moves in as one PMD
+        // instead of being split into base pages.
+        let _ = self.pidfd.dontneed(&[span]);
+        let mut done = match uffd.move_in(span, &mut st.buf, 0) {
+            Ok(Fill::Done) => len,
+            Ok(Fill::Retry { done } | Fill::Exists { done }) => done as usize,
+            Err(_) => 0,
+        };
+        if done > 0 {
+            // The staged page left (all or part of it): its charge goes
+            // back, the fill's own charge covers the folio.
+            st.ready = false;
+            self.budget.uncharge(crate::thp::HUGE);
+            self.kick_reclaimer();
+        }
+        // A read fill of a writable region is CLEAN: write-protected before
+        // anyone can write (the move woke no one). If that fails the folio
+        // must not be published CLEAN (a write would be lost): give up.
+        if done > 0 && wp && uffd.writeprotect(span.sub(0, done), true, false).is_err() {
+            let _ = self.pidfd.dontneed(&[span]);
+            return false;
+        }
+        if done == len {
+            self.counters.thp_fills.inc();
+            return true;
+        }
+        self.counters.thp_fill_fallback.inc();
+        // What did not move is still in the staged buffer (what moved reads
+        // as zeros there now): copy the rest, write-protected if need be.
+        if self.copy_all(r, span.sub(done, len - done), &st.buf[done..], wp, quiet) {
+            done = len;
+        }
+        done == len
     }
 
     /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. False if the

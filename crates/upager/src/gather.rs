@@ -357,11 +357,14 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     let seq_end = sh.evict_seq.fetch_add(pages, Ordering::Relaxed) + pages;
     let mut bytes = 0u64;
     let n = kept.len();
+    let mut huge = 0u64;
     for (v, new_slot) in kept {
         bytes += v.region.folio;
+        huge += u64::from(v.region.folio == crate::thp::HUGE);
         evict_one(sh, &v, new_slot, seq_end);
     }
     sh.budget.uncharge(bytes);
+    sh.counters.thp_evictions.add(huge);
     sh.counters.evictions.add(n as u64);
     sh.counters.evict_batches.inc();
     match mode {

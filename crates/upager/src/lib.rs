@@ -23,7 +23,9 @@
 //!    (one call per span of dirty folios), then written back.
 //! 2. **A fault path without locks** ([`table`](crate::table),
 //!    [`folio`](crate::folio)): lock-free region lookup, CAS on per-folio state.
-//! 3. **Folios as one unit**: one read, one `UFFDIO_COPY`, one state update.
+//! 3. **Folios as one unit**: one read, one `UFFDIO_COPY`, one state update;
+//!    2 MiB folios enter the view as one huge page moved in from a staged
+//!    one ([`thp`](crate::thp)).
 //! 4. **Batched removal under one lock** ([`lru`](crate::lru),
 //!    [`store`](crate::store)): a batch is isolated from the LRU, and gets
 //!    its swap slots, under one lock acquisition each.
@@ -67,6 +69,7 @@ mod shared;
 mod stats;
 mod store;
 mod table;
+mod thp;
 
 pub use advice::Residency;
 pub use config::{
@@ -112,8 +115,8 @@ mod tests {
     /// The engine's modules, lowest layer first: each may use only the ones
     /// before it.
     const LAYERS: &[&str] = &[
-        "config", "error", "folio", "stats", "store", "budget", "area", "table", "lru", "shared",
-        "gather", "reclaim", "fault", "inthread", "region", "advice", "pager",
+        "config", "error", "folio", "stats", "store", "budget", "area", "table", "lru", "thp",
+        "shared", "gather", "reclaim", "fault", "inthread", "region", "advice", "pager",
     ];
 
     /// The engine's modules form the DAG that lib.rs lists and

@@ -399,6 +399,11 @@ impl Pager {
             wb_backoff: crate::area::Backoff::default(),
             pins: Mutex::new(std::collections::HashMap::new()),
         });
+        if folio == crate::thp::HUGE {
+            // Until its teardown: the reclaimer stages huge pages for it.
+            sh.thp.want();
+            sh.kick_reclaimer();
+        }
         sh.table.insert(Arc::clone(&inner));
         if sh.mode == crate::FaultMode::InThread {
             crate::inthread::register(sh, &inner);

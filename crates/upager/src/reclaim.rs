@@ -310,6 +310,8 @@ impl Shared {
     pub(crate) fn reclaimer_main(self: Arc<Self>) {
         let mut quiet = Duration::ZERO;
         while !self.stopping() {
+            // Huge pages staged for 2 MiB fills, off the fault path.
+            self.thp.refill(&self.budget);
             if self.wait_for_kick(Duration::from_millis(50)) {
                 quiet = Duration::ZERO;
             } else {

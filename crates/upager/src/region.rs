@@ -246,6 +246,9 @@ impl Region {
         }
         sh.budget.uncharge(resident);
         sh.dirty_sub(r, dirty);
+        if r.folio == crate::thp::HUGE {
+            sh.thp.unwant(&sh.budget);
+        }
         let pinned = r
             .pins
             .lock()

@@ -63,6 +63,8 @@ pub(crate) struct Shared {
     /// In-thread mode: scratch spaces for SIGBUS handlers (taken with
     /// `try_lock`, never waited for).
     pub sig_ctxs: Vec<Mutex<Ctx>>,
+    /// Staged huge pages for 2 MiB folios.
+    pub thp: crate::thp::ThpPool,
     /// Bytes of fill buffers grown beyond [`CTX_KEEP`] (gauge).
     buf_grown: AtomicU64,
     kick: Kick,
@@ -119,9 +121,9 @@ pub(crate) struct Ctx {
     /// Running in a SIGBUS handler: only async-signal-safe steps; anything
     /// else is handed to a resolver thread.
     pub in_signal: bool,
-    /// A fill used more of `buf` than [`CTX_KEEP`] since the buffer was
-    /// last shrunk ([`Shared::shrink_ctx`]).
-    pub grown: bool,
+    /// Bytes of `buf` fills may have touched since it was last shrunk
+    /// ([`Shared::shrink_ctx`]); at least [`CTX_KEEP`].
+    pub high: usize,
 }
 
 /// Bytes of a fill buffer kept resident when its thread is idle: a default
@@ -156,7 +158,7 @@ impl Ctx {
             extras: Vec::with_capacity(folios),
             mark: None,
             in_signal,
-            grown: false,
+            high: CTX_KEEP,
         }
     }
 }
@@ -174,14 +176,20 @@ impl Shared {
             FaultMode::InThread => 1,
             _ => cfg.uffd_shards.unwrap_or(cfg.handler_threads),
         };
-        let want = feature::THREAD_ID | feature::PAGEFAULT_FLAG_WP | feature::POISON | sigbus;
+        let want = feature::THREAD_ID
+            | feature::PAGEFAULT_FLAG_WP
+            | feature::POISON
+            | feature::MOVE
+            | sigbus;
         let mut uffds = Vec::with_capacity(shards);
+        let mut can_move = true;
         for _ in 0..shards {
             let uffd = Uffd::open().map_err(|f| PagerError::NoUserfaultfd {
                 device: f.device,
                 syscall: f.syscall,
             })?;
             let got = uffd.api(want).map_err(PagerError::Api)?;
+            can_move &= got & feature::MOVE != 0;
             for (bit, name) in [
                 (feature::PAGEFAULT_FLAG_WP, "write-protect faults"),
                 (feature::POISON, "UFFDIO_POISON"),
@@ -205,6 +213,7 @@ impl Shared {
             evict_seq: AtomicU64::new(0),
             prefetch_pending: AtomicU64::new(0),
             buf_grown: AtomicU64::new(0),
+            thp: crate::thp::ThpPool::new(can_move),
             kick: Kick::default(),
             stop: AtomicBool::new(false),
             stop_fd: upager_sys::io::EventFd::new().map_err(PagerError::EventFd)?,
@@ -294,24 +303,24 @@ impl Shared {
         }
     }
 
-    /// A fill is about to use `bytes` of `ctx`'s buffer: counts the growth
-    /// beyond [`CTX_KEEP`] once. Async-signal-safe.
+    /// A fill is about to use `bytes` of `ctx`'s buffer: counts what it
+    /// touches beyond what was touched before. Async-signal-safe.
     pub fn note_buf_use(&self, ctx: &mut Ctx, bytes: usize) {
-        if bytes > CTX_KEEP && !ctx.grown {
-            ctx.grown = true;
+        if bytes > ctx.high {
             self.buf_grown
-                .fetch_add((ctx.buf.len() - CTX_KEEP) as u64, Ordering::Relaxed);
+                .fetch_add((bytes - ctx.high) as u64, Ordering::Relaxed);
+            ctx.high = bytes;
         }
     }
 
     /// Gives back the part of an idle thread's fill buffer beyond
     /// [`CTX_KEEP`], if a fill used it.
     pub fn shrink_ctx(&self, ctx: &mut Ctx) {
-        if ctx.grown {
+        if ctx.high > CTX_KEEP {
             ctx.buf.release_from(CTX_KEEP);
-            ctx.grown = false;
             self.buf_grown
-                .fetch_sub((ctx.buf.len() - CTX_KEEP) as u64, Ordering::Relaxed);
+                .fetch_sub((ctx.high - CTX_KEEP) as u64, Ordering::Relaxed);
+            ctx.high = CTX_KEEP;
         }
     }
 
