@@ -32,12 +32,33 @@ pub mod category {
 }
 
 /// Whether all of `[addr, addr + len)` is present and mapped by huge pages
-/// (`PAGEMAP_SCAN`).
+/// (`PAGEMAP_SCAN`). Allocates nothing (async-signal-safe).
 pub fn is_huge(pagemap: &File, addr: u64, len: u64) -> io::Result<bool> {
-    let mut out = Vec::with_capacity(4);
     let both = category::PRESENT | category::HUGE;
-    pagemap_scan(pagemap, addr, addr + len, both, both, &mut out)?;
-    Ok(out.len() == 1 && out[0].start == addr && out[0].end == addr + len)
+    let mut vec = [k::page_region {
+        start: 0,
+        end: 0,
+        categories: 0,
+    }; 2];
+    let mut arg = k::pm_scan_arg {
+        size: size_of::<k::pm_scan_arg>() as u64,
+        flags: 0,
+        start: addr,
+        end: addr + len,
+        walk_end: 0,
+        vec: vec.as_mut_ptr() as u64,
+        vec_len: vec.len() as u64,
+        max_pages: 0,
+        category_inverted: 0,
+        category_mask: both,
+        category_anyof_mask: 0,
+        return_mask: both,
+    };
+    // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at 2 live
+    // page_region entries on this stack that the kernel fills; the scanned
+    // range is only inspected.
+    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())?;
+    Ok(n == 1 && vec[0].start == addr && vec[0].end == addr + len)
 }
 
 /// Reads `/proc/self/pagemap` entries for `[addr, addr+len)` into `out` (one

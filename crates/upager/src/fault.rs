@@ -433,7 +433,7 @@ impl Shared {
         // A 2 MiB folio is read into a staged huge page and moved in whole
         // (thp.rs); without one it is copied as base pages.
         let mut staged = if folio == crate::thp::HUGE && n == 1 && self.thp.usable() {
-            let s = self.thp.take();
+            let s = self.thp.take(&self.budget);
             if s.is_none() {
                 self.counters.thp_fill_fallback.inc();
             }
@@ -442,7 +442,13 @@ impl Shared {
             None
         };
         let read = match staged.as_mut() {
-            Some(st) => self.read_folios(r, idx, old, &mut st.buf[..]),
+            // Never-written anonymous memory is zeros: a fresh staged page
+            // is zeros already.
+            Some(st) if st.fresh && r.store_offset(idx, old).is_none() => Ok(()),
+            Some(st) => {
+                st.fresh = false;
+                self.read_folios(r, idx, old, &mut st.buf[..])
+            }
             None => {
                 self.note_buf_use(ctx, total);
                 self.read_folios(r, idx, old, &mut ctx.buf[..total])

@@ -43,6 +43,8 @@ pub(crate) struct Staged {
     pub buf: AlignedBuf,
     /// The buffer holds a huge page charged to the budget.
     pub ready: bool,
+    /// Its contents are the kernel's zeros (staged, not yet read into).
+    pub fresh: bool,
 }
 
 /// The pool of staged huge pages of a pager.
@@ -67,7 +69,13 @@ impl ThpPool {
         }
         let slots: Vec<_> = (0..SLOTS)
             .filter_map(|_| AlignedBuf::huge(HUGE as usize))
-            .map(|buf| Mutex::new(Staged { buf, ready: false }))
+            .map(|buf| {
+                Mutex::new(Staged {
+                    buf,
+                    ready: false,
+                    fresh: false,
+                })
+            })
             .collect();
         ThpPool {
             slots,
@@ -95,12 +103,47 @@ impl ThpPool {
         !self.slots.is_empty()
     }
 
-    /// A ready staged huge page, if one is free now. Async-signal-safe.
-    pub fn take(&self) -> Option<MutexGuard<'_, Staged>> {
-        self.slots
-            .iter()
-            .filter_map(|s| s.try_lock().ok())
-            .find(|s| s.ready)
+    /// A ready staged huge page, if one is free now; else, when `budget`
+    /// has room, one staged here and now (the kernel allocates and zeroes
+    /// it: ~0.1-0.2 ms, against 0.6-0.7 ms for copying 2 MiB as base
+    /// pages), if the pagemap is open already. Async-signal-safe (slots
+    /// are only tried; the check allocates nothing).
+    pub fn take(&self, budget: &Budget) -> Option<MutexGuard<'_, Staged>> {
+        let mut empty = None;
+        for slot in &self.slots[..self.slots_for(budget)] {
+            let Ok(s) = slot.try_lock() else {
+                continue;
+            };
+            if s.ready {
+                return Some(s);
+            }
+            empty.get_or_insert(s);
+        }
+        let mut s = empty?;
+        let pagemap = self.pagemap.get()?.as_ref()?;
+        self.stage(&mut s, pagemap, budget).then_some(s)
+    }
+
+    /// Stages a huge page in empty slot `s`: charge, touch, check. False
+    /// (nothing charged or kept) if the budget is full or the kernel gave
+    /// base pages.
+    fn stage(&self, s: &mut Staged, pagemap: &File, budget: &Budget) -> bool {
+        if !budget.try_charge(HUGE) {
+            return false;
+        }
+        // The first touch of the aligned 2 MiB allocates (and zeroes) a
+        // huge page where the kernel has one free.
+        s.buf[0] = 0;
+        if upager_sys::pagemap::is_huge(pagemap, s.buf.addr(), HUGE).unwrap_or(false) {
+            s.ready = true;
+            s.fresh = true;
+            true
+        } else {
+            // Fragmented memory: base pages. Give them back; fills copy.
+            s.buf.release_from(0);
+            budget.uncharge(HUGE);
+            false
+        }
     }
 
     /// Stages huge pages in the empty slots while the budget has room;
@@ -115,35 +158,26 @@ impl ThpPool {
         else {
             return 0;
         };
-        // Staged pages use at most an eighth of the budget (none below
-        // 16 MiB): fills must always find room to reserve their folio.
-        let slots = ((budget.limit() / (8 * HUGE)) as usize).min(self.slots.len());
         let mut staged = 0;
-        for slot in &self.slots[..slots] {
+        for slot in &self.slots[..self.slots_for(budget)] {
             let Ok(mut s) = slot.try_lock() else {
                 continue;
             };
             if s.ready {
                 continue;
             }
-            if !budget.try_charge(HUGE) {
+            if !self.stage(&mut s, pagemap, budget) {
                 break;
             }
-            // The first touch of the aligned 2 MiB allocates (and zeroes) a
-            // huge page where the kernel has one free.
-            s.buf[0] = 0;
-            let addr = s.buf.addr();
-            if upager_sys::pagemap::is_huge(pagemap, addr, HUGE).unwrap_or(false) {
-                s.ready = true;
-                staged += 1;
-            } else {
-                // Fragmented memory: base pages. Give them back; fills copy.
-                s.buf.release_from(0);
-                budget.uncharge(HUGE);
-                break;
-            }
+            staged += 1;
         }
         staged
+    }
+
+    /// Slots in use: staged pages take at most an eighth of the budget
+    /// (none below 16 MiB), so fills always find room for their folio.
+    fn slots_for(&self, budget: &Budget) -> usize {
+        ((budget.limit() / (8 * HUGE)) as usize).min(self.slots.len())
     }
 
     /// Gives back the staged pages and their budget.
