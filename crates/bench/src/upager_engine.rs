@@ -100,6 +100,15 @@ impl UpagerEngine {
             ),
             e("upager 64K", d(), &[Scenario::RandomRead, Scenario::Swap]),
             e(
+                "upager 2M",
+                UpagerConfig {
+                    folio_kb: 2048,
+                    writable: true,
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ),
+            e(
                 "upager handlers 1-uffd",
                 UpagerConfig {
                     uffd_shards: Some(1),

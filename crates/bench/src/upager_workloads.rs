@@ -46,6 +46,9 @@ pub struct UpagerConfig {
     /// Userfaultfds the fault queue is split over (`None` = the engine's
     /// default, one per handler thread; issue 12).
     pub uffd_shards: Option<usize>,
+    /// Map data files read-write (nothing is written): 2 MiB folios become
+    /// huge pages only in writable regions (issue 13).
+    pub writable: bool,
     /// Directory of anonymous regions' swap files (`None` = temp dir).
     pub swap_dir: Option<PathBuf>,
     /// How faults are resolved (issue 12). Always set on the builder, so
@@ -83,6 +86,7 @@ impl Default for UpagerConfig {
             readahead: None,
             handler_threads: None,
             uffd_shards: None,
+            writable: false,
             swap_dir: None,
             fault_mode: FaultMode::Handlers,
         }
@@ -204,7 +208,9 @@ fn pager(budget: u64, c: &UpagerConfig) -> Result<Pager, WorkloadError> {
 }
 
 fn opts(c: &UpagerConfig) -> MapOptions {
-    MapOptions::new().folio(c.folio_kb * 1024)
+    MapOptions::new()
+        .folio(c.folio_kb * 1024)
+        .writable(c.writable)
 }
 
 /// Run one upager job in this process (the worker).

@@ -431,8 +431,14 @@ impl Shared {
         let total = n * folio as usize;
         let quiet = ctx.in_signal;
         // A 2 MiB folio is read into a staged huge page and moved in whole
-        // (thp.rs); without one it is copied as base pages.
-        let mut staged = if folio == crate::thp::HUGE && n == 1 && self.thp.usable() {
+        // (thp.rs); without one it is copied as base pages. Read-only
+        // regions copy: UFFDIO_MOVE moves only between writable mappings
+        // (EINVAL otherwise).
+        let huge = folio == crate::thp::HUGE && n == 1 && self.thp.usable();
+        if huge && !r.writable {
+            self.counters.thp_fill_fallback.inc();
+        }
+        let mut staged = if huge && r.writable {
             let s = self.thp.take(&self.budget);
             if s.is_none() {
                 self.counters.thp_fill_fallback.inc();

@@ -11,7 +11,10 @@
 //! `PAGEMAP_SCAN` that it got one, and charges it to the budget (staged
 //! pages are resident memory). A fill that finds no staged page, or whose
 //! move is refused, copies base pages as before and counts
-//! `thp_fill_fallback`; it never fails for want of a huge page. Staged
+//! `thp_fill_fallback`; it never fails for want of a huge page. Only
+//! writable regions get huge pages: the kernel moves pages only between
+//! writable mappings (`validate_move_areas`), and a read-only region's view
+//! is `PROT_READ` (its 2 MiB fills copy and count as fallbacks). Staged
 //! pages use at most an eighth of the budget (one per 16 MiB, at most 2;
 //! none under 16 MiB).
 //!
@@ -169,9 +172,26 @@ impl ThpPool {
             if !self.stage(&mut s, pagemap, budget) {
                 break;
             }
+            if self.wanted.load(Ordering::Acquire) == 0 {
+                // The last 2 MiB region went while this page was staged: its
+                // drain may have passed this slot already. (A drain that
+                // comes later waits for this lock and sees the page.)
+                Self::give_back(&mut s, budget);
+                break;
+            }
             staged += 1;
         }
         staged
+    }
+
+    /// Frees a staged page and its charge, if the slot holds one.
+    fn give_back(s: &mut Staged, budget: &Budget) {
+        if s.ready {
+            s.buf.release_from(0);
+            s.ready = false;
+            s.fresh = false;
+            budget.uncharge(HUGE);
+        }
     }
 
     /// Slots in use: staged pages take at most an eighth of the budget
@@ -184,11 +204,7 @@ impl ThpPool {
     fn drain(&self, budget: &Budget) {
         for slot in &self.slots {
             let mut s = slot.lock().unwrap_or_else(|e| e.into_inner());
-            if s.ready {
-                s.buf.release_from(0);
-                s.ready = false;
-                budget.uncharge(HUGE);
-            }
+            Self::give_back(&mut s, budget);
         }
     }
 }
