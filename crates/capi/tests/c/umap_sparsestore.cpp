@@ -15,16 +15,7 @@
 #include <umap/umap.h>
 #include <umap/store/SparseStore.h>
 
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            std::fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__,    \
-                         __LINE__, #cond);                                 \
-            std::fprintf(stderr, __VA_ARGS__);                             \
-            std::fprintf(stderr, "\n");                                    \
-            std::exit(1);                                                  \
-        }                                                                  \
-    } while (0)
+#include "common.hpp"
 
 static uint64_t value(uint64_t i) { return (i + 3) * 0xD1B54A32D192ED03ull; }
 
