@@ -528,6 +528,20 @@ impl AlignedBuf {
         self.ptr.as_ptr() as u64
     }
 
+    /// The buffer as atomic 64-bit words (benchmarks read plain memory the
+    /// way they read a region's).
+    pub fn atomic_words(&mut self) -> &[std::sync::atomic::AtomicU64] {
+        // SAFETY: the buffer is page-aligned, owned, and borrowed mutably
+        // for the returned lifetime, so viewing its first len/8 words as
+        // atomics aliases nothing; AtomicU64 has u64's size and alignment.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr.as_ptr().cast::<std::sync::atomic::AtomicU64>(),
+                self.len / 8,
+            )
+        }
+    }
+
     fn mapped_len(&self) -> usize {
         self.len.max(1).next_multiple_of(PAGE_SIZE)
     }
