@@ -57,6 +57,23 @@ def test_in_place_updates_over_8x_the_budget(data64):
     gc.collect()
 
 
+def test_two_mib_folios_are_huge_pages(data64):
+    """folio="2MiB" (issue 13): a writable array's 2 MiB folios are moved
+    into the view as huge pages (thp_fills), and updates reach the file."""
+    path, words = data64
+    a = upager.open_array(path, np.uint64, words.shape, mode="r+", budget=32 * MIB, folio="2MiB")
+    a[::512] += np.uint64(1)
+    a.flush()
+    want = words.copy()
+    want[::512] += np.uint64(1)
+    assert np.array_equal(np.fromfile(path, dtype=np.uint64), want)
+    s = a.pager_stats()
+    assert s["thp_fills"] > 0 and s["thp_fills"] + s["thp_fill_fallback"] == s["fills"], s
+    assert s["resident_peak_bytes"] <= 32 * MIB
+    del a
+    gc.collect()
+
+
 def test_threads_share_a_region(data64):
     """numpy releases the GIL; faults are served without it."""
     path, words = data64

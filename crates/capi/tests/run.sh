@@ -59,6 +59,8 @@ run "$OUT/native_rw_static"
 run env UMAP_BUFSIZE=2048 UMAP_PAGE_FILLERS=2 "$OUT/umap_rw" 64 4
 # 64 KiB pages, with readahead pinned to 4 pages.
 run env UMAP_PAGESIZE=65536 UMAP_BUFSIZE=128 UMAP_READ_AHEAD=4 "$OUT/umap_rw" 64 4
+# 2 MiB pages (issue 13: huge pages in the view), a 32 MiB buffer.
+run env UMAP_PAGESIZE=2097152 UMAP_BUFSIZE=16 "$OUT/umap_rw" 64 2
 # A buffer of 4 pages (16 KiB), which crashes UMap: still correct, in budget.
 run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
 # Whole file in the buffer (nothing evicted): only the atexit flush saves it.

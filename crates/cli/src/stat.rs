@@ -3,6 +3,8 @@
 //! markers counted. One character per group of folios; the character is
 //! the group's most urgent state: `#` dirty, `+` clean, `~` busy,
 //! `.` evicted (contents in the store: the marker), space never touched.
+//! With 2 MiB folios it also says how much of the region the view maps
+//! with huge pages (`Region::huge_bytes`).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -70,8 +72,12 @@ fn show(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let pic = picture(r, a.width * a.lines)?;
     let s = pager.stats();
+    let huge = match r.huge_bytes()? {
+        0 => String::new(),
+        h => format!(", {} of it huge pages in the view", format_size(h)),
+    };
     println!(
-        "{step}: resident {} of {}, markers {} folios",
+        "{step}: resident {}{huge} of {}, markers {} folios",
         format_size(s.resident_bytes),
         format_size(s.budget_bytes),
         s.evicted_markers

@@ -116,6 +116,24 @@ impl Region {
         Ok(out)
     }
 
+    /// Bytes of the region the view maps with huge pages now (2 MiB folios
+    /// moved in whole; `PAGEMAP_SCAN`): 0 for other folio sizes, and for
+    /// folios that were copied in as base pages (`thp_fill_fallback`).
+    pub fn huge_bytes(&self) -> std::io::Result<u64> {
+        let r = &self.inner;
+        if r.folio != crate::thp::HUGE {
+            return Ok(0);
+        }
+        let pagemap = std::fs::File::open("/proc/self/pagemap")?;
+        let mut huge = 0;
+        for idx in r.touched_folios() {
+            if upager_sys::pagemap::is_huge(&pagemap, r.folio_addr(idx), r.folio)? {
+                huge += r.folio;
+            }
+        }
+        Ok(huge)
+    }
+
     /// `mincore(2)`-shaped residency: one byte per 4 KiB page of the range,
     /// bit 0 set when the page is in memory.
     pub fn mincore(&self, offset: u64, len: u64) -> Result<Vec<u8>, RangeError> {
