@@ -68,7 +68,7 @@ pub(crate) struct Shards {
 
 impl Shards {
     pub fn new(nfolios: usize, folio: u64, uffds: usize) -> Shards {
-        let align = ((2 << 20) / folio).max(1) as usize;
+        let align = (crate::config::MAX_FOLIO / folio).max(1) as usize;
         let folios = nfolios
             .div_ceil(uffds.max(1))
             .next_multiple_of(align)
@@ -213,6 +213,21 @@ impl Area {
     /// cross it (a userfaultfd fill must stay inside one registration).
     pub fn shard_end(&self, idx: usize) -> usize {
         ((idx / self.shard_folios + 1) * self.shard_folios).min(self.nfolios())
+    }
+    /// Folios `[idx, idx + n)` cut at shard boundaries, as `(first, count)`
+    /// runs: each run is registered on one userfaultfd, so the calls that
+    /// wake or protect it go to that one.
+    pub fn shard_runs(&self, idx: usize, n: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let end = idx + n;
+        let mut k = idx;
+        std::iter::from_fn(move || {
+            (k < end).then(|| {
+                let run_end = self.shard_end(k).min(end);
+                let run = (k, run_end - k);
+                k = run_end;
+                run
+            })
+        })
     }
     pub fn folio_addr(&self, idx: usize) -> u64 {
         self.base() + ((idx as u64) << self.shift)

@@ -741,8 +741,7 @@ impl Shared {
         // anyone can write (the move woke no one). If that fails the folio
         // must not be published CLEAN (a write would be lost): give up.
         if done > 0 && wp && uffd.writeprotect(span.sub(0, done), true, false).is_err() {
-            let _ = self.pidfd.dontneed(&[span]);
-            return false;
+            return false; // the caller drops what was installed
         }
         if done == len {
             self.counters.thp_fills.inc();

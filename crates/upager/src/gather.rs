@@ -431,15 +431,16 @@ fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) {
     // Failure leaves pages writable; the write-back that follows may then
     // race with a writer, so treat it as fatal to the invariant: it
     // cannot fail on a live registered range, and the debug build says so.
-    // Any of the pager's userfaultfds may protect any registered range, and
-    // the range may span shards (the kernel walks its VMAs); protecting
-    // wakes no one.
-    let res = sh.uffds[0].writeprotect(r.span(first, last + 1 - first), true, true);
-    debug_assert!(
-        res.is_ok(),
-        "write-protect of a registered range failed: {res:?}"
-    );
-    sh.counters.tlb_flush_batches.inc();
+    // Each shard's part on the userfaultfd it is registered on (a span
+    // crosses a shard boundary rarely: one call more then).
+    for (k, m) in r.shard_runs(first, last + 1 - first) {
+        let res = sh.uffd_of(r, k).writeprotect(r.span(k, m), true, true);
+        debug_assert!(
+            res.is_ok(),
+            "write-protect of a registered range failed: {res:?}"
+        );
+        sh.counters.tlb_flush_batches.inc();
+    }
 }
 
 /// Writes one region's share of a batch to its store: all at once

@@ -292,12 +292,8 @@ impl Shared {
             }
             _ => {
                 // One UFFDIO_WAKE per shard the folios span.
-                let mut k = idx;
-                while k < idx + n {
-                    let end = r.shard_end(k).min(idx + n);
-                    let len = r.folio * (end - k) as u64;
-                    let _ = self.uffd_of(r, k).wake(r.folio_addr(k), len);
-                    k = end;
+                for (k, m) in r.shard_runs(idx, n) {
+                    let _ = self.uffd_of(r, k).wake(r.folio_addr(k), r.folio * m as u64);
                 }
             }
         }

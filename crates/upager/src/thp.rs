@@ -35,8 +35,8 @@ use upager_sys::mem::AlignedBuf;
 
 use crate::budget::Budget;
 
-/// The folio size filled by moving a huge page.
-pub(crate) const HUGE: u64 = 2 << 20;
+/// The folio size filled by moving a huge page: the largest folio, one PMD.
+pub(crate) const HUGE: u64 = crate::config::MAX_FOLIO;
 
 /// Staged huge pages kept ready.
 const SLOTS: usize = 2;

@@ -1034,3 +1034,46 @@ fn uffd_shards_outside_one_to_the_handler_threads_are_refused() {
         );
     }
 }
+
+/// A flush whose write-protect span crosses a shard boundary protects both
+/// shards' parts (each on its own userfaultfd): writes after the flush to
+/// folios on either side fault once each, become dirty again and reach the
+/// file at the next flush (no lost write).
+#[test]
+fn writes_after_a_flush_across_shards_are_tracked_and_written_back() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 8 * MIB, 35);
+    let pager = Pager::builder()
+        .budget(32 * MIB)
+        .handler_threads(2)
+        .uffd_shards(2)
+        .build()
+        .unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(4096).writable(true))
+        .unwrap();
+    // 48 dirty folios around the boundary at 4 MiB (folio 1024), then one
+    // flush: one write-protect span across it.
+    for f in 1000..1048 {
+        r.words()[f * 512].store(1, Relaxed);
+    }
+    r.flush().unwrap();
+    let before = pager.stats().faults_wp;
+    let (lo, hi) = (1001 * 512 + 8, 1040 * 512 + 8); // shard 0 and shard 1
+    r.words()[lo].store(0xA, Relaxed);
+    r.words()[hi].store(0xB, Relaxed);
+    let s = pager.stats();
+    if !in_thread() {
+        assert_eq!(pager.uffd_shards(), 2);
+    }
+    assert_eq!(
+        s.faults_wp - before,
+        2,
+        "a folio was left writable by the flush: {s:?}"
+    );
+    r.flush().unwrap();
+    let data = std::fs::read(&path).unwrap();
+    assert_eq!(upager_testdata::word_at(&data, lo * 8), 0xA);
+    assert_eq!(upager_testdata::word_at(&data, hi * 8), 0xB);
+    r.unmap().unwrap();
+}
