@@ -12,6 +12,9 @@ command -v losetup >/dev/null || need_apt+=(mount)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v readelf >/dev/null || need_apt+=(binutils)
 command -v mkswap >/dev/null || need_apt+=(util-linux)
+# The Redis Cluster store's tests and scripts/redis-cluster.sh (issue 14).
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root to install ${need_apt[*]}" >&2; exit 1; fi
