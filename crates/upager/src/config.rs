@@ -332,6 +332,15 @@ impl MapOptions {
         self.at = Some(range);
         self
     }
+    /// The folio size set ([`MapOptions::folio`]), for stores that check
+    /// it against their own unit before mapping.
+    pub fn folio_bytes(&self) -> u64 {
+        self.folio
+    }
+    /// Whether a read-write mapping is asked for ([`MapOptions::writable`]).
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
 }
 
 /// Parses a size like `4096`, `64K`, `64KiB`, `512M`, `2G`, `1.5G`

@@ -83,7 +83,7 @@ pub use error::{
 pub use pager::Pager;
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};
-pub use store::{FileStore, Src, Store, SwapFile, Write, Written};
+pub use store::{FileStore, ReadReq, Src, Store, SwapFile, Write, Written};
 pub use upager_sys::mem::FixedRange;
 
 /// Sends the engine's log messages (warnings and errors: a write-back that

@@ -272,6 +272,37 @@ impl Pager {
         self.map_inner(swap, Some(slots), 0, len, &opts.clone().writable(true))
     }
 
+    /// Maps `len` bytes of anonymous memory that swaps to `store` instead of
+    /// the pager's swap file (far memory: a network store). Zero on first
+    /// touch; a folio never written is never read from the store. The
+    /// region has its own slot allocator: evicted folio `i` goes to store
+    /// offset `slot * folio`, and slots are punched ([`Store::punch`]) when
+    /// the region discards or unmaps them. Always writable; `opts.offset`
+    /// must be 0; `store` must be writable.
+    pub fn map_anonymous_on(
+        &self,
+        store: Arc<dyn Store>,
+        len: u64,
+        opts: &MapOptions,
+    ) -> Result<Region, MapError> {
+        check_folio(opts.folio)?;
+        if len == 0 {
+            return Err(MapError::ZeroSize);
+        }
+        if opts.offset != 0 {
+            return Err(MapError::OffsetNotAligned {
+                offset: opts.offset,
+                folio: opts.folio,
+            });
+        }
+        if !store.writable() {
+            return Err(MapError::StoreReadOnly);
+        }
+        self.check_budget(opts.folio)?;
+        let slots = Arc::new(Slots::default());
+        self.map_inner(store, Some(slots), 0, len, &opts.clone().writable(true))
+    }
+
     /// The swap file and slot allocator of anonymous regions with `folio`
     /// sized folios: shared by all of them, created with the first.
     fn swap_space(&self, folio: u64) -> Result<(Arc<dyn Store>, Arc<Slots>), MapError> {

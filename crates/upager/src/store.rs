@@ -118,6 +118,16 @@ impl Written {
     }
 }
 
+/// One read of a batch: fill `buf` from store offset `offset`
+/// ([`Store::read_batch`]).
+#[derive(Debug)]
+pub struct ReadReq<'a> {
+    /// Where the bytes go (page-aligned, a multiple of 4 KiB).
+    pub buf: &'a mut [u8],
+    /// Where they come from.
+    pub offset: u64,
+}
+
 /// A backing store. Implementations must be thread-safe: fault handlers and
 /// the reclaimer call them concurrently for different folios.
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
@@ -132,6 +142,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Reads into `buf` from `offset`; returns the bytes read, fewer only at
     /// the end of the store. `buf` is page-aligned and a multiple of 4 KiB.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// Reads every read of `reads` (separate folios the engine wants at
+    /// once) and returns one result per read, in order, each as
+    /// [`Store::read_at`] would. A network store sends them together (one
+    /// round trip per server instead of one per read). Default: one
+    /// [`Store::read_at`] per read, in order.
+    fn read_batch(&self, reads: &mut [ReadReq<'_>]) -> Vec<io::Result<usize>> {
+        reads
+            .iter_mut()
+            .map(|r| self.read_at(r.buf, r.offset))
+            .collect()
+    }
     /// Writes all of `src` at `offset`, or fails.
     fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()>;
     /// Writes every write of `batch` and returns once each one has

@@ -1,0 +1,1184 @@
+//! The Redis Cluster store: one key per chunk, batches pipelined per node,
+//! writes acknowledged by replicas.
+//!
+//! Contract (what the engine relies on, see `upager::Store`):
+//! 1. A read returns the bytes of the last write acknowledged before it
+//!    began, zeros where no chunk was ever written (a missing key), or an
+//!    error; a key holding a value of the wrong size is an error (EIO, the
+//!    fault gets SIGBUS), never silently padded.
+//! 2. A write is Ok only once the master has it AND `replicas` replicas
+//!    have acknowledged it: each node's share of a batch is one pipeline
+//!    `SET k1 v1, SET k2 v2, ..., WAIT replicas timeout` sent as one packed
+//!    request on ONE connection (WAIT counts only the calling connection's
+//!    writes, so the WAIT must travel with them; a retry resends the SETs
+//!    with their WAIT). A failover after the acknowledgement cannot lose
+//!    the write: the promoted replica has it.
+//! 3. Failures retry with bounded exponential backoff (20 ms doubling to
+//!    500 ms; guesses) until `retry_for` has passed: a MOVED/ASK/CLUSTERDOWN
+//!    reply, a refused or dropped connection or a timeout drops the pooled
+//!    connections (the next one learns the new topology) and retries only
+//!    the chunks that failed. Past the bound the chunk's result is the last
+//!    error: the engine then raises SIGBUS for that read fault, or keeps the
+//!    folio dirty and reports the error from `flush()`.
+//!
+//! Key layout: the metadata hash `upager:{NAME}:meta` (fields `len`,
+//! `chunk`) and chunk `I` at `upager:{NAME/G}:I` with `G = I / 64`: the
+//! hash tag `{NAME/G}` puts 64 consecutive chunks in one slot, so a
+//! readahead run goes to one node in one round trip, while successive runs
+//! spread over the nodes.
+//!
+//! Batching: `read_at` of several chunks, `read_batch` and `write_batch`
+//! group their chunks by the master that owns their slot and send each
+//! group as one packed pipeline (one round trip per node); with
+//! `pipelined: false` every chunk is its own round trip (the ablation).
+//!
+//! Connections: a pool of sync `ClusterConnection`s (the engine calls the
+//! store from several threads at once), one taken per operation.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ConnectionLike, Value};
+use upager::{ReadReq, Src, Store, Write, Written};
+
+use crate::url::StoreUrl;
+
+/// Chunks per hash tag: a run of this many consecutive chunks lives on one
+/// node (64 × 64 KiB = 4 MiB, the largest readahead window).
+pub const GROUP: u64 = 64;
+
+/// Hash slots of Redis Cluster.
+const SLOTS: usize = 16384;
+
+/// Idle connections kept for reuse (about the threads that call at once).
+const IDLE_CONNS: usize = 8;
+
+/// Options of a Redis store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Send a batch's chunks as one pipeline per node. Default true; false
+    /// makes one round trip per chunk (the ablation of the benchmarks).
+    pub pipelined: bool,
+    /// Replicas that must acknowledge every write (`WAIT`). Default 1; 0
+    /// trusts the master alone (a failover may then lose the last writes).
+    pub replicas: usize,
+    /// How long an operation keeps retrying across failures (failover,
+    /// refused connections) before it fails. Default 10 s.
+    pub retry_for: Duration,
+    /// Per command (connect, reply, and the `WAIT` timeout). Default 2 s.
+    pub timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            pipelined: true,
+            replicas: 1,
+            retry_for: Duration::from_secs(10),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Wire counters of one store (snake_case names, as the engine's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisCounters {
+    /// Requests sent and answered (one packed pipeline counts once).
+    pub round_trips: u64,
+    /// Commands sent (GET, SET, WAIT, UNLINK, ...).
+    pub commands: u64,
+    /// Bytes of commands sent (the RESP encoding).
+    pub bytes_sent: u64,
+    /// Bytes of chunk values received.
+    pub bytes_received: u64,
+    /// WAIT commands sent.
+    pub replication_waits: u64,
+    /// Wall time of the write rounds that ended with a WAIT (the SETs and
+    /// their replication, which travel together), in nanoseconds.
+    pub replication_wait_ns: u64,
+    /// Operations retried after a failure.
+    pub retries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    round_trips: AtomicU64,
+    commands: AtomicU64,
+    bytes_sent: AtomicU64,
+    bytes_received: AtomicU64,
+    replication_waits: AtomicU64,
+    replication_wait_ns: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// A Redis Cluster store could not be opened or created.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// cannot reach the Redis Cluster at {addrs}: {source} (is it running? scripts/redis-cluster.sh start)
+    Unreachable {
+        /// The seed addresses.
+        addrs: String,
+        /// Why.
+        source: redis::RedisError,
+    },
+    /// the store URL {url} names no dataset: add /NAME (e.g. redis-cluster://127.0.0.1:7000/mydata)
+    NoName {
+        /// The URL.
+        url: String,
+    },
+    /// no dataset '{name}' on the Redis Cluster at {addrs}: upload one first (upager load FILE redis-cluster://.../{name})
+    NotFound {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+    },
+    /// dataset '{name}' exists already on the Redis Cluster at {addrs}: pick another name or delete it first
+    Exists {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+    },
+    /// dataset '{name}' has unreadable metadata ({detail}): was its key upager:{{{name}}}:meta written by upager?
+    BadMeta {
+        /// The dataset.
+        name: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// chunk size {0} is not a power of two from 4 KiB to 2 MiB
+    Chunk(u64),
+    /// Redis Cluster at {addrs} failed: {source}
+    Redis {
+        /// The seed addresses.
+        addrs: String,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// A store operation (delete) failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// deleting dataset '{name}' failed: {source} (run it again; keys already deleted stay deleted)
+    Delete {
+        /// The dataset.
+        name: String,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// Masters of the cluster and which owns each slot.
+#[derive(Debug)]
+struct Topology {
+    /// Master addresses.
+    masters: Vec<(String, u16)>,
+    /// Every node, masters and replicas.
+    all: Vec<(String, u16)>,
+    /// `owner[slot]`: index into `masters`, or `u16::MAX` if unassigned.
+    owner: Vec<u16>,
+}
+
+/// A dataset (or a swap space) on a Redis Cluster, as an `upager::Store`.
+pub struct RedisStore {
+    url: StoreUrl,
+    name: String,
+    len: u64,
+    chunk: u64,
+    writable: bool,
+    /// Anonymous swap space: keys deleted on drop.
+    swap: bool,
+    opts: RedisOptions,
+    client: Mutex<Arc<ClusterClient>>,
+    pool: Mutex<Vec<ClusterConnection>>,
+    topo: Mutex<Option<Arc<Topology>>>,
+    counters: Counters,
+    /// One past the highest chunk ever written (what delete must remove).
+    high: AtomicU64,
+    deleted: AtomicBool,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.url.to_string())
+            .field("len", &self.len)
+            .field("chunk", &self.chunk)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+/// CRC16 (XMODEM) of Redis Cluster's key hashing.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The hash slot of `key` (its `{tag}` if it has a non-empty one).
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(tag) % SLOTS as u16
+}
+
+pub(crate) fn meta_key(name: &str) -> String {
+    format!("upager:{{{name}}}:meta")
+}
+
+pub(crate) fn chunk_key(name: &str, i: u64) -> String {
+    format!("upager:{{{name}/{}}}:{i}", i / GROUP)
+}
+
+fn io_err(e: redis::RedisError) -> io::Error {
+    let kind = if e.is_timeout() {
+        io::ErrorKind::TimedOut
+    } else if e.is_connection_refusal() {
+        io::ErrorKind::ConnectionRefused
+    } else if e.is_io_error() {
+        io::ErrorKind::BrokenPipe
+    } else {
+        io::ErrorKind::Other
+    };
+    io::Error::new(kind, format!("redis: {e}"))
+}
+
+/// One chunk operation of a batch.
+#[derive(Debug, Clone, Copy)]
+enum Op<'a> {
+    Get,
+    Set(&'a [u8]),
+    Del,
+}
+
+/// Outcome of one chunk operation: the value of a GET (None: no key).
+type OpResult = io::Result<Option<Vec<u8>>>;
+
+impl RedisStore {
+    fn client_for(
+        nodes: &[(String, u16)],
+        opts: &RedisOptions,
+    ) -> redis::RedisResult<ClusterClient> {
+        let seeds: Vec<String> = nodes
+            .iter()
+            .map(|(h, p)| {
+                if h.contains(':') {
+                    format!("redis://[{h}]:{p}")
+                } else {
+                    format!("redis://{h}:{p}")
+                }
+            })
+            .collect();
+        ClusterClient::builder(seeds)
+            .retries(0)
+            .connection_timeout(opts.timeout)
+            .response_timeout(opts.timeout + opts.timeout)
+            .build()
+    }
+
+    /// Connects to the cluster at `url` (no dataset checks).
+    fn connect(
+        url: &StoreUrl,
+        name: String,
+        len: u64,
+        chunk: u64,
+        writable: bool,
+        swap: bool,
+        opts: &RedisOptions,
+    ) -> Result<RedisStore, OpenError> {
+        let addrs = url.addresses();
+        let client =
+            Self::client_for(&url.nodes, opts).map_err(|source| OpenError::Unreachable {
+                addrs: addrs.clone(),
+                source,
+            })?;
+        let mut conn = client
+            .get_connection()
+            .map_err(|source| OpenError::Unreachable {
+                addrs: addrs.clone(),
+                source,
+            })?;
+        let topo = fetch_topology(&mut conn).map_err(|source| OpenError::Unreachable {
+            addrs: addrs.clone(),
+            source,
+        })?;
+        // Seed the client with every node, not only the URL's: a seed that
+        // dies (a failed-over master) must not make the cluster unreachable.
+        let mut seeds = url.nodes.clone();
+        for n in &topo.all {
+            if !seeds.contains(n) {
+                seeds.push(n.clone());
+            }
+        }
+        let client = Self::client_for(&seeds, opts).map_err(|source| OpenError::Unreachable {
+            addrs: addrs.clone(),
+            source,
+        })?;
+        Ok(RedisStore {
+            url: url.clone(),
+            name,
+            len,
+            chunk,
+            writable,
+            swap,
+            opts: opts.clone(),
+            client: Mutex::new(Arc::new(client)),
+            pool: Mutex::new(vec![conn]),
+            topo: Mutex::new(Some(Arc::new(topo))),
+            counters: Counters::default(),
+            high: AtomicU64::new(0),
+            deleted: AtomicBool::new(false),
+        })
+    }
+
+    /// Opens the existing dataset the URL names.
+    pub fn open(
+        url: &StoreUrl,
+        writable: bool,
+        opts: &RedisOptions,
+    ) -> Result<Arc<RedisStore>, OpenError> {
+        let name = url.name.clone().ok_or_else(|| OpenError::NoName {
+            url: url.to_string(),
+        })?;
+        let mut st = Self::connect(url, name.clone(), 0, 0, writable, false, opts)?;
+        let meta: Vec<Option<String>> = st
+            .command(
+                redis::cmd("HMGET")
+                    .arg(meta_key(&name))
+                    .arg("len")
+                    .arg("chunk"),
+            )
+            .and_then(|v| {
+                redis::FromRedisValue::from_redis_value(v)
+                    .map_err(|e| io::Error::other(e.to_string()))
+            })
+            .map_err(|source| OpenError::Redis {
+                addrs: url.addresses(),
+                source,
+            })?;
+        let bad = |detail: String| OpenError::BadMeta {
+            name: name.clone(),
+            detail,
+        };
+        let (len, chunk) = match meta.as_slice() {
+            [None, None] => {
+                return Err(OpenError::NotFound {
+                    name,
+                    addrs: url.addresses(),
+                })
+            }
+            [Some(l), Some(c)] => (
+                l.parse::<u64>()
+                    .map_err(|_| bad(format!("len '{l}' is not a number")))?,
+                c.parse::<u64>()
+                    .map_err(|_| bad(format!("chunk '{c}' is not a number")))?,
+            ),
+            _ => return Err(bad("len or chunk is missing".into())),
+        };
+        check_chunk(chunk).map_err(|_| bad(format!("chunk {chunk} is not a valid chunk size")))?;
+        st.len = len;
+        st.chunk = chunk;
+        st.high.store(len.div_ceil(chunk), Relaxed);
+        Ok(Arc::new(st))
+    }
+
+    /// Creates the empty dataset (all zeros) of `len` bytes in chunks of
+    /// `chunk` bytes that the URL names; fails if it exists.
+    pub fn create(
+        url: &StoreUrl,
+        len: u64,
+        chunk: u64,
+        opts: &RedisOptions,
+    ) -> Result<Arc<RedisStore>, OpenError> {
+        let name = url.name.clone().ok_or_else(|| OpenError::NoName {
+            url: url.to_string(),
+        })?;
+        check_chunk(chunk)?;
+        let st = Self::connect(url, name.clone(), len, chunk, true, false, opts)?;
+        let redis_err = |source| OpenError::Redis {
+            addrs: url.addresses(),
+            source,
+        };
+        let key = meta_key(&name);
+        let fresh = st
+            .command(redis::cmd("HSETNX").arg(&key).arg("chunk").arg(chunk))
+            .map_err(redis_err)?;
+        if fresh != Value::Int(1) {
+            return Err(OpenError::Exists {
+                name,
+                addrs: url.addresses(),
+            });
+        }
+        st.command(redis::cmd("HSET").arg(&key).arg("len").arg(len))
+            .map_err(redis_err)?;
+        st.high.store(len.div_ceil(chunk), Relaxed);
+        Ok(Arc::new(st))
+    }
+
+    /// Anonymous swap space on the cluster (far memory): a unique name, no
+    /// length limit, its keys deleted when the store is dropped.
+    pub fn swap(
+        url: &StoreUrl,
+        chunk: u64,
+        opts: &RedisOptions,
+    ) -> Result<Arc<RedisStore>, OpenError> {
+        check_chunk(chunk)?;
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let name = format!(
+            "swap-{}-{nanos:x}-{}",
+            std::process::id(),
+            N.fetch_add(1, Relaxed)
+        );
+        let st = Self::connect(url, name, u64::MAX, chunk, true, true, opts)?;
+        Ok(Arc::new(st))
+    }
+
+    /// The dataset's chunk size: a region's folio must be a multiple.
+    pub fn chunk(&self) -> u64 {
+        self.chunk
+    }
+
+    /// The dataset's name (generated for swap space).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &RedisOptions {
+        &self.opts
+    }
+
+    /// A snapshot of the wire counters.
+    pub fn counters(&self) -> RedisCounters {
+        let c = &self.counters;
+        RedisCounters {
+            round_trips: c.round_trips.load(Relaxed),
+            commands: c.commands.load(Relaxed),
+            bytes_sent: c.bytes_sent.load(Relaxed),
+            bytes_received: c.bytes_received.load(Relaxed),
+            replication_waits: c.replication_waits.load(Relaxed),
+            replication_wait_ns: c.replication_wait_ns.load(Relaxed),
+            retries: c.retries.load(Relaxed),
+        }
+    }
+
+    /// Removes the dataset: every chunk key and the metadata.
+    pub fn delete(self: &Arc<Self>) -> Result<(), StoreError> {
+        self.delete_keys().map_err(|source| StoreError::Delete {
+            name: self.name.clone(),
+            source,
+        })
+    }
+
+    fn delete_keys(&self) -> io::Result<()> {
+        let high = self.high.load(Relaxed);
+        const STEP: u64 = 4096;
+        let mut first = 0;
+        while first < high {
+            let ops: Vec<(u64, Op<'_>)> = (first..high.min(first + STEP))
+                .map(|i| (i, Op::Del))
+                .collect();
+            for r in self.run(&ops, false) {
+                r?;
+            }
+            first += STEP;
+        }
+        self.command(redis::cmd("UNLINK").arg(meta_key(&self.name)))?;
+        self.deleted.store(true, Relaxed);
+        Ok(())
+    }
+
+    /// Bytes chunk `i` holds (the last chunk of a dataset may be short).
+    fn chunk_len(&self, i: u64) -> u64 {
+        self.chunk.min(self.len - i * self.chunk)
+    }
+
+    /// A connection from the pool, or a new one.
+    fn take_conn(&self) -> io::Result<ClusterConnection> {
+        if let Some(c) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(c);
+        }
+        let client = Arc::clone(&self.client.lock().unwrap_or_else(|e| e.into_inner()));
+        let c = client.get_connection().map_err(io_err)?;
+        Ok(c)
+    }
+
+    fn put_conn(&self, c: ClusterConnection) {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < IDLE_CONNS {
+            pool.push(c);
+        }
+    }
+
+    /// After a failure: forget the pooled connections and the topology, so
+    /// the next attempt learns the cluster anew.
+    fn forget(&self) {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        *self.topo.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn topology(&self, conn: &mut ClusterConnection) -> io::Result<Arc<Topology>> {
+        if let Some(t) = &*self.topo.lock().unwrap_or_else(|e| e.into_inner()) {
+            return Ok(Arc::clone(t));
+        }
+        let t = Arc::new(fetch_topology(conn).map_err(io_err)?);
+        self.counters.round_trips.fetch_add(1, Relaxed);
+        // New nodes (a revived one) join the seeds of later connections.
+        if let Ok(c) = Self::client_for(&t.all, &self.opts) {
+            *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+        }
+        *self.topo.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&t));
+        Ok(t)
+    }
+
+    /// One command routed by its key, with the retry policy.
+    fn command(&self, cmd: &redis::Cmd) -> io::Result<Value> {
+        let deadline = Instant::now() + self.opts.retry_for;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let r = self.take_conn().and_then(|mut c| {
+                let v = c.req_command(cmd).map_err(io_err)?;
+                self.put_conn(c);
+                Ok(v)
+            });
+            self.counters.round_trips.fetch_add(1, Relaxed);
+            self.counters.commands.fetch_add(1, Relaxed);
+            let retry = match &r {
+                Ok(Value::ServerError(e)) => retryable_server_error(e.code()),
+                Ok(_) => false,
+                Err(_) => true,
+            };
+            if !retry || Instant::now() >= deadline {
+                return r.and_then(server_error);
+            }
+            self.retry_pause(&mut backoff, deadline);
+        }
+    }
+
+    fn retry_pause(&self, backoff: &mut Duration, deadline: Instant) {
+        self.counters.retries.fetch_add(1, Relaxed);
+        self.forget();
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep((*backoff).min(left));
+        *backoff = (*backoff * 2).min(Duration::from_millis(500));
+    }
+
+    /// Runs chunk operations: grouped per master (pipelined) or one per
+    /// round trip, writes followed by a WAIT in the same request when
+    /// `wait`; failed ones retried until `retry_for` has passed. One result
+    /// per operation, in order.
+    fn run(&self, ops: &[(u64, Op<'_>)], wait: bool) -> Vec<OpResult> {
+        let mut results: Vec<Option<OpResult>> = (0..ops.len()).map(|_| None).collect();
+        let deadline = Instant::now() + self.opts.retry_for;
+        let mut backoff = Duration::from_millis(20);
+        let keys: Vec<String> = ops.iter().map(|(i, _)| chunk_key(&self.name, *i)).collect();
+        loop {
+            let pending: Vec<usize> = (0..ops.len()).filter(|&k| results[k].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let last = match self.attempt(ops, &keys, &pending, wait, &mut results) {
+                Ok(()) => None,
+                Err(e) => Some(e),
+            };
+            let still: Vec<usize> = pending
+                .into_iter()
+                .filter(|&k| results[k].is_none())
+                .collect();
+            if still.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let msg = last.map_or_else(|| "gave up".to_string(), |e| e.to_string());
+                for k in still {
+                    results[k] = Some(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "Redis Cluster at {} did not complete the operation on {} within {:?}: {msg}",
+                            self.url.addresses(),
+                            keys[k],
+                            self.opts.retry_for
+                        ),
+                    )));
+                }
+                break;
+            }
+            self.retry_pause(&mut backoff, deadline);
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Ok(None)))
+            .collect()
+    }
+
+    /// One attempt at the `pending` operations: fills in the results of
+    /// those that completed (or failed for good); returns the error that
+    /// left others pending.
+    fn attempt(
+        &self,
+        ops: &[(u64, Op<'_>)],
+        keys: &[String],
+        pending: &[usize],
+        wait: bool,
+        results: &mut [Option<OpResult>],
+    ) -> io::Result<()> {
+        let mut conn = self.take_conn()?;
+        let topo = self.topology(&mut conn)?;
+        // Group by the master that owns each key's slot.
+        let groups: Vec<Vec<usize>> = if self.opts.pipelined {
+            let mut by_node: HashMap<u16, Vec<usize>> = HashMap::new();
+            for &k in pending {
+                let owner = topo.owner[slot(keys[k].as_bytes()) as usize];
+                by_node.entry(owner).or_default().push(k);
+            }
+            let mut g: Vec<_> = by_node.into_values().collect();
+            g.sort_by_key(|v| v[0]);
+            g
+        } else {
+            pending.iter().map(|&k| vec![k]).collect()
+        };
+        let mut first_err = None;
+        for g in groups {
+            match self.round(&mut conn, ops, keys, &g, wait, results) {
+                Ok(()) => {}
+                Err(e) => {
+                    // The connection may be out of step: a new one.
+                    first_err.get_or_insert(e);
+                    drop(conn);
+                    self.forget();
+                    conn = self.take_conn()?;
+                }
+            }
+        }
+        self.put_conn(conn);
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// One packed request for the operations `g` (all on one master, or a
+    /// single one), plus a WAIT if it writes and `wait`.
+    fn round(
+        &self,
+        conn: &mut ClusterConnection,
+        ops: &[(u64, Op<'_>)],
+        keys: &[String],
+        g: &[usize],
+        wait: bool,
+        results: &mut [Option<OpResult>],
+    ) -> io::Result<()> {
+        let mut packed = Vec::new();
+        let mut writes = false;
+        for &k in g {
+            let mut c = match ops[k].1 {
+                Op::Get => redis::cmd("GET"),
+                Op::Set(v) => {
+                    writes = true;
+                    let mut c = redis::cmd("SET");
+                    c.arg(&keys[k]).arg(v);
+                    c.write_packed_command(&mut packed);
+                    continue;
+                }
+                Op::Del => redis::cmd("UNLINK"),
+            };
+            c.arg(&keys[k]);
+            c.write_packed_command(&mut packed);
+        }
+        let waits = writes && wait && self.opts.replicas > 0;
+        if waits {
+            redis::cmd("WAIT")
+                .arg(self.opts.replicas)
+                .arg(self.opts.timeout.as_millis() as u64)
+                .write_packed_command(&mut packed);
+        }
+        let count = g.len() + usize::from(waits);
+        let t0 = Instant::now();
+        let c = &self.counters;
+        c.round_trips.fetch_add(1, Relaxed);
+        c.commands.fetch_add(count as u64, Relaxed);
+        c.bytes_sent.fetch_add(packed.len() as u64, Relaxed);
+        // Routed by its first command's key: every key of `g` is on that
+        // master (or the reply says MOVED and the group is retried).
+        let vals = conn
+            .req_packed_commands(&packed, 0, count)
+            .map_err(io_err)?;
+        if waits {
+            c.replication_waits.fetch_add(1, Relaxed);
+            c.replication_wait_ns
+                .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        }
+        if vals.len() != count {
+            return Err(io::Error::other(format!(
+                "redis: {} replies to {count} commands",
+                vals.len()
+            )));
+        }
+        if waits {
+            match &vals[count - 1] {
+                Value::Int(n) if *n >= self.opts.replicas as i64 => {}
+                Value::Int(n) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "only {n} of {} replicas acknowledged the writes within {:?} (WAIT)",
+                            self.opts.replicas, self.opts.timeout
+                        ),
+                    ))
+                }
+                v => return Err(io::Error::other(format!("redis: WAIT replied {v:?}"))),
+            }
+        }
+        let mut err = None;
+        for (&k, v) in g.iter().zip(vals) {
+            let (i, op) = ops[k];
+            let r = match (op, v) {
+                (_, Value::ServerError(e)) => {
+                    let msg = format!("redis: {} on {}", e.details().unwrap_or(""), keys[k]);
+                    let msg = format!("{} {msg}", e.code());
+                    if retryable_server_error(e.code()) {
+                        err.get_or_insert(io::Error::other(msg));
+                        continue;
+                    }
+                    Err(io::Error::other(msg))
+                }
+                (Op::Get, Value::Nil) => Ok(None),
+                (Op::Get, Value::BulkString(b)) => {
+                    c.bytes_received.fetch_add(b.len() as u64, Relaxed);
+                    let want = self.chunk_len(i);
+                    if b.len() as u64 != want {
+                        let msg = format!(
+                            "key {} of dataset '{}' holds {} bytes, not the {want} of its chunk: \
+                             the key was not written by upager, or by one with another chunk size",
+                            keys[k],
+                            self.name,
+                            b.len()
+                        );
+                        log::error!("{msg}");
+                        Err(io::Error::other(msg))
+                    } else {
+                        Ok(Some(b))
+                    }
+                }
+                (Op::Set(_), Value::Okay) => Ok(None),
+                (Op::Set(_), Value::SimpleString(s)) if s == "OK" => Ok(None),
+                (Op::Del, Value::Int(_)) => Ok(None),
+                (_, v) => Err(io::Error::other(format!(
+                    "redis: unexpected reply {v:?} for {}",
+                    keys[k]
+                ))),
+            };
+            results[k] = Some(r);
+        }
+        err.map_or(Ok(()), Err)
+    }
+
+    /// Reads chunks `[first, first + n)` as one batch.
+    fn get(&self, idx: &[u64]) -> Vec<OpResult> {
+        let ops: Vec<(u64, Op<'_>)> = idx.iter().map(|&i| (i, Op::Get)).collect();
+        self.run(&ops, false)
+    }
+
+    /// The chunks that cover `[offset, offset + n)`, with `n` clamped to the
+    /// dataset.
+    fn span(&self, offset: u64, n: usize) -> (u64, u64, usize) {
+        let n = (n as u64).min(self.len.saturating_sub(offset)) as usize;
+        if n == 0 {
+            return (0, 0, 0);
+        }
+        let first = offset / self.chunk;
+        let last = (offset + n as u64 - 1) / self.chunk;
+        (first, last + 1, n)
+    }
+
+    /// Copies fetched chunks into `buf` (which starts at `offset`).
+    fn scatter(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        first: u64,
+        vals: &mut dyn Iterator<Item = OpResult>,
+    ) -> io::Result<()> {
+        let mut i = first;
+        let end = offset + buf.len() as u64;
+        for v in vals {
+            let cstart = i * self.chunk;
+            let from = cstart.max(offset);
+            let to = (cstart + self.chunk).min(end);
+            let dst = &mut buf[(from - offset) as usize..(to - offset) as usize];
+            match v? {
+                None => dst.fill(0),
+                Some(b) => {
+                    let src = &b[(from - cstart) as usize..];
+                    let m = src.len().min(dst.len());
+                    dst[..m].copy_from_slice(&src[..m]);
+                    dst[m..].fill(0);
+                }
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Splits writes into chunk SETs: (write index, chunk, bytes).
+    fn pieces<'b>(
+        &self,
+        batch: &[Write<'_>],
+        bufs: &'b [Vec<u8>],
+    ) -> Vec<io::Result<Vec<(u64, &'b [u8])>>> {
+        batch
+            .iter()
+            .zip(bufs)
+            .map(|(w, data)| {
+                if !w.offset.is_multiple_of(self.chunk) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "write at {} is not aligned to the dataset's chunk of {} bytes",
+                            w.offset, self.chunk
+                        ),
+                    ));
+                }
+                if w.offset >= self.len {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("write at {} is beyond the dataset's end ({})", w.offset, self.len),
+                    ));
+                }
+                let data = &data[..(data.len() as u64).min(self.len - w.offset) as usize];
+                let first = w.offset / self.chunk;
+                let mut out = Vec::new();
+                for (k, piece) in data.chunks(self.chunk as usize).enumerate() {
+                    let i = first + k as u64;
+                    if piece.len() as u64 != self.chunk_len(i) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!(
+                                "write of {} bytes at {} ends inside chunk {i}: folios must be a multiple of the chunk ({})",
+                                data.len(),
+                                w.offset,
+                                self.chunk
+                            ),
+                        ));
+                    }
+                    out.push((i, piece));
+                }
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// Writes chunk values straight (upload): one batch, WAIT per node.
+    pub(crate) fn put_chunks(&self, items: &[(u64, &[u8])]) -> io::Result<()> {
+        let ops: Vec<(u64, Op<'_>)> = items.iter().map(|&(i, v)| (i, Op::Set(v))).collect();
+        if let Some(&(i, _)) = items.iter().max_by_key(|x| x.0) {
+            self.high.fetch_max(i + 1, Relaxed);
+        }
+        for r in self.run(&ops, true) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// WAIT on every master (through one connection each).
+    fn wait_all(&self) -> io::Result<()> {
+        if self.opts.replicas == 0 {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.opts.retry_for;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let r = (|| {
+                let mut conn = self.take_conn()?;
+                let topo = self.topology(&mut conn)?;
+                for (host, port) in &topo.masters {
+                    let t0 = Instant::now();
+                    let v = conn
+                        .route_command(
+                            redis::cmd("WAIT")
+                                .arg(self.opts.replicas)
+                                .arg(self.opts.timeout.as_millis() as u64),
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port: *port,
+                            }),
+                        )
+                        .map_err(io_err)?;
+                    let c = &self.counters;
+                    c.round_trips.fetch_add(1, Relaxed);
+                    c.commands.fetch_add(1, Relaxed);
+                    c.replication_waits.fetch_add(1, Relaxed);
+                    c.replication_wait_ns
+                        .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+                    match v {
+                        Value::Int(n) if n >= self.opts.replicas as i64 => {}
+                        v => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                format!(
+                                    "master {host}:{port} has {v:?} of the {} replicas asked for in sync (WAIT)",
+                                    self.opts.replicas
+                                ),
+                            ))
+                        }
+                    }
+                }
+                self.put_conn(conn);
+                Ok(())
+            })();
+            match r {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => self.retry_pause(&mut backoff, deadline),
+            }
+        }
+    }
+}
+
+fn retryable_server_error(code: &str) -> bool {
+    matches!(
+        code,
+        "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN" | "READONLY"
+    )
+}
+
+fn server_error(v: Value) -> io::Result<Value> {
+    match v {
+        Value::ServerError(e) => Err(io::Error::other(format!(
+            "redis: {} {}",
+            e.code(),
+            e.details().unwrap_or("")
+        ))),
+        v => Ok(v),
+    }
+}
+
+fn check_chunk(chunk: u64) -> Result<(), OpenError> {
+    if chunk.is_power_of_two() && (4096..=2 << 20).contains(&chunk) {
+        Ok(())
+    } else {
+        Err(OpenError::Chunk(chunk))
+    }
+}
+
+/// `CLUSTER SLOTS` from any node: the masters and who owns each slot.
+fn fetch_topology(conn: &mut ClusterConnection) -> redis::RedisResult<Topology> {
+    let v = conn.route_command(
+        &redis::cmd("CLUSTER").arg("SLOTS").clone(),
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+    )?;
+    let bad =
+        || redis::RedisError::from((redis::ErrorKind::Parse, "unexpected CLUSTER SLOTS reply"));
+    let mut t = Topology {
+        masters: Vec::new(),
+        all: Vec::new(),
+        owner: vec![u16::MAX; SLOTS],
+    };
+    let Value::Array(ranges) = v else {
+        return Err(bad());
+    };
+    let node = |v: &Value| -> Option<(String, u16)> {
+        let Value::Array(n) = v else { return None };
+        let host = match n.first()? {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::SimpleString(s) => s.clone(),
+            _ => return None,
+        };
+        let Value::Int(port) = n.get(1)? else {
+            return None;
+        };
+        Some((host, *port as u16))
+    };
+    for r in ranges {
+        let Value::Array(r) = r else {
+            return Err(bad());
+        };
+        let (Some(Value::Int(a)), Some(Value::Int(b))) = (r.first(), r.get(1)) else {
+            return Err(bad());
+        };
+        let master = r.get(2).and_then(node).ok_or_else(bad)?;
+        let idx = match t.masters.iter().position(|m| *m == master) {
+            Some(i) => i,
+            None => {
+                t.masters.push(master.clone());
+                t.masters.len() - 1
+            }
+        };
+        for s in (*a as usize)..=(*b as usize).min(SLOTS - 1) {
+            t.owner[s] = idx as u16;
+        }
+        for n in r.iter().skip(2).filter_map(node) {
+            if !t.all.contains(&n) {
+                t.all.push(n);
+            }
+        }
+    }
+    Ok(t)
+}
+
+impl Store for RedisStore {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn writable(&self) -> bool {
+        self.writable
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let (first, end, n) = self.span(offset, buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let idx: Vec<u64> = (first..end).collect();
+        let vals = self.get(&idx);
+        self.scatter(&mut buf[..n], offset, first, &mut vals.into_iter())?;
+        Ok(n)
+    }
+    fn read_batch(&self, reads: &mut [ReadReq<'_>]) -> Vec<io::Result<usize>> {
+        let spans: Vec<_> = reads
+            .iter()
+            .map(|r| self.span(r.offset, r.buf.len()))
+            .collect();
+        let idx: Vec<u64> = spans.iter().flat_map(|&(a, b, _)| a..b).collect();
+        let mut vals = self.get(&idx).into_iter();
+        reads
+            .iter_mut()
+            .zip(spans)
+            .map(|(r, (first, end, n))| {
+                let mut mine = vals
+                    .by_ref()
+                    .take((end - first) as usize)
+                    .collect::<Vec<_>>()
+                    .into_iter();
+                self.scatter(&mut r.buf[..n], r.offset, first, &mut mine)?;
+                Ok(n)
+            })
+            .collect()
+    }
+    fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
+        let mut done = self.write_batch(&[Write { src, offset }]);
+        done.results.pop().unwrap_or(Ok(()))
+    }
+    fn write_batch(&self, batch: &[Write<'_>]) -> Written {
+        let bufs: Vec<Vec<u8>> = batch
+            .iter()
+            .map(|w| {
+                let mut b = vec![0u8; w.src.len()];
+                w.src.copy_to(&mut b);
+                b
+            })
+            .collect();
+        let before = self.counters.round_trips.load(Relaxed);
+        let pieces = self.pieces(batch, &bufs);
+        let mut ops = Vec::new();
+        let mut owner = Vec::new();
+        for (w, p) in pieces.iter().enumerate() {
+            if let Ok(p) = p {
+                for &(i, v) in p {
+                    ops.push((i, Op::Set(v)));
+                    owner.push(w);
+                }
+            }
+        }
+        if let Some(&(i, _)) = ops.iter().max_by_key(|x| x.0) {
+            self.high.fetch_max(i + 1, Relaxed);
+        }
+        let done = self.run(&ops, true);
+        let mut results: Vec<io::Result<()>> = pieces.into_iter().map(|p| p.map(|_| ())).collect();
+        for (w, r) in owner.into_iter().zip(done) {
+            if let (Err(e), Ok(())) = (r, &results[w]) {
+                results[w] = Err(e);
+            }
+        }
+        let trips = self.counters.round_trips.load(Relaxed) - before;
+        Written::new(results, trips)
+    }
+    fn sync(&self) -> io::Result<()> {
+        // Every write that returned Ok was acknowledged by `replicas`
+        // replicas already (its WAIT travelled with it); this checks that
+        // every master still has them in sync.
+        self.wait_all()
+    }
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.swap {
+            return Ok(()); // a dataset's chunks are its data
+        }
+        let first = offset / self.chunk;
+        let end = (offset + len).div_ceil(self.chunk);
+        let ops: Vec<(u64, Op<'_>)> = (first..end).map(|i| (i, Op::Del)).collect();
+        for r in self.run(&ops, false) {
+            r?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        if self.swap && !self.deleted.load(Relaxed) {
+            if let Err(e) = self.delete_keys() {
+                log::warn!(
+                    "could not delete the keys of swap space '{}' on {}: {e}",
+                    self.name,
+                    self.url.addresses()
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster() {
+        // CLUSTER KEYSLOT foo / bar / {user1000}.following
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"bar"), 5061);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"{}x"), crc16(b"{}x") % 16384);
+    }
+
+    #[test]
+    fn consecutive_chunks_share_a_slot_and_runs_spread() {
+        let s: Vec<u16> = (0..GROUP * 8)
+            .map(|i| slot(chunk_key("d", i).as_bytes()))
+            .collect();
+        for g in s.chunks(GROUP as usize) {
+            assert!(g.iter().all(|&x| x == g[0]));
+        }
+        let mut firsts: Vec<u16> = s.chunks(GROUP as usize).map(|g| g[0]).collect();
+        firsts.dedup();
+        assert!(firsts.len() > 4, "runs land on different slots: {firsts:?}");
+        assert_eq!(chunk_key("d", 130), "upager:{d/2}:130");
+        assert_eq!(meta_key("d"), "upager:{d}:meta");
+    }
+}
