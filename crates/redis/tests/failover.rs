@@ -1,0 +1,289 @@
+//! A master killed while a writer runs (the cluster fails over), and a
+//! cluster that goes away altogether (issue 14, item 3 and 4). Each test
+//! starts its own cluster on its own ports.
+
+// Integration tests sit at the top level of their file, which the workspace
+// lint `tests_outside_test_module` (meant for src/) would flag.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use upager::{MapOptions, Pager, Store};
+use upager_redis::{RedisOptions, RedisStore};
+
+const CHUNK: u64 = 64 << 10;
+
+/// kill -9 of a master while a writer runs and flushes: the cluster fails
+/// over, the writer's flushes succeed again once the killed node is back as
+/// a replica, and every word written (and every word flushed before the
+/// kill) reads back, from the region and straight from Redis.
+#[test]
+fn a_master_killed_mid_write_loses_no_acknowledged_word() {
+    let Some(c) = Cluster::start(7130) else {
+        return;
+    };
+    let (len, budget) = (16 * MIB, 4 * MIB);
+    let url = c.named("fo");
+    let ropts = RedisOptions {
+        retry_for: Duration::from_secs(30),
+        ..RedisOptions::default()
+    };
+    let st = RedisStore::create(&url, len, CHUNK, &ropts).unwrap();
+    let pager = Pager::new(budget).unwrap();
+    let r = Arc::new(
+        pager
+            .map_store(
+                st.clone() as Arc<dyn Store>,
+                &MapOptions::new().writable(true),
+            )
+            .unwrap(),
+    );
+    let words = (len / 8) as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let flushed = Arc::new(AtomicU64::new(0)); // last round whose flush returned Ok
+    let flush_errors = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (r, stop, rounds, flushed, flush_errors) = (
+            Arc::clone(&r),
+            Arc::clone(&stop),
+            Arc::clone(&rounds),
+            Arc::clone(&flushed),
+            Arc::clone(&flush_errors),
+        );
+        std::thread::spawn(move || {
+            let mut round = 0u64;
+            while !stop.load(SeqCst) || round < 3 {
+                round += 1;
+                // One word in 16 of every page, all pages: every folio dirty.
+                for w in (0..words).step_by(16) {
+                    r.words()[w].store((round << 32) | w as u64, Relaxed);
+                }
+                rounds.store(round, SeqCst);
+                match r.flush() {
+                    Ok(()) => flushed.store(round, SeqCst),
+                    Err(e) => {
+                        eprintln!("flush of round {round}: {e}");
+                        flush_errors.fetch_add(1, SeqCst);
+                    }
+                }
+                if round > 200 {
+                    break;
+                }
+            }
+            round
+        })
+    };
+    // Let it run a round, then kill the master of chunk 0's slot... any
+    // master but the URL's seed: the first non-seed master.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while flushed.load(SeqCst) < 1 {
+        assert!(Instant::now() < deadline, "no flush before the kill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = *c.masters().iter().find(|&&p| p != c.base).unwrap();
+    let flushed_before = flushed.load(SeqCst);
+    let killed_at = Instant::now();
+    let out = c.run(&["kill", &victim.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Failover: a replica takes over the victim's slots.
+    let mut failover = None;
+    while Instant::now() < killed_at + Duration::from_secs(30) {
+        let st = c.run(&["status"]);
+        let s = String::from_utf8_lossy(&st.stdout);
+        if s.contains("cluster_state:ok")
+            && s.lines().filter(|l| l.contains(" master")).count() == 3
+        {
+            failover = Some(killed_at.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let failover = failover.expect("the cluster failed over within 30 s");
+    // The killed node comes back as a replica (WAIT 1 needs one again).
+    let out = c.run(&["revive", &victim.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let revived = killed_at.elapsed();
+    let round_at_revive = rounds.load(SeqCst);
+    // Two more rounds flushed after the revival.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while flushed.load(SeqCst) < round_at_revive + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "flushes resume after the failover"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, SeqCst);
+    let last = writer.join().unwrap();
+    r.flush().unwrap();
+    eprintln!(
+        "failover: killed master {victim} after {flushed_before} flushed rounds; cluster ok again \
+         after {failover:?}, node revived after {revived:?}; {last} rounds, {} failed flushes; {:?}",
+        flush_errors.load(SeqCst),
+        st.counters()
+    );
+    assert!(
+        st.counters().retries > 0,
+        "the store retried across the failover"
+    );
+    for w in 0..words {
+        let want = if w % 16 == 0 {
+            (last << 32) | w as u64
+        } else {
+            0
+        };
+        assert_eq!(r.words()[w].load(Relaxed), want, "word {w} in the region");
+    }
+    let mut raw = c.client();
+    for (w, v) in raw_words(&mut raw, "fo", len, CHUNK)
+        .into_iter()
+        .enumerate()
+    {
+        let want = if w % 16 == 0 {
+            (last << 32) | w as u64
+        } else {
+            0
+        };
+        assert_eq!(v, want, "word {w} in Redis");
+    }
+}
+
+/// Child process: maps dataset NAME at the cluster on UPAGER_CHILD_PORT,
+/// reads folio 0, says READY, waits for a line, checks folio 0 (resident)
+/// still reads, then touches a folio never read (SIGBUS expected).
+#[test]
+fn child_main() {
+    let Ok(port) = std::env::var("UPAGER_REDIS_CHILD_PORT") else {
+        return;
+    };
+    let url = format!("redis-cluster://127.0.0.1:{port}/gone")
+        .parse()
+        .unwrap();
+    let ropts = RedisOptions {
+        retry_for: Duration::from_millis(1500),
+        timeout: Duration::from_millis(500),
+        ..RedisOptions::default()
+    };
+    let pager = Pager::builder()
+        .budget(8 * MIB)
+        .readahead(0)
+        .build()
+        .unwrap();
+    let r = upager_redis::map(&pager, &url, &MapOptions::new(), &ropts).unwrap();
+    let first = r.words()[0].load(Relaxed);
+    println!("READY {first}");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(r.words()[0].load(Relaxed), first);
+    println!("RESIDENT OK");
+    std::io::stdout().flush().unwrap();
+    let v = r.words()[(8 * MIB / 8) as usize].load(Relaxed);
+    println!("not reached: {v}");
+}
+
+/// The whole cluster stopped mid-run: a read fault of a page not resident
+/// ends in SIGBUS for that access (in a child process), resident data still
+/// reads; in this process, flush reports the error and the dirty data
+/// stays in memory.
+#[test]
+fn a_store_that_goes_away_raises_sigbus_for_the_access_and_keeps_dirty_data() {
+    let Some(c) = Cluster::start(7140) else {
+        return;
+    };
+    let url = c.named("gone");
+    let len = 16 * MIB;
+    let path = tempfile::NamedTempFile::new().unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i / 4096) as u8 | 1).collect();
+    std::fs::write(path.path(), &data).unwrap();
+    upager_redis::upload(
+        path.path(),
+        &url,
+        CHUNK,
+        &RedisOptions::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+
+    // In this process: a writable mapping with dirty folios.
+    let ropts = RedisOptions {
+        retry_for: Duration::from_millis(1500),
+        timeout: Duration::from_millis(500),
+        ..RedisOptions::default()
+    };
+    let pager = Pager::new(32 * MIB).unwrap();
+    let w = upager_redis::map(&pager, &url, &MapOptions::new().writable(true), &ropts).unwrap();
+    for p in 0..64usize {
+        w.words()[p * 512].store(0xD1D1_0000 + p as u64, Relaxed);
+    }
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
+        .env("UPAGER_REDIS_CHILD_PORT", c.base.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("READY") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "child ended before READY"
+        );
+    }
+    let t = Instant::now();
+    let stopped = c.run(&["stop"]);
+    assert!(stopped.status.success());
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    let took = t.elapsed();
+    assert!(rest.contains("RESIDENT OK"), "{rest}");
+    assert!(!rest.contains("not reached"), "{rest}");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}");
+    eprintln!("store gone: child got SIGBUS {took:?} after the cluster stopped");
+
+    let t = Instant::now();
+    let e = w.flush().unwrap_err();
+    eprintln!("flush with the cluster gone, after {:?}: {e}", t.elapsed());
+    assert!(
+        upager::error_chain(&e).contains("127.0.0.1"),
+        "{}",
+        upager::error_chain(&e)
+    );
+    for p in 0..64usize {
+        assert_eq!(
+            w.words()[p * 512].load(Relaxed),
+            0xD1D1_0000 + p as u64,
+            "dirty word kept"
+        );
+        assert_eq!(
+            w.words()[p * 512 + 1].load(Relaxed) as u8,
+            (p as u8) | 1,
+            "clean data kept"
+        );
+    }
+    drop(w);
+}

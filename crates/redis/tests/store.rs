@@ -1,0 +1,390 @@
+//! The Redis Cluster store against a live local cluster (issue 14): clear
+//! errors, data integrity under eviction with independent reads from
+//! Redis, far memory, and pipelined against per-chunk round trips. Each
+//! test starts its own cluster (scripts/redis-cluster.sh) on its own ports.
+
+// Integration tests sit at the top level of their file, which the workspace
+// lint `tests_outside_test_module` (meant for src/) would flag.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::io::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use upager::{MapOptions, Pager, ReadReq, Store};
+use upager_redis::{MapUrlError, OpenError, RedisOptions, RedisStore, StoreUrl};
+
+const CHUNK: u64 = 64 << 10;
+
+#[test]
+fn unreachable_cluster_is_a_clear_error_naming_the_address() {
+    let url: StoreUrl = "redis-cluster://127.0.0.1:1/x".parse().unwrap();
+    let t = Instant::now();
+    let e = RedisStore::open(&url, false, &RedisOptions::default()).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, OpenError::Unreachable { .. }), "{msg}");
+    assert!(
+        msg.starts_with("cannot reach the Redis Cluster at 127.0.0.1:1: "),
+        "{msg}"
+    );
+    assert!(
+        msg.ends_with("(is it running? scripts/redis-cluster.sh start)"),
+        "{msg}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn errors_name_the_dataset_the_folio_and_the_bad_key() {
+    let Some(c) = Cluster::start(7120) else {
+        return;
+    };
+    let ropts = RedisOptions::default();
+    let e = RedisStore::open(&c.named("nothing"), false, &ropts).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no dataset 'nothing' on the Redis Cluster at 127.0.0.1:7120: upload one first \
+         (upager load FILE redis-cluster://.../nothing)"
+    );
+    let e = RedisStore::open(&c.url, false, &ropts).unwrap_err();
+    assert!(e.to_string().contains("names no dataset"), "{e}");
+    let st = RedisStore::create(&c.named("d"), 4 * CHUNK + 100, CHUNK, &ropts).unwrap();
+    let e = RedisStore::create(&c.named("d"), 4 * CHUNK, CHUNK, &ropts).unwrap_err();
+    assert!(
+        e.to_string().starts_with("dataset 'd' exists already"),
+        "{e}"
+    );
+    let e = RedisStore::create(&c.named("e"), 4 * CHUNK, 3000, &ropts).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "chunk size 3000 is not a power of two from 4 KiB to 2 MiB"
+    );
+
+    // A folio smaller than the chunk.
+    let pager = Pager::new(16 * MIB).unwrap();
+    let e = upager_redis::map(
+        &pager,
+        &c.named("d"),
+        &MapOptions::new().folio(16 << 10),
+        &ropts,
+    )
+    .unwrap_err();
+    assert!(matches!(e, MapUrlError::Folio { .. }));
+    assert_eq!(
+        e.to_string(),
+        "folio size 16384 is not a multiple of dataset chunk size 65536: use a folio of 65536 \
+         bytes or a multiple"
+    );
+
+    // A new dataset reads as zeros, its short last chunk included.
+    let mut buf = vec![1u8; (5 * CHUNK) as usize];
+    assert_eq!(st.read_at(&mut buf, 0).unwrap(), (4 * CHUNK + 100) as usize);
+    assert!(buf[..(4 * CHUNK + 100) as usize].iter().all(|&b| b == 0));
+
+    // A key holding the wrong size: EIO with a message naming the key.
+    let mut raw = c.client();
+    let _: () = redis::cmd("SET")
+        .arg("upager:{d/0}:1")
+        .arg(vec![7u8; 1000])
+        .query(&mut raw)
+        .unwrap();
+    let e = st.read_at(&mut buf[..CHUNK as usize], CHUNK).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "key upager:{d/0}:1 of dataset 'd' holds 1000 bytes, not the 65536 of its chunk: the key \
+         was not written by upager, or by one with another chunk size"
+    );
+    // The other chunks still read.
+    st.read_at(&mut buf[..CHUNK as usize], 0).unwrap();
+    // The short last chunk must hold exactly its 100 bytes.
+    let _: () = redis::cmd("SET")
+        .arg("upager:{d/0}:4")
+        .arg(vec![7u8; CHUNK as usize])
+        .query(&mut raw)
+        .unwrap();
+    let e = st
+        .read_at(&mut buf[..CHUNK as usize], 4 * CHUNK)
+        .unwrap_err();
+    assert!(e.to_string().contains("not the 100 of its chunk"), "{e}");
+
+    st.delete().unwrap();
+    let e = RedisStore::open(&c.named("d"), false, &ropts).unwrap_err();
+    assert!(matches!(e, OpenError::NotFound { .. }), "{e}");
+    let n: Option<Vec<u8>> = redis::cmd("GET")
+        .arg("upager:{d/0}:1")
+        .query(&mut raw)
+        .unwrap();
+    assert_eq!(n, None, "delete removed the chunk keys");
+}
+
+/// Two writer threads and eviction under a small budget, flushed: every
+/// word reads back from the region, straight from the Redis keys, and
+/// after unmap and a fresh map.
+#[test]
+fn data_integrity_under_eviction_checked_against_redis() {
+    let Some(c) = Cluster::start(7100) else {
+        return;
+    };
+    let (len, budget) = (24 * MIB, 8 * MIB);
+    let ropts = RedisOptions::default();
+    let url = c.named("integ");
+    let st = RedisStore::create(&url, len, CHUNK, &ropts).unwrap();
+    let pager = Pager::new(budget).unwrap();
+    let r = Arc::new(
+        pager
+            .map_store(
+                st.clone() as Arc<dyn Store>,
+                &MapOptions::new().writable(true),
+            )
+            .unwrap(),
+    );
+    let words = (len / 8) as usize;
+    let value = |round: u64, w: usize| (round << 48) | (w as u64 * 0x9E37) | 1;
+    let t0 = Instant::now();
+    for round in 1..=2u64 {
+        std::thread::scope(|s| {
+            for t in 0..2usize {
+                let r = Arc::clone(&r);
+                s.spawn(move || {
+                    // Thread t: every other 4 KiB page, all its words.
+                    for page in (t..words / 512).step_by(2) {
+                        for w in page * 512..(page + 1) * 512 {
+                            r.words()[w].store(value(round, w), Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        r.flush().unwrap();
+    }
+    let stats = pager.stats();
+    eprintln!(
+        "integrity: 2 rounds over {} MiB in {:?}; evictions {:?}, peak resident {} of budget {}; {:?}",
+        len >> 20,
+        t0.elapsed(),
+        stats.evictions,
+        stats.resident_peak_bytes,
+        budget,
+        st.counters()
+    );
+    assert!(stats.resident_peak_bytes <= budget + 4 * MIB);
+    assert!(st.counters().replication_waits > 0);
+    for w in (0..words).step_by(7) {
+        assert_eq!(
+            r.words()[w].load(Relaxed),
+            value(2, w),
+            "word {w} in the region"
+        );
+    }
+    let mut raw = c.client();
+    let redis_words = raw_words(&mut raw, "integ", len, CHUNK);
+    for (w, &v) in redis_words.iter().enumerate() {
+        assert_eq!(v, value(2, w), "word {w} in Redis");
+    }
+    let r = Arc::try_unwrap(r).ok().expect("the only handle");
+    r.unmap().map_err(|(e, _)| e).unwrap();
+    let r = upager_redis::map(&pager, &url, &MapOptions::new(), &ropts).unwrap();
+    for w in 0..words {
+        assert_eq!(
+            r.words()[w].load(Relaxed),
+            value(2, w),
+            "word {w} after remap"
+        );
+    }
+}
+
+/// Far memory: an anonymous region of 4x the budget swaps to the cluster
+/// and reads back; its keys are gone once it is.
+#[test]
+fn far_memory_swaps_to_the_cluster_and_cleans_up() {
+    let Some(c) = Cluster::start(7110) else {
+        return;
+    };
+    let budget = 8 * MIB;
+    let len = 4 * budget;
+    let pager = Pager::new(budget).unwrap();
+    let ropts = RedisOptions::default();
+    let r = upager_redis::map_anonymous(&pager, &c.url, len, &MapOptions::new(), &ropts).unwrap();
+    let words = (len / 8) as usize;
+    let t0 = Instant::now();
+    for w in (0..words).step_by(64) {
+        r.words()[w].store(w as u64 ^ 0xABCD, Relaxed);
+    }
+    let wrote = t0.elapsed();
+    for w in (0..words).step_by(64) {
+        assert_eq!(r.words()[w].load(Relaxed), w as u64 ^ 0xABCD, "word {w}");
+    }
+    // Untouched words are zero.
+    assert_eq!(r.words()[1].load(Relaxed), 0);
+    let s = pager.stats();
+    eprintln!(
+        "far memory: {} MiB written in {wrote:?}, read back in {:?}; evictions {:?}; peak {}",
+        len >> 20,
+        t0.elapsed() - wrote,
+        s.evictions,
+        s.resident_peak_bytes
+    );
+    assert!(s.resident_peak_bytes <= budget + 4 * MIB);
+    assert!(
+        s.bytes_read > 0,
+        "evicted folios came back from the cluster"
+    );
+    let keys = |c: &Cluster| -> i64 {
+        (0..6)
+            .map(|k| {
+                let mut conn = redis::Client::open(format!("redis://127.0.0.1:{}", c.base + k))
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                let role: String = redis::cmd("ROLE")
+                    .query::<Vec<redis::Value>>(&mut conn)
+                    .map(|v| format!("{:?}", v[0]))
+                    .unwrap();
+                if role.contains("master") {
+                    redis::cmd("DBSIZE").query::<i64>(&mut conn).unwrap()
+                } else {
+                    0
+                }
+            })
+            .sum()
+    };
+    assert!(keys(&c) > 0);
+    drop(r);
+    drop(pager);
+    assert_eq!(keys(&c), 0, "the swap space's keys were deleted");
+}
+
+/// The same bytes through pipelined and per-chunk stores, with fewer round
+/// trips pipelined; read_batch; upload progress; a sequential scan through
+/// a pager against the file store (figures printed).
+#[test]
+fn pipelined_and_per_chunk_read_the_same_bytes_with_fewer_round_trips() {
+    let Some(c) = Cluster::start(7150) else {
+        return;
+    };
+    let len = 16 * MIB + 12345;
+    let mut data = vec![0u8; len as usize];
+    let mut x = 0x1234_5678_9abc_def1u64;
+    for b in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let n = b.len();
+        b.copy_from_slice(&x.to_le_bytes()[..n]);
+    }
+    data[(2 * CHUNK) as usize..(3 * CHUNK) as usize].fill(0); // a chunk of zeros: not stored
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("data");
+    std::fs::File::create(&path)
+        .unwrap()
+        .write_all(&data)
+        .unwrap();
+    let url = c.named("pipe");
+    let mut calls = Vec::new();
+    let t0 = Instant::now();
+    let n = upager_redis::upload(&path, &url, CHUNK, &RedisOptions::default(), &mut |d, t| {
+        calls.push((d, t))
+    })
+    .unwrap();
+    eprintln!("upload of {} MiB: {:?}", len >> 20, t0.elapsed());
+    assert_eq!(n, len);
+    assert_eq!(calls.first(), Some(&(0, len)));
+    assert_eq!(calls.last(), Some(&(len, len)));
+    assert!(
+        raw_chunk(&mut c.client(), "pipe", 2).is_none(),
+        "zeros are not stored"
+    );
+
+    let mut results = Vec::new();
+    for pipelined in [true, false] {
+        let ropts = RedisOptions {
+            pipelined,
+            ..RedisOptions::default()
+        };
+        let st = RedisStore::open(&url, false, &ropts).unwrap();
+        assert_eq!((st.len(), st.chunk()), (len, CHUNK));
+        let mut buf = vec![0u8; (len + MIB) as usize];
+        let t = Instant::now();
+        for off in (0..len).step_by(MIB as usize) {
+            let end = (off + MIB).min(len) as usize;
+            let got = st
+                .read_at(&mut buf[off as usize..off as usize + MIB as usize], off)
+                .unwrap();
+            assert_eq!(got, end - off as usize);
+        }
+        let el = t.elapsed();
+        assert!(
+            buf[..len as usize] == data[..],
+            "pipelined={pipelined}: the file's bytes"
+        );
+        let ctr = st.counters();
+        eprintln!(
+            "read {} MiB in 1 MiB reads, pipelined={pipelined}: {el:?} ({:.0} MiB/s), {} round trips, {} commands",
+            len >> 20,
+            (len >> 20) as f64 / el.as_secs_f64(),
+            ctr.round_trips,
+            ctr.commands
+        );
+        // read_batch: three separate folios.
+        let (mut a, mut b, mut d) = (vec![0u8; 65536], vec![0u8; 65536], vec![0u8; 65536]);
+        let mut reqs = [
+            ReadReq {
+                buf: &mut a,
+                offset: 0,
+            },
+            ReadReq {
+                buf: &mut b,
+                offset: 100 * CHUNK,
+            },
+            ReadReq {
+                buf: &mut d,
+                offset: 256 * CHUNK,
+            },
+        ];
+        let before = st.counters().round_trips;
+        let out = st.read_batch(&mut reqs);
+        assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
+        assert_eq!(*out[2].as_ref().unwrap(), 12345);
+        assert!(a[..] == data[..65536]);
+        assert!(b[..] == data[(100 * CHUNK) as usize..(101 * CHUNK) as usize]);
+        assert!(d[..12345] == data[(256 * CHUNK) as usize..]);
+        let trips = st.counters().round_trips - before;
+        results.push((ctr.round_trips, trips));
+    }
+    let (piped, single) = (results[0], results[1]);
+    assert!(
+        piped.0 * 5 <= single.0,
+        "pipelined {piped:?} vs per chunk {single:?}"
+    );
+    assert!(
+        piped.1 <= 3 && single.1 == 3,
+        "read_batch: {piped:?} vs {single:?}"
+    );
+
+    // A sequential scan through a pager: Redis against the file store.
+    for kind in ["file", "redis"] {
+        let pager = Pager::new(8 * MIB).unwrap();
+        let r = match kind {
+            "file" => pager.map_file(&path, &MapOptions::new()).unwrap(),
+            _ => upager_redis::map(&pager, &url, &MapOptions::new(), &RedisOptions::default())
+                .unwrap(),
+        };
+        let t = Instant::now();
+        let mut sum = 0u64;
+        for p in (0..r.len()).step_by(4096) {
+            sum = sum.wrapping_add(u64::from(r.bytes()[p].load(Relaxed)));
+        }
+        let el = t.elapsed();
+        let want: u64 = data.iter().step_by(4096).map(|&b| u64::from(b)).sum();
+        assert_eq!(sum, want);
+        eprintln!(
+            "sequential scan of {} MiB through a pager (8 MiB budget, 64 KiB folios), {kind}: {el:?} ({:.0} MiB/s)",
+            len >> 20,
+            (len >> 20) as f64 / el.as_secs_f64()
+        );
+    }
+}
