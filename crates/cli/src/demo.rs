@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use upager::{format_size, FaultMode, MapOptions, Pager, Region, Stats};
+use upager_redis::{RedisOptions, RedisStore, StoreUrl};
 use upager_testdata::{odd_word, Rng};
 
 use crate::{fault_mode_arg, size_arg};
@@ -56,6 +57,13 @@ pub struct DemoArgs {
     /// both modes run it unchanged.
     #[arg(long, value_name = "MODE", value_parser = fault_mode_arg())]
     pub fault_mode: Option<FaultMode>,
+    /// Page the dataset from a Redis Cluster instead of a local file:
+    /// redis-cluster://HOST:PORT[/NAME] (start a local one with
+    /// scripts/redis-cluster.sh start). The dataset is uploaded under NAME
+    /// (default upager-demo-PID), paged through the pager, read back from
+    /// the cluster and checked, then deleted.
+    #[arg(long, value_name = "URL", conflicts_with = "compare")]
+    pub store: Option<StoreUrl>,
 }
 
 /// The seed of the dataset's pattern.
@@ -203,8 +211,16 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         t0.elapsed().as_secs_f64()
     );
 
-    // 2. Region.
-    let region = pager.map_file(&path, &MapOptions::new().writable(true).folio(a.folio))?;
+    // 2. Region: the file, or the dataset uploaded to the cluster.
+    let opts = MapOptions::new().writable(true).folio(a.folio);
+    let remote = match &a.store {
+        Some(url) => Some(Remote::upload(url, &path, a.size, a.folio)?),
+        None => None,
+    };
+    let region = match &remote {
+        Some(rm) => upager_redis::map(&pager, &rm.url, &opts, &rm.opts)?,
+        None => pager.map_file(&path, &opts)?,
+    };
     let words = a.size / 8;
 
     // 3a. Sequential scan: thread t reads its own contiguous share.
@@ -288,8 +304,12 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let stats = pager.stats();
     unmap(region)?;
 
-    // 5. Verify every byte with plain reads.
+    // 5. Verify every byte with plain reads (of the file, or of the
+    // dataset downloaded from the cluster into it).
     let t = Instant::now();
+    if let Some(rm) = &remote {
+        rm.download(&path, a.size)?;
+    }
     let written_words = replay_writes(a, words);
     verify(&path, a.size, &written_words)?;
     println!(
@@ -302,6 +322,9 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("throughput: scan {scan:.2} GB/s, random reads {reads:.2} M/s, random writes {writes:.2} M/s");
     print_stats(&stats);
+    if let Some(rm) = remote {
+        rm.finish()?;
+    }
     if a.compare {
         compare(a, &dir.0, &phases, &stats)?;
     }
@@ -430,6 +453,99 @@ fn verify(path: &Path, size: u64, written_words: &Bits) -> Result<(), Box<dyn st
             m.offset, m.found, m.expected
         )
         .into()),
+    }
+}
+
+/// The demo's dataset on a Redis Cluster (`--store`): uploaded from the
+/// local file, downloaded back into it for the check, deleted at the end
+/// (also when the demo fails half-way).
+struct Remote {
+    url: StoreUrl,
+    opts: RedisOptions,
+    store: Option<std::sync::Arc<RedisStore>>,
+}
+
+impl Remote {
+    /// Uploads `path` as the dataset `url` names (default
+    /// `upager-demo-PID`) in chunks of `chunk` bytes.
+    fn upload(
+        url: &StoreUrl,
+        path: &Path,
+        size: u64,
+        chunk: u64,
+    ) -> Result<Remote, Box<dyn std::error::Error>> {
+        let name = url
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("upager-demo-{}", std::process::id()));
+        let url = url.with_name(&name);
+        let opts = RedisOptions::default();
+        let t0 = Instant::now();
+        let pb = bar(size, "upload");
+        upager_redis::upload(path, &url, chunk, &opts, &mut |done, _| {
+            pb.set_position(done)
+        })?;
+        pb.finish_and_clear();
+        // Opened once more to delete it at the end, whatever happens.
+        let store = Some(RedisStore::open(&url, false, &opts)?);
+        println!(
+            "  uploaded to {url:<16} {:>8.2} s",
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(Remote { url, opts, store })
+    }
+
+    /// Reads the dataset back from the cluster into `path` (a fresh
+    /// connection, not the pager's).
+    fn download(&self, path: &Path, size: u64) -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::FileExt;
+        use upager::Store;
+        let st = RedisStore::open(&self.url, false, &self.opts)?;
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        let pb = bar(size, "download");
+        let mut buf = vec![0u8; (4 << 20).max(st.chunk() as usize)];
+        let mut off = 0u64;
+        while off < size {
+            let n = (buf.len() as u64).min(size - off) as usize;
+            let got = st
+                .read_at(&mut buf[..n], off)
+                .map_err(|e| format!("reading {} back at byte {off}: {e}", self.url))?;
+            if got < n {
+                return Err(
+                    format!("{} holds {} bytes, not {size}", self.url, off + got as u64).into(),
+                );
+            }
+            file.write_all_at(&buf[..n], off)?;
+            off += n as u64;
+            pb.set_position(off);
+        }
+        pb.finish_and_clear();
+        let c = st.counters();
+        println!(
+            "  read back from the cluster ({} round trips, {} MB)",
+            c.round_trips,
+            c.bytes_received / 1_000_000
+        );
+        Ok(())
+    }
+
+    /// Deletes the dataset.
+    fn finish(mut self) -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(st) = self.store.take() {
+            st.delete()?;
+            println!("deleted {} from the cluster", self.url);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        if let Some(st) = self.store.take() {
+            if let Err(e) = st.delete() {
+                eprintln!("upager demo: could not delete {}: {e}", self.url);
+            }
+        }
     }
 }
 

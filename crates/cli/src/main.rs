@@ -6,10 +6,12 @@
 //!   throughput and the engine's counters.
 //! - `upager bench <scenario>`: the benchmark suite (see docs/benchmarks.md).
 //! - `upager stat`: residency picture of a mapped file after a workload.
+//! - `upager load`: upload a file as a dataset on a Redis Cluster.
 #![forbid(unsafe_code)]
 
 mod bench;
 mod demo;
+mod load;
 mod stat;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +36,9 @@ enum Cmd {
     /// Show a region's residency map (resident, evicted markers, never
     /// touched) after each step of a short workload.
     Stat(stat::StatArgs),
+    /// Upload a file once as a dataset on a Redis Cluster
+    /// (redis-cluster://HOST:PORT/NAME); regions then map it by name.
+    Load(load::LoadArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Bench(a) => bench::run(&a),
         Cmd::Stat(a) => stat::run(&a),
+        Cmd::Load(a) => load::run(&a),
     };
     if let Err(e) = res {
         eprintln!("upager: {e}");
@@ -135,7 +141,7 @@ mod tests {
             Ok(match parse(&args)?.cmd {
                 Cmd::Demo(a) => a.fault_mode,
                 Cmd::Stat(a) => a.fault_mode,
-                Cmd::Bench(_) => unreachable!("bench has no --fault-mode"),
+                Cmd::Bench(_) | Cmd::Load(_) => unreachable!("no --fault-mode there"),
             })
         };
         for sub in ["demo", "stat"] {
