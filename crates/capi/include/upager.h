@@ -198,12 +198,37 @@ struct upager_map_options {
                         multiple of the folio size and length must be given
                         (else -EINVAL). Unmapping leaves the range unmapped,
                         as munmap() does. */
+    const char *store; /* NULL = default: the data lives in the file (or, for
+                        upager_map_anonymous, in a private local swap file).
+                        Else a store URL, "redis-cluster://HOST:PORT[,HOST:PORT
+                        ...][/NAME]": the region's data lives on that Redis
+                        Cluster. upager_map_file(pager, NULL, opts, out) maps
+                        the dataset NAME (uploaded with upager_store_load() or
+                        `upager load`; the folio must be a multiple of its
+                        chunk size); upager_map_anonymous() swaps to the
+                        cluster (far memory; NAME is not used, its keys are
+                        deleted at unmap). Writes are acknowledged by the
+                        master and one replica (WAIT) before memory is
+                        released, and upager_flush() returns only when every
+                        earlier write is replicated. Errors: -EINVAL (bad URL),
+                        -ECONNREFUSED (cluster unreachable), -ENOENT (no such
+                        dataset). */
 };
 
 /* Fills *opts with the defaults (including opts->size). NULL is ignored. */
 void upager_map_options_init(struct upager_map_options *opts);
 
-/* Maps the file at `path` (opened read-only, or read-write with
+/* Uploads the file at `path` as a new dataset on a Redis Cluster, named by
+ * `url` ("redis-cluster://HOST:PORT/NAME"; NAME must not exist yet), in
+ * chunks of `chunk` bytes (one key each; 0 = 64 KiB): regions then map it
+ * with opts->store = url and a folio of the chunk size or a multiple.
+ * Chunks of zeros are not stored. Returns 0, or -EEXIST (NAME exists),
+ * -ECONNREFUSED (cluster unreachable), -ENOENT (no file), -EINVAL. The CLI's
+ * `upager load FILE URL` does the same with a progress bar. */
+int upager_store_load(const char *path, const char *url, uint64_t chunk);
+
+/* Maps the file at `path` (path NULL with opts->store set: the dataset on the
+ * store that URL names) (opened read-only, or read-write with
  * UPAGER_MAP_WRITE). opts may be NULL for defaults (whole file, read-only,
  * 64 KiB folios). Stores the region handle in *out.
  * Returns 0, or -ENOENT (no such file), -EACCES (permission denied, or a

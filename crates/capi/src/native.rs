@@ -73,6 +73,9 @@ pub struct upager_map_options {
     pub flags: u32,
     /// NULL, or the fixed address to map at (`MAP_FIXED`).
     pub addr: *mut c_void,
+    /// NULL, or a store URL (`redis-cluster://HOST:PORT[/NAME]`): the
+    /// region's data lives there instead of in a file or local swap.
+    pub store: *const c_char,
 }
 
 /// `UPAGER_MAP_WRITE`: map read-write (writes reach the file).
@@ -157,6 +160,7 @@ fn default_map_options() -> upager_map_options {
         folio: 0,
         flags: 0,
         addr: std::ptr::null_mut(),
+        store: std::ptr::null(),
     }
 }
 
@@ -399,6 +403,33 @@ unsafe fn map_opts(
     Ok((m, o))
 }
 
+/// The store URL of the map options (`store`), if set.
+///
+/// # Safety
+/// `o.store` is NULL or a NUL-terminated string (upager.h).
+unsafe fn store_url(o: &upager_map_options) -> Result<Option<upager_redis::StoreUrl>, Failure> {
+    if o.store.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL and NUL-terminated by this function's contract.
+    let s = unsafe { c_str(o.store, "upager_map_options.store") }?;
+    Ok(Some(s.parse()?))
+}
+
+/// Refuses a store URL where the call takes its data from elsewhere.
+fn no_store_url(
+    url: Option<upager_redis::StoreUrl>,
+    call: &str,
+    from: &str,
+) -> Result<(), Failure> {
+    match url {
+        None => Ok(()),
+        Some(u) => Err(Failure::inval(format!(
+            "{call} maps {from}, but upager_map_options.store is set ({u}): leave it NULL, or map the store with upager_map_file(pager, NULL, opts, out)"
+        ))),
+    }
+}
+
 /// `upager_map_file`: maps a file by path.
 ///
 /// # Safety
@@ -412,10 +443,25 @@ pub unsafe extern "C" fn upager_map_file(
     out: *mut *mut upager_region_t,
 ) -> c_int {
     guard(|| {
-        // SAFETY: all four pointers meet the contract stated above.
-        let (h, path, (m, _)) =
-            unsafe { (handle(p, "pager")?, c_str(path, "path")?, map_opts(opts)?) };
-        let region = h.pager.map_file(path, &m)?;
+        // SAFETY: all four pointers meet the contract stated above (a NULL
+        // path is allowed with a store URL).
+        let (h, (m, o)) = unsafe { (handle(p, "pager")?, map_opts(opts)?) };
+        // SAFETY: `o` came from the caller's initialised options.
+        let region = match (unsafe { store_url(&o) }?, path.is_null()) {
+            (Some(url), true) => {
+                upager_redis::map(&h.pager, &url, &m, &upager_redis::RedisOptions::default())?
+            }
+            (Some(url), false) => {
+                return Err(Failure::inval(format!(
+                    "give a path or a store URL (upager_map_options.store = {url}), not both: the path must be NULL to map the store"
+                )))
+            }
+            (None, _) => {
+                // SAFETY: as above.
+                let path = unsafe { c_str(path, "path") }?;
+                h.pager.map_file(path, &m)?
+            }
+        };
         // SAFETY: as above.
         unsafe {
             put(
@@ -444,13 +490,19 @@ pub unsafe extern "C" fn upager_map_store(
 ) -> c_int {
     guard(|| {
         // SAFETY: the pointers meet the contract stated above.
-        let (h, (m, _), store) = unsafe {
+        let (h, (m, o), store) = unsafe {
             (
                 handle(p, "pager")?,
                 map_opts(opts)?,
                 crate::store::store_from(ops)?,
             )
         };
+        // SAFETY: `o` came from the caller's initialised options.
+        no_store_url(
+            unsafe { store_url(&o) }?,
+            "upager_map_store",
+            "the callbacks' store",
+        )?;
         let region = h.pager.map_store(std::sync::Arc::new(store), &m)?;
         // SAFETY: as above.
         unsafe {
@@ -516,6 +568,12 @@ pub unsafe extern "C" fn upager_map_fd(
     guard(|| {
         // SAFETY: the pointers meet the contract stated above.
         let (h, (m, o)) = unsafe { (handle(p, "pager")?, map_opts(opts)?) };
+        // SAFETY: `o` came from the caller's initialised options.
+        no_store_url(
+            unsafe { store_url(&o) }?,
+            "upager_map_fd",
+            "a file descriptor",
+        )?;
         let file = dup_fd(fd, o.flags & UPAGER_MAP_WRITE != 0)?;
         let region = h.pager.map_open_file(file, &m)?;
         // SAFETY: as above.
@@ -550,7 +608,17 @@ pub unsafe extern "C" fn upager_map_anonymous(
                 "upager_map_anonymous takes its length as an argument: leave opts.length 0",
             ));
         }
-        let region = h.pager.map_anonymous(length, &m)?;
+        // SAFETY: `o` came from the caller's initialised options.
+        let region = match unsafe { store_url(&o) }? {
+            Some(url) => upager_redis::map_anonymous(
+                &h.pager,
+                &url,
+                length,
+                &m,
+                &upager_redis::RedisOptions::default(),
+            )?,
+            None => h.pager.map_anonymous(length, &m)?,
+        };
         // SAFETY: as above.
         unsafe {
             put(
@@ -560,6 +628,37 @@ pub unsafe extern "C" fn upager_map_anonymous(
                 },
             )
         }
+    })
+}
+
+/// `upager_store_load`: uploads the file at `path` as the new dataset
+/// `url` names, in chunks of `chunk` bytes (0: 64 KiB).
+///
+/// # Safety
+/// `path` and `url` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn upager_store_load(
+    path: *const c_char,
+    url: *const c_char,
+    chunk: u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: both strings meet the contract stated above.
+        let (path, url) = unsafe { (c_str(path, "path")?, c_str(url, "url")?) };
+        let url: upager_redis::StoreUrl = url.parse()?;
+        let chunk = if chunk == 0 {
+            engine::DEFAULT_FOLIO
+        } else {
+            chunk
+        };
+        upager_redis::upload(
+            path.as_ref(),
+            &url,
+            chunk,
+            &upager_redis::RedisOptions::default(),
+            &mut |_, _| {},
+        )?;
+        Ok(0)
     })
 }
 

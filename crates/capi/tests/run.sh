@@ -33,6 +33,7 @@ build fault_mode "$SRC/fault_mode.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fault_mode "$SRC/umap_fault_mode.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
 build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
+build store_redis "$SRC/store_redis.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 # UMap's C++ API (header-only over the C library): the system's g++.
 CXX=${CXX:-g++}
@@ -81,6 +82,21 @@ run "$OUT/store_ops"
 run env UMAP_BUFSIZE=512 "$OUT/umap_store"
 run env UMAP_BUFSIZE=256 "$OUT/umap_sparsestore"
 run env UMAP_BUFSIZE=4096 "$OUT/umap_fixed_sort"
+# A Redis Cluster store (issue 14): a local cluster of its own (ports
+# 7200-7205, or UPAGER_REDIS_PORT), stopped again at the end. Without
+# redis-server the test is skipped, except under CI=true.
+REPO=$(cd "$(dirname "$0")/../../.." && pwd)
+if command -v redis-server >/dev/null; then
+    export UPAGER_REDIS_PORT=${UPAGER_REDIS_PORT:-7200}
+    bash "$REPO/scripts/redis-cluster.sh" start >/dev/null
+    trap 'bash "$REPO/scripts/redis-cluster.sh" stop >/dev/null 2>&1; rm -rf "$OUT"' EXIT
+    run "$OUT/store_redis" "redis-cluster://127.0.0.1:$UPAGER_REDIS_PORT"
+    bash "$REPO/scripts/redis-cluster.sh" stop >/dev/null
+elif [ "${CI:-}" = true ]; then
+    echo "store_redis: redis-server is missing (scripts/setup.sh installs it)"; exit 1
+else
+    echo "skip store_redis: no redis-server (scripts/setup.sh installs it)"
+fi
 # The engine's own memory: start, growth and shrink, overhead_bytes.
 run env UMAP_BUFSIZE=4096 "$OUT/footprint"
 echo "C tests passed"
