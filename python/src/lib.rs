@@ -30,6 +30,7 @@ use pyo3::types::{PyDict, PyString};
 use pyo3::{ffi, IntoPyObjectExt};
 
 use upager::{FaultMode, MapOptions, Pager, Region, Residency, Stats};
+use upager_redis::{RedisOptions, RedisStore, StoreUrl};
 
 // ---------------------------------------------------------------------------
 // Errors: invalid arguments are ValueError; system failures OSError with
@@ -241,16 +242,10 @@ impl PyPager {
         length: Option<&Bound<'_, PyAny>>,
         folio: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRegion> {
-        let writable = match mode {
-            "r" => false,
-            "r+" => true,
-            m => {
-                return Err(PyValueError::new_err(format!(
-                    "mode must be \"r\" (read-only) or \"r+\" (read-write), got {m:?}"
-                )))
-            }
-        };
-        let mut opts = self.opts(folio)?.writable(writable).offset(offset);
+        let mut opts = self
+            .opts(folio)?
+            .writable(mode_writable(mode)?)
+            .offset(offset);
         if let Some(l) = opt_size(length, "length")? {
             opts = opts.len(l);
         }
@@ -265,22 +260,66 @@ impl PyPager {
         ))
     }
 
+    /// Maps a dataset on a store by URL ("redis-cluster://HOST:PORT/NAME",
+    /// uploaded with :func:`load` or `upager load`): mode "r" or "r+" as
+    /// for :meth:`map_file`; the folio must be a multiple of the dataset's
+    /// chunk size. Writes are acknowledged by a replica before memory is
+    /// released, and ``flush()`` returns once every earlier write is
+    /// replicated.
+    #[pyo3(signature = (url, mode="r", offset=0, length=None, *, folio=None))]
+    fn map_store(
+        &self,
+        py: Python<'_>,
+        url: &str,
+        mode: &str,
+        offset: u64,
+        length: Option<&Bound<'_, PyAny>>,
+        folio: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyRegion> {
+        let url: StoreUrl = url.parse().map_err(engine_err)?;
+        let mut opts = self
+            .opts(folio)?
+            .writable(mode_writable(mode)?)
+            .offset(offset);
+        if let Some(l) = opt_size(length, "length")? {
+            opts = opts.len(l);
+        }
+        let pager = self.get()?;
+        let kind = format!("store {url}, mode {mode:?}");
+        let region = py
+            .allow_threads(move || upager_redis::map(&pager, &url, &opts, &RedisOptions::default()))
+            .map_err(engine_err)?;
+        Ok(PyRegion::new(region, kind, self.mode))
+    }
+
     /// Maps `size` bytes of anonymous memory: zero-filled, writable, swapped
-    /// to a private swap file when evicted.
-    #[pyo3(signature = (size, *, folio=None))]
+    /// to a private swap file when evicted, or, with ``store`` (a URL such
+    /// as "redis-cluster://127.0.0.1:7000"), to that cluster (far memory;
+    /// its keys are deleted when the region is closed).
+    #[pyo3(signature = (size, *, folio=None, store=None))]
     fn anonymous(
         &self,
         py: Python<'_>,
         size: &Bound<'_, PyAny>,
         folio: Option<&Bound<'_, PyAny>>,
+        store: Option<&str>,
     ) -> PyResult<PyRegion> {
         let size = size_arg(size, "size")?;
         let opts = self.opts(folio)?;
         let pager = self.get()?;
-        let region = py
-            .allow_threads(move || pager.map_anonymous(size, &opts))
-            .map_err(engine_err)?;
-        Ok(PyRegion::new(region, "anonymous".into(), self.mode))
+        let url: Option<StoreUrl> = store.map(str::parse).transpose().map_err(engine_err)?;
+        let kind = match &url {
+            Some(u) => format!("anonymous on {u}"),
+            None => "anonymous".into(),
+        };
+        let region = py.allow_threads(move || match &url {
+            Some(u) => {
+                upager_redis::map_anonymous(&pager, u, size, &opts, &RedisOptions::default())
+                    .map_err(engine_err)
+            }
+            None => pager.map_anonymous(size, &opts).map_err(engine_err),
+        })?;
+        Ok(PyRegion::new(region, kind, self.mode))
     }
 
     /// Counters as a dict, with the stable names shared by the C API and
@@ -738,6 +777,79 @@ impl PyRegion {
     }
 }
 
+/// Whether a map mode asks for writes: "r" no, "r+" yes.
+fn mode_writable(mode: &str) -> PyResult<bool> {
+    match mode {
+        "r" => Ok(false),
+        "r+" => Ok(true),
+        m => Err(PyValueError::new_err(format!(
+            "mode must be \"r\" (read-only) or \"r+\" (read-write), got {m:?}"
+        ))),
+    }
+}
+
+/// Uploads the file at `path` as a new dataset on a store, named by `url`
+/// ("redis-cluster://HOST:PORT/NAME"; NAME must not exist), in chunks of
+/// `chunk` bytes (one key each; regions that map it use a folio of this
+/// size or a multiple). `progress(done, total)` is called after each batch
+/// if given. Returns the bytes uploaded.
+#[pyfunction]
+#[pyo3(signature = (path, url, *, chunk=None, replicas=1, progress=None))]
+fn load(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    url: &str,
+    chunk: Option<&Bound<'_, PyAny>>,
+    replicas: usize,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<u64> {
+    let url: StoreUrl = url.parse().map_err(engine_err)?;
+    let chunk = opt_size(chunk, "chunk")?.unwrap_or(upager::DEFAULT_FOLIO);
+    let opts = RedisOptions {
+        replicas,
+        ..RedisOptions::default()
+    };
+    let mut cb_err = None;
+    let n = py.allow_threads(|| {
+        upager_redis::upload(&path, &url, chunk, &opts, &mut |done, total| {
+            if let (Some(cb), None) = (&progress, &cb_err) {
+                if let Err(e) = Python::with_gil(|py| cb.call1(py, (done, total))) {
+                    cb_err = Some(e);
+                }
+            }
+        })
+    });
+    if let Some(e) = cb_err {
+        return Err(e);
+    }
+    n.map_err(engine_err)
+}
+
+/// Creates an empty dataset (all zeros) of `size` bytes in chunks of
+/// `chunk` bytes on a store, named by `url` (NAME must not exist): what
+/// ``open_array(None, ..., mode="w+", store=url)`` maps.
+#[pyfunction]
+#[pyo3(signature = (url, size, *, chunk=None))]
+fn create_dataset(
+    url: &str,
+    size: &Bound<'_, PyAny>,
+    chunk: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let url: StoreUrl = url.parse().map_err(engine_err)?;
+    let size = size_arg(size, "size")?;
+    let chunk = opt_size(chunk, "chunk")?.unwrap_or(upager::DEFAULT_FOLIO);
+    RedisStore::create(&url, size, chunk, &RedisOptions::default()).map_err(engine_err)?;
+    Ok(())
+}
+
+/// Removes a dataset (every key) from a store, named by `url`.
+#[pyfunction]
+fn delete_dataset(url: &str) -> PyResult<()> {
+    let url: StoreUrl = url.parse().map_err(engine_err)?;
+    let st = RedisStore::open(&url, true, &RedisOptions::default()).map_err(engine_err)?;
+    st.delete().map_err(engine_err)
+}
+
 /// Parses a size string ("64KiB", "8M", "1.5G") or int into bytes.
 #[pyfunction]
 fn parse_size(v: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -752,6 +864,9 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRegion>()?;
     m.add_class::<PyPin>()?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(create_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(delete_dataset, m)?)?;
     m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
     m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;
     m.add(

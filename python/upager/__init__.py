@@ -75,6 +75,9 @@ from ._upager import (
     Pin,
     Region,
     __version__,
+    create_dataset,
+    delete_dataset,
+    load,
     parse_size,
 )
 
@@ -85,6 +88,9 @@ __all__ = [
     "PagedArray",
     "open_array",
     "parse_size",
+    "load",
+    "create_dataset",
+    "delete_dataset",
     "STAT_NAMES",
     "DEFAULT_FOLIO",
     "FAULT_MODES",
@@ -146,7 +152,7 @@ def _shape(shape):
 
 
 def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
-               folio=None, order="C", fault_mode=None, **pager_options):
+               folio=None, order="C", fault_mode=None, store=None, **pager_options):
     """Opens a file as a numpy array paged under a hard memory budget.
 
     Like ``numpy.memmap(path, dtype, mode, offset, shape, order)``, but the
@@ -163,6 +169,14 @@ def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
     arguments go to :class:`Pager` (``batch``, ``handler_threads``,
     ``readahead``...).
 
+    ``store``: a dataset on a Redis Cluster instead of a file, by URL
+    ("redis-cluster://HOST:PORT/NAME"; ``path`` must then be None). Mode
+    "r"/"r+" maps a dataset uploaded with :func:`load` (or ``upager
+    load``); "w+" creates it (all zeros, sized to hold the array; NAME must
+    not exist). The folio defaults to the pager's (64 KiB), which must be a
+    multiple of the dataset's chunk size. ``flush()`` returns once every
+    change is acknowledged by a replica.
+
     The returned :class:`PagedArray` keeps its region and pager alive; they
     are unmapped (flushing changes) when the last array using them goes.
     Call ``flush()`` to make changes durable earlier.
@@ -178,6 +192,9 @@ def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
     if offset < 0:
         raise ValueError(f"offset must be at least 0, got {offset}")
     dims = _shape(shape)
+    if store is not None:
+        return _open_store_array(path, store, dtype, dims, mode, budget, offset,
+                                 folio, order, fault_mode, pager_options)
     path = os.fspath(path)
     if mode == "w+":
         if dims is None:
@@ -201,6 +218,42 @@ def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
     delta = offset - start
     region = pager.map_file(path, mode=mode, offset=start, length=delta + nbytes)
     pager.close()  # the region keeps the pager's threads alive
+    flat = np.frombuffer(region, dtype=dtype, count=count, offset=delta)
+    arr = flat.reshape(dims, order=order).view(PagedArray)
+    arr.region = region
+    return arr
+
+
+def _open_store_array(path, url, dtype, dims, mode, budget, offset, folio, order,
+                      fault_mode, pager_options):
+    """open_array over a dataset on a store (``store=url``)."""
+    if path is not None:
+        raise ValueError(
+            f"give a path or a store URL ({url}), not both: pass None as the path")
+    pager = Pager(budget=budget, folio=folio, fault_mode=fault_mode, **pager_options)
+    try:
+        if mode == "w+":
+            if dims is None:
+                raise ValueError('mode "w+" needs a shape')
+            nbytes = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+            create_dataset(url, offset + nbytes, chunk=pager.folio)
+            mode = "r+"
+        whole = pager.map_store(url, mode=mode)
+        size = whole.size
+        whole.close()
+        if offset > size:
+            raise ValueError(f"offset {offset} is beyond the end of {url} ({size} bytes)")
+        if dims is None:
+            dims = ((size - offset) // dtype.itemsize,)
+        count = int(np.prod(dims, dtype=np.int64))
+        nbytes = count * dtype.itemsize
+        if nbytes == 0:
+            raise ValueError("the array would be empty: give a shape with at least one element")
+        start = offset - offset % pager.folio
+        delta = offset - start
+        region = pager.map_store(url, mode=mode, offset=start, length=delta + nbytes)
+    finally:
+        pager.close()  # the region keeps the pager's threads alive
     flat = np.frombuffer(region, dtype=dtype, count=count, offset=delta)
     arr = flat.reshape(dims, order=order).view(PagedArray)
     arr.region = region
