@@ -151,6 +151,25 @@ impl UpagerEngine {
         v
     }
 
+    /// upager with its data on the Redis Cluster at `url` (issue 14), 64
+    /// KiB folios, on the scenarios that read a data file or swap:
+    /// `upager redis` (each batch one pipeline per node) and `upager redis
+    /// per-folio` (one round trip per folio: the ablation of batching).
+    pub fn for_store(exe: &WorkerExe, url: &str) -> Vec<Box<dyn Engine>> {
+        const ON: &[Scenario] = &[Scenario::MmapRead, Scenario::RandomRead, Scenario::Swap];
+        [("upager redis", true), ("upager redis per-folio", false)]
+            .into_iter()
+            .map(|(name, pipelined)| {
+                let config = UpagerConfig {
+                    store: Some(url.to_string()),
+                    store_pipelined: pipelined,
+                    ..UpagerConfig::default()
+                };
+                Box::new(UpagerEngine::new(exe.clone(), name, config, ON)) as Box<dyn Engine>
+            })
+            .collect()
+    }
+
     /// The job for a scenario variant.
     pub fn job(
         &self,

@@ -17,7 +17,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use upager::{FaultMode, Lookup, MapOptions, Pager, Region, Residency};
+use upager_redis::{OpenError, RedisOptions, RedisStore, StoreUrl};
 use upager_testdata::{xor_word, xorshift64, GOLDEN};
 
 use crate::host::{ncpu, NAME_PREFIX};
@@ -56,6 +59,15 @@ pub struct UpagerConfig {
     /// name says. In JSON by its name (`handlers`, `in-thread`).
     #[serde(with = "fault_mode_name")]
     pub fault_mode: FaultMode,
+    /// A Redis Cluster (`redis-cluster://HOST:PORT`) the data lives on
+    /// instead of the file (issue 14): the data file is uploaded once as a
+    /// dataset named after it (chunks of the folio size) and mapped by
+    /// name; anonymous regions swap to the cluster. `None`: the file and
+    /// the local swap file.
+    pub store: Option<String>,
+    /// With `store`: one pipeline per node per batch (true) or one round
+    /// trip per folio (false, the ablation).
+    pub store_pipelined: bool,
 }
 
 /// [`FaultMode`] in JSON as its name (`"in-thread"`).
@@ -89,6 +101,8 @@ impl Default for UpagerConfig {
             writable: false,
             swap_dir: None,
             fault_mode: FaultMode::Handlers,
+            store: None,
+            store_pipelined: true,
         }
     }
 }
@@ -331,8 +345,97 @@ fn timed<T: Send>(
     })
 }
 
-fn map_data(p: &Pager, c: &UpagerConfig, file: &Path) -> Result<Region, WorkloadError> {
-    p.map_file(file, &opts(c)).map_err(invalid)
+/// A run's Redis store (`UpagerConfig::store`), kept to read its wire
+/// counters after the workload.
+type Remote = Option<Arc<RedisStore>>;
+
+fn redis_opts(c: &UpagerConfig) -> RedisOptions {
+    RedisOptions {
+        pipelined: c.store_pipelined,
+        ..RedisOptions::default()
+    }
+}
+
+fn store_url(seed: &str) -> Result<StoreUrl, WorkloadError> {
+    seed.parse().map_err(invalid)
+}
+
+/// The data file as a region: the file itself, or its copy on the
+/// configured Redis Cluster (uploaded before the run when the cluster does
+/// not hold it yet: named after the file, its size, mtime and the chunk,
+/// so a remade file or another folio size gets a dataset of its own).
+fn map_data(p: &Pager, c: &UpagerConfig, file: &Path) -> Result<(Region, Remote), WorkloadError> {
+    let Some(seed) = &c.store else {
+        return Ok((p.map_file(file, &opts(c)).map_err(invalid)?, None));
+    };
+    let meta = std::fs::metadata(file).map_err(invalid)?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let chunk = c.folio_kb * 1024;
+    let stem = file
+        .file_name()
+        .map_or("data".into(), |n| n.to_string_lossy().into_owned());
+    let url = store_url(seed)?.with_name(&format!("bench-{stem}-{}-{mtime}-{chunk}", meta.len()));
+    let ro = redis_opts(c);
+    let st = match RedisStore::open(&url, c.writable, &ro) {
+        Ok(st) => st,
+        Err(OpenError::NotFound { .. }) => {
+            upager_redis::upload(file, &url, chunk, &RedisOptions::default(), &mut |_, _| {})
+                .map_err(invalid)?;
+            RedisStore::open(&url, c.writable, &ro).map_err(invalid)?
+        }
+        Err(e) => return Err(invalid(e)),
+    };
+    let region = p
+        .map_store(st.clone() as Arc<dyn upager::Store>, &opts(c))
+        .map_err(invalid)?;
+    Ok((region, Some(st)))
+}
+
+/// Anonymous memory: swapped to the local swap file, or to the configured
+/// Redis Cluster.
+fn map_anon(p: &Pager, c: &UpagerConfig, len: u64) -> Result<(Region, Remote), WorkloadError> {
+    let Some(seed) = &c.store else {
+        return Ok((p.map_anonymous(len, &opts(c)).map_err(invalid)?, None));
+    };
+    let st =
+        RedisStore::swap(&store_url(seed)?, c.folio_kb * 1024, &redis_opts(c)).map_err(invalid)?;
+    let region = p
+        .map_anonymous_on(st.clone() as Arc<dyn upager::Store>, len, &opts(c))
+        .map_err(invalid)?;
+    Ok((region, Some(st)))
+}
+
+/// The store's wire counters into `extra` as `redis.<name>`, with
+/// `redis.commands_per_round_trip` and `redis.wait_us_per_batch` (a
+/// write round's SETs and WAIT, per WAIT).
+fn add_store_counters(r: &mut WorkerResult, remote: &Remote) {
+    let Some(st) = remote else { return };
+    let c = st.counters();
+    for (k, v) in [
+        ("round_trips", c.round_trips),
+        ("commands", c.commands),
+        ("bytes_sent", c.bytes_sent),
+        ("bytes_received", c.bytes_received),
+        ("replication_waits", c.replication_waits),
+        ("replication_wait_ns", c.replication_wait_ns),
+        ("retries", c.retries),
+    ] {
+        r.extra.insert(format!("redis.{k}"), v as f64);
+    }
+    r.extra.insert(
+        "redis.commands_per_round_trip".into(),
+        c.commands as f64 / c.round_trips.max(1) as f64,
+    );
+    if c.replication_waits > 0 {
+        r.extra.insert(
+            "redis.wait_us_per_batch".into(),
+            c.replication_wait_ns as f64 / c.replication_waits as f64 / 1e3,
+        );
+    }
 }
 
 fn mmap_read(
@@ -342,7 +445,7 @@ fn mmap_read(
     threads: usize,
     seed: u64,
 ) -> Result<WorkerResult, WorkloadError> {
-    let region = map_data(p, c, file)?;
+    let (region, remote) = map_data(p, c, file)?;
     let threads = threads.max(1);
     let pages = region.len() / PAGE;
     let words = region.words();
@@ -365,6 +468,7 @@ fn mmap_read(
         "gb_per_s".into(),
         region.len() as f64 / r.elapsed_s.max(1e-9) / 1e9,
     );
+    add_store_counters(&mut r, &remote);
     Ok(r)
 }
 
@@ -376,7 +480,7 @@ fn random_read(
     reads: u64,
     seed: u64,
 ) -> Result<WorkerResult, WorkloadError> {
-    let region = map_data(p, c, file)?;
+    let (region, remote) = map_data(p, c, file)?;
     let threads = threads.max(1);
     let pages = (region.len() / PAGE) as u64;
     let words = region.words();
@@ -400,6 +504,7 @@ fn random_read(
     let (ops, bad) = res.iter().fold((0, 0), |a, x| (a.0 + x.0, a.1 + x.1));
     let mut r = meter.stop(ops, bad)?;
     r.latency = hist.summary();
+    add_store_counters(&mut r, &remote);
     Ok(r)
 }
 
@@ -455,9 +560,7 @@ fn usemem(
     let threads = threads.max(1);
     let per = per.max(PAGE as u64) / PAGE as u64 * PAGE as u64;
     let passes = passes.max(1);
-    let region = p
-        .map_anonymous(per * threads as u64, &opts(c))
-        .map_err(invalid)?;
+    let (region, remote) = map_anon(p, c, per * threads as u64)?;
     let words = region.words();
     let (meter, res, _) = timed(threads, |t, b, _| {
         let base = t as u64 * per;
@@ -481,6 +584,7 @@ fn usemem(
     let mut r = meter.stop(ops, bad)?;
     r.extra
         .insert("bytes".into(), (per * threads as u64) as f64);
+    add_store_counters(&mut r, &remote);
     Ok(r)
 }
 

@@ -167,6 +167,18 @@ pub struct BenchArgs {
     /// Only upager's engines.
     #[arg(long)]
     pub upager_only: bool,
+    /// Also run upager with its data on this Redis Cluster
+    /// (redis-cluster://HOST:PORT; start a local one with
+    /// scripts/redis-cluster.sh start): engines `upager redis` (batches
+    /// pipelined per node) and `upager redis per-folio` (one round trip per
+    /// folio) on mmap-read, random-read and swap, 64 KiB folios, next to
+    /// `upager handlers` / `upager 64K` on the file store and local swap.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<upager_redis::StoreUrl>,
+    /// Run only these engines (exact names, comma-separated, as the report
+    /// prints them, e.g. "kernel,upager handlers,upager redis").
+    #[arg(long, value_delimiter = ',')]
+    pub engines: Option<Vec<String>>,
 }
 
 fn engines(a: &BenchArgs, exe: &WorkerExe, modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
@@ -176,9 +188,16 @@ fn engines(a: &BenchArgs, exe: &WorkerExe, modes: &[FaultMode]) -> Vec<Box<dyn E
         Box::new(KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Sequential)),
     ];
     v.extend(UpagerEngine::for_modes(exe, modes));
+    if let Some(url) = &a.store {
+        v.extend(UpagerEngine::for_store(exe, &url.to_string()));
+    }
     v.retain(|e| {
         let kernel = e.name().starts_with("kernel");
-        !(a.upager_only && kernel || a.kernel_only && !kernel)
+        let chosen = a
+            .engines
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| n.trim() == e.name()));
+        chosen && !(a.upager_only && kernel || a.kernel_only && !kernel)
     });
     v
 }
