@@ -185,8 +185,12 @@ fn data_integrity_under_eviction_checked_against_redis() {
     for (w, &v) in redis_words.iter().enumerate() {
         assert_eq!(v, value(2, w), "word {w} in Redis");
     }
-    let r = Arc::try_unwrap(r).ok().expect("the only handle");
-    r.unmap().map_err(|(e, _)| e).unwrap();
+    let Ok(r) = Arc::try_unwrap(r) else {
+        panic!("the region has other handles")
+    };
+    if let Err((e, _)) = r.unmap() {
+        panic!("unmap: {e}");
+    }
     let r = upager_redis::map(&pager, &url, &MapOptions::new(), &ropts).unwrap();
     for w in 0..words {
         assert_eq!(
