@@ -534,6 +534,10 @@ impl RedisStore {
         }
         let client = Arc::clone(&self.client.lock().unwrap_or_else(|e| e.into_inner()));
         let c = client.get_connection().map_err(io_err)?;
+        // A peer that stops reading must not block a write-back for ever
+        // (reads have the client's response timeout).
+        c.set_write_timeout(Some(self.opts.timeout + self.opts.timeout))
+            .map_err(io_err)?;
         Ok(c)
     }
 

@@ -369,6 +369,41 @@ fn pipelined_and_per_chunk_read_the_same_bytes_with_fewer_round_trips() {
         "read_batch: {piped:?} vs {single:?}"
     );
 
+    // Prefetch: separate folios claimed together and read with one
+    // read_batch per 1 MiB (16 folios, one node: one round trip each).
+    let st = RedisStore::open(&url, false, &RedisOptions::default()).unwrap();
+    let pager = Pager::new(32 * MIB).unwrap();
+    let r = pager
+        .map_store(st.clone() as Arc<dyn Store>, &MapOptions::new())
+        .unwrap();
+    let before = st.counters().round_trips;
+    let t = Instant::now();
+    r.prefetch(0, len).unwrap();
+    assert!(r.wait_prefetch(Duration::from_secs(60)));
+    let trips = st.counters().round_trips - before;
+    let faults = pager.stats().faults_missing;
+    let fills = pager.stats().fills;
+    eprintln!(
+        "prefetch of {} MiB: {:?}, {trips} round trips for {fills} folios",
+        len >> 20,
+        t.elapsed()
+    );
+    assert_eq!(fills, len.div_ceil(CHUNK));
+    assert!(trips <= 2 * len.div_ceil(MIB), "{trips} round trips");
+    for p in (0..r.len()).step_by(509) {
+        assert_eq!(
+            r.bytes()[p].load(Relaxed),
+            data[p],
+            "byte {p} after prefetch"
+        );
+    }
+    assert_eq!(
+        pager.stats().faults_missing,
+        faults,
+        "no fault after prefetch"
+    );
+    drop(r);
+
     // A sequential scan through a pager: Redis against the file store.
     for kind in ["file", "redis"] {
         let pager = Pager::new(8 * MIB).unwrap();
