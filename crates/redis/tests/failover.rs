@@ -28,7 +28,7 @@ const CHUNK: u64 = 64 << 10;
 /// kill) reads back, from the region and straight from Redis.
 #[test]
 fn a_master_killed_mid_write_loses_no_acknowledged_word() {
-    let Some(c) = Cluster::start(17130) else {
+    let Some(c) = Cluster::start(21130) else {
         return;
     };
     let (len, budget) = (16 * MIB, 4 * MIB);
@@ -210,7 +210,7 @@ fn child_main() {
 /// stays in memory.
 #[test]
 fn a_store_that_goes_away_raises_sigbus_for_the_access_and_keeps_dirty_data() {
-    let Some(c) = Cluster::start(17140) else {
+    let Some(c) = Cluster::start(21140) else {
         return;
     };
     let url = c.named("gone");

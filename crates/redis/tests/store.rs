@@ -40,14 +40,14 @@ fn unreachable_cluster_is_a_clear_error_naming_the_address() {
 
 #[test]
 fn errors_name_the_dataset_the_folio_and_the_bad_key() {
-    let Some(c) = Cluster::start(17120) else {
+    let Some(c) = Cluster::start(21120) else {
         return;
     };
     let ropts = RedisOptions::default();
     let e = RedisStore::open(&c.named("nothing"), false, &ropts).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "no dataset 'nothing' on the Redis Cluster at 127.0.0.1:17120: upload one first \
+        "no dataset 'nothing' on the Redis Cluster at 127.0.0.1:21120: upload one first \
          (upager load FILE redis-cluster://.../nothing)"
     );
     let e = RedisStore::open(&c.url, false, &ropts).unwrap_err();
@@ -126,7 +126,7 @@ fn errors_name_the_dataset_the_folio_and_the_bad_key() {
 /// after unmap and a fresh map.
 #[test]
 fn data_integrity_under_eviction_checked_against_redis() {
-    let Some(c) = Cluster::start(17100) else {
+    let Some(c) = Cluster::start(21100) else {
         return;
     };
     let (len, budget) = (24 * MIB, 8 * MIB);
@@ -205,7 +205,7 @@ fn data_integrity_under_eviction_checked_against_redis() {
 /// and reads back; its keys are gone once it is.
 #[test]
 fn far_memory_swaps_to_the_cluster_and_cleans_up() {
-    let Some(c) = Cluster::start(17110) else {
+    let Some(c) = Cluster::start(21110) else {
         return;
     };
     let budget = 8 * MIB;
@@ -267,7 +267,7 @@ fn far_memory_swaps_to_the_cluster_and_cleans_up() {
 /// a pager against the file store (figures printed).
 #[test]
 fn pipelined_and_per_chunk_read_the_same_bytes_with_fewer_round_trips() {
-    let Some(c) = Cluster::start(17150) else {
+    let Some(c) = Cluster::start(21150) else {
         return;
     };
     let len = 16 * MIB + 12345;
