@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A local Redis Cluster for upager's Redis store (issue 14): 3 masters and 3
 # replicas on loopback ports BASE..BASE+5 (BASE = $UPAGER_REDIS_PORT, default
-# 7000), data under $UPAGER_REDIS_DIR (default /dev/shm/upager-redis-BASE).
+# 7000; each node also takes its cluster bus port, PORT+10000), data under
+# $UPAGER_REDIS_DIR (default /dev/shm/upager-redis-BASE).
 #
 #   scripts/redis-cluster.sh start        # prints the address to use: 127.0.0.1:7000
 #   scripts/redis-cluster.sh status       # nodes and roles
@@ -82,6 +83,9 @@ EOF
 
 node_up() { [ "$(cli "$1" ping)" = PONG ]; }
 
+# Something listens on 127.0.0.1:$1 (bash's /dev/tcp, no other tool needed).
+busy() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
 all_ok() {
   local p
   for p in $PORTS; do
@@ -121,6 +125,12 @@ start)
     # Half a cluster (a crash, a killed node): start afresh.
     "$0" stop >/dev/null
   fi
+  # Each node also listens on its cluster bus port, PORT + 10000.
+  for p in $PORTS; do
+    for q in "$p" $((p + 10000)); do
+      busy "$q" && die "port $q is in use by another program (a node on port P also needs P+10000): pick other ports with UPAGER_REDIS_PORT"
+    done
+  done
   mkdir -p "$DIR"
   for p in $PORTS; do start_node "$p"; done
   for p in $PORTS; do wait_for "$TIMEOUT" "redis-server on port $p" node_up "$p"; done

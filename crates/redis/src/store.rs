@@ -278,6 +278,9 @@ enum Op<'a> {
     Del,
 }
 
+/// The chunks of one write: (chunk index, bytes).
+type Pieces<'b> = Vec<(u64, &'b [u8])>;
+
 /// Outcome of one chunk operation: the value of a GET (None: no key).
 type OpResult = io::Result<Option<Vec<u8>>>;
 
@@ -531,6 +534,10 @@ impl RedisStore {
         }
         let client = Arc::clone(&self.client.lock().unwrap_or_else(|e| e.into_inner()));
         let c = client.get_connection().map_err(io_err)?;
+        // A peer that stops reading must not block a write-back for ever
+        // (reads have the client's response timeout).
+        c.set_write_timeout(Some(self.opts.timeout + self.opts.timeout))
+            .map_err(io_err)?;
         Ok(c)
     }
 
@@ -608,10 +615,7 @@ impl RedisStore {
             if pending.is_empty() {
                 break;
             }
-            let last = match self.attempt(ops, &keys, &pending, wait, &mut results) {
-                Ok(()) => None,
-                Err(e) => Some(e),
-            };
+            let last = self.attempt(ops, &keys, &pending, wait, &mut results).err();
             let still: Vec<usize> = pending
                 .into_iter()
                 .filter(|&k| results[k].is_none())
@@ -636,10 +640,7 @@ impl RedisStore {
             }
             self.retry_pause(&mut backoff, deadline);
         }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Ok(None)))
-            .collect()
+        results.into_iter().map(|r| r.unwrap_or(Ok(None))).collect()
     }
 
     /// One attempt at the `pending` operations: fills in the results of
@@ -827,9 +828,8 @@ impl RedisStore {
         first: u64,
         vals: &mut dyn Iterator<Item = OpResult>,
     ) -> io::Result<()> {
-        let mut i = first;
         let end = offset + buf.len() as u64;
-        for v in vals {
+        for (i, v) in (first..).zip(vals) {
             let cstart = i * self.chunk;
             let from = cstart.max(offset);
             let to = (cstart + self.chunk).min(end);
@@ -843,17 +843,12 @@ impl RedisStore {
                     dst[m..].fill(0);
                 }
             }
-            i += 1;
         }
         Ok(())
     }
 
-    /// Splits writes into chunk SETs: (write index, chunk, bytes).
-    fn pieces<'b>(
-        &self,
-        batch: &[Write<'_>],
-        bufs: &'b [Vec<u8>],
-    ) -> Vec<io::Result<Vec<(u64, &'b [u8])>>> {
+    /// Splits each write into its chunks' SETs (or an error for the write).
+    fn pieces<'b>(&self, batch: &[Write<'_>], bufs: &'b [Vec<u8>]) -> Vec<io::Result<Pieces<'b>>> {
         batch
             .iter()
             .zip(bufs)

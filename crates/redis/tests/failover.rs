@@ -28,7 +28,7 @@ const CHUNK: u64 = 64 << 10;
 /// kill) reads back, from the region and straight from Redis.
 #[test]
 fn a_master_killed_mid_write_loses_no_acknowledged_word() {
-    let Some(c) = Cluster::start(7130) else {
+    let Some(c) = Cluster::start(21130) else {
         return;
     };
     let (len, budget) = (16 * MIB, 4 * MIB);
@@ -189,15 +189,19 @@ fn child_main() {
         .unwrap();
     let r = upager_redis::map(&pager, &url, &MapOptions::new(), &ropts).unwrap();
     let first = r.words()[0].load(Relaxed);
-    println!("READY {first}");
-    std::io::stdout().flush().unwrap();
+    // Straight to fd 1: println! may go to the test harness's capture.
+    let say = |s: String| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{s}").unwrap();
+        out.flush().unwrap();
+    };
+    say(format!("READY {first}"));
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
     assert_eq!(r.words()[0].load(Relaxed), first);
-    println!("RESIDENT OK");
-    std::io::stdout().flush().unwrap();
+    say("RESIDENT OK".into());
     let v = r.words()[(8 * MIB / 8) as usize].load(Relaxed);
-    println!("not reached: {v}");
+    say(format!("not reached: {v}"));
 }
 
 /// The whole cluster stopped mid-run: a read fault of a page not resident
@@ -206,7 +210,7 @@ fn child_main() {
 /// stays in memory.
 #[test]
 fn a_store_that_goes_away_raises_sigbus_for_the_access_and_keeps_dirty_data() {
-    let Some(c) = Cluster::start(7140) else {
+    let Some(c) = Cluster::start(21140) else {
         return;
     };
     let url = c.named("gone");
@@ -243,22 +247,47 @@ fn a_store_that_goes_away_raises_sigbus_for_the_access_and_keeps_dirty_data() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("READY") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "child ended before READY"
-        );
+    // The child's lines, through a channel: every wait below is bounded.
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let limit = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = limit.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            // libtest prints "test child_main ... " before the test's first line.
+            Ok(l) if l.contains("READY") => break,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no READY from the child within 60 s: {e:?}");
+            }
+        }
     }
     let t = Instant::now();
     let stopped = c.run(&["stop"]);
     assert!(stopped.status.success());
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let mut rest = String::new();
-    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
-    let status = child.wait().unwrap();
+    let limit = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > limit {
+            let _ = child.kill();
+            panic!("the child did not end within 60 s of the cluster's stop");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(1)) {
+        rest.push_str(&l);
+        rest.push('\n');
+    }
     let took = t.elapsed();
     assert!(rest.contains("RESIDENT OK"), "{rest}");
     assert!(!rest.contains("not reached"), "{rest}");

@@ -40,14 +40,14 @@ fn unreachable_cluster_is_a_clear_error_naming_the_address() {
 
 #[test]
 fn errors_name_the_dataset_the_folio_and_the_bad_key() {
-    let Some(c) = Cluster::start(7120) else {
+    let Some(c) = Cluster::start(21120) else {
         return;
     };
     let ropts = RedisOptions::default();
     let e = RedisStore::open(&c.named("nothing"), false, &ropts).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "no dataset 'nothing' on the Redis Cluster at 127.0.0.1:7120: upload one first \
+        "no dataset 'nothing' on the Redis Cluster at 127.0.0.1:21120: upload one first \
          (upager load FILE redis-cluster://.../nothing)"
     );
     let e = RedisStore::open(&c.url, false, &ropts).unwrap_err();
@@ -126,7 +126,7 @@ fn errors_name_the_dataset_the_folio_and_the_bad_key() {
 /// after unmap and a fresh map.
 #[test]
 fn data_integrity_under_eviction_checked_against_redis() {
-    let Some(c) = Cluster::start(7100) else {
+    let Some(c) = Cluster::start(21100) else {
         return;
     };
     let (len, budget) = (24 * MIB, 8 * MIB);
@@ -185,8 +185,12 @@ fn data_integrity_under_eviction_checked_against_redis() {
     for (w, &v) in redis_words.iter().enumerate() {
         assert_eq!(v, value(2, w), "word {w} in Redis");
     }
-    let r = Arc::try_unwrap(r).ok().expect("the only handle");
-    r.unmap().map_err(|(e, _)| e).unwrap();
+    let Ok(r) = Arc::try_unwrap(r) else {
+        panic!("the region has other handles")
+    };
+    if let Err((e, _)) = r.unmap() {
+        panic!("unmap: {e}");
+    }
     let r = upager_redis::map(&pager, &url, &MapOptions::new(), &ropts).unwrap();
     for w in 0..words {
         assert_eq!(
@@ -201,7 +205,7 @@ fn data_integrity_under_eviction_checked_against_redis() {
 /// and reads back; its keys are gone once it is.
 #[test]
 fn far_memory_swaps_to_the_cluster_and_cleans_up() {
-    let Some(c) = Cluster::start(7110) else {
+    let Some(c) = Cluster::start(21110) else {
         return;
     };
     let budget = 8 * MIB;
@@ -263,7 +267,7 @@ fn far_memory_swaps_to_the_cluster_and_cleans_up() {
 /// a pager against the file store (figures printed).
 #[test]
 fn pipelined_and_per_chunk_read_the_same_bytes_with_fewer_round_trips() {
-    let Some(c) = Cluster::start(7150) else {
+    let Some(c) = Cluster::start(21150) else {
         return;
     };
     let len = 16 * MIB + 12345;
@@ -364,6 +368,41 @@ fn pipelined_and_per_chunk_read_the_same_bytes_with_fewer_round_trips() {
         piped.1 <= 3 && single.1 == 3,
         "read_batch: {piped:?} vs {single:?}"
     );
+
+    // Prefetch: separate folios claimed together and read with one
+    // read_batch per 1 MiB (16 folios, one node: one round trip each).
+    let st = RedisStore::open(&url, false, &RedisOptions::default()).unwrap();
+    let pager = Pager::new(32 * MIB).unwrap();
+    let r = pager
+        .map_store(st.clone() as Arc<dyn Store>, &MapOptions::new())
+        .unwrap();
+    let before = st.counters().round_trips;
+    let t = Instant::now();
+    r.prefetch(0, len).unwrap();
+    assert!(r.wait_prefetch(Duration::from_secs(60)));
+    let trips = st.counters().round_trips - before;
+    let faults = pager.stats().faults_missing;
+    let fills = pager.stats().fills;
+    eprintln!(
+        "prefetch of {} MiB: {:?}, {trips} round trips for {fills} folios",
+        len >> 20,
+        t.elapsed()
+    );
+    assert_eq!(fills, len.div_ceil(CHUNK));
+    assert!(trips <= 2 * len.div_ceil(MIB), "{trips} round trips");
+    for p in (0..r.len()).step_by(509) {
+        assert_eq!(
+            r.bytes()[p].load(Relaxed),
+            data[p],
+            "byte {p} after prefetch"
+        );
+    }
+    assert_eq!(
+        pager.stats().faults_missing,
+        faults,
+        "no fault after prefetch"
+    );
+    drop(r);
 
     // A sequential scan through a pager: Redis against the file store.
     for kind in ["file", "redis"] {

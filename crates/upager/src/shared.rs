@@ -124,6 +124,12 @@ pub(crate) struct Ctx {
     /// Bytes of `buf` fills may have touched since it was last shrunk
     /// ([`Shared::shrink_ctx`]); at least [`CTX_KEEP`].
     pub high: usize,
+    /// A prefetch batch's data, read with one `Store::read_batch`: the
+    /// next fill of folio `.0` takes its bytes from `.1` (an offset in the
+    /// prefetch buffer) instead of reading the store.
+    pub pre: Option<(usize, usize)>,
+    /// The prefetch batch's buffer (prefetch thread only, while it works).
+    pub pre_buf: Option<AlignedBuf>,
 }
 
 /// Bytes of a fill buffer kept resident when its thread is idle: a default
@@ -159,6 +165,8 @@ impl Ctx {
             mark: None,
             in_signal,
             high: CTX_KEEP,
+            pre: None,
+            pre_buf: None,
         }
     }
 }
