@@ -170,6 +170,25 @@ impl PyPager {
         let f = opt_size(folio, "folio")?.unwrap_or(self.folio);
         Ok(MapOptions::new().folio(f))
     }
+
+    /// Options of a mapping of part of a file or dataset: mode "r"/"r+",
+    /// offset, length (default: to the end), folio.
+    fn range_opts(
+        &self,
+        mode: &str,
+        offset: u64,
+        length: Option<&Bound<'_, PyAny>>,
+        folio: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<MapOptions> {
+        let mut opts = self
+            .opts(folio)?
+            .writable(mode_writable(mode)?)
+            .offset(offset);
+        if let Some(l) = opt_size(length, "length")? {
+            opts = opts.len(l);
+        }
+        Ok(opts)
+    }
 }
 
 #[pymethods]
@@ -242,13 +261,7 @@ impl PyPager {
         length: Option<&Bound<'_, PyAny>>,
         folio: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRegion> {
-        let mut opts = self
-            .opts(folio)?
-            .writable(mode_writable(mode)?)
-            .offset(offset);
-        if let Some(l) = opt_size(length, "length")? {
-            opts = opts.len(l);
-        }
+        let opts = self.range_opts(mode, offset, length, folio)?;
         let pager = self.get()?;
         let region = py
             .allow_threads(move || pager.map_file(&path, &opts))
@@ -277,13 +290,7 @@ impl PyPager {
         folio: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRegion> {
         let url: StoreUrl = url.parse().map_err(engine_err)?;
-        let mut opts = self
-            .opts(folio)?
-            .writable(mode_writable(mode)?)
-            .offset(offset);
-        if let Some(l) = opt_size(length, "length")? {
-            opts = opts.len(l);
-        }
+        let opts = self.range_opts(mode, offset, length, folio)?;
         let pager = self.get()?;
         let kind = format!("store {url}, mode {mode:?}");
         let region = py
