@@ -178,6 +178,9 @@ pub enum StoreError {
     },
 }
 
+/// A node's address: host, port.
+type Node = (String, u16);
+
 /// Masters of the cluster and which owns each slot.
 #[derive(Debug)]
 struct Topology {
@@ -202,7 +205,7 @@ pub struct RedisStore {
     /// The client, and its seeds: the URL's nodes and every node any
     /// topology listed since (only grows: a node that is down now may be
     /// the one that answers after the next failover).
-    client: Mutex<(Arc<ClusterClient>, Vec<(String, u16)>)>,
+    client: Mutex<(Arc<ClusterClient>, Vec<Node>)>,
     pool: Mutex<Vec<ClusterConnection>>,
     topo: Mutex<Option<Arc<Topology>>>,
     counters: Counters,
