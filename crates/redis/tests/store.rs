@@ -85,8 +85,31 @@ fn errors_name_the_dataset_the_folio_and_the_bad_key() {
     assert_eq!(st.read_at(&mut buf, 0).unwrap(), (4 * CHUNK + 100) as usize);
     assert!(buf[..(4 * CHUNK + 100) as usize].iter().all(|&b| b == 0));
 
-    // A key holding the wrong size: EIO with a message naming the key.
+    // Writes through a region reach the chunks, the short last one with
+    // exactly its 100 bytes.
     let mut raw = c.client();
+    {
+        let w = upager_redis::map(
+            &pager,
+            &c.named("d"),
+            &MapOptions::new().writable(true),
+            &ropts,
+        )
+        .unwrap();
+        w.write_at(0, &[1]);
+        w.write_at((4 * CHUNK + 99) as usize, &[0xAB]);
+        w.flush().unwrap();
+        let last = raw_chunk(&mut raw, "d", 4).unwrap();
+        assert_eq!(last.len(), 100);
+        assert_eq!(last[99], 0xAB);
+        assert_eq!(raw_chunk(&mut raw, "d", 0).unwrap()[0], 1);
+        assert!(
+            raw_chunk(&mut raw, "d", 1).is_none(),
+            "chunks never written have no key"
+        );
+    }
+
+    // A key holding the wrong size: EIO with a message naming the key.
     let _: () = redis::cmd("SET")
         .arg("upager:{d/0}:1")
         .arg(vec![7u8; 1000])
