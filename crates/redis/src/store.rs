@@ -178,6 +178,9 @@ pub enum StoreError {
     },
 }
 
+/// A node's address: host, port.
+type Node = (String, u16);
+
 /// Masters of the cluster and which owns each slot.
 #[derive(Debug)]
 struct Topology {
@@ -199,7 +202,10 @@ pub struct RedisStore {
     /// Anonymous swap space: keys deleted on drop.
     swap: bool,
     opts: RedisOptions,
-    client: Mutex<Arc<ClusterClient>>,
+    /// The client, and its seeds: the URL's nodes and every node any
+    /// topology listed since (only grows: a node that is down now may be
+    /// the one that answers after the next failover).
+    client: Mutex<(Arc<ClusterClient>, Vec<Node>)>,
     pool: Mutex<Vec<ClusterConnection>>,
     topo: Mutex<Option<Arc<Topology>>>,
     counters: Counters,
@@ -352,7 +358,7 @@ impl RedisStore {
             writable,
             swap,
             opts: opts.clone(),
-            client: Mutex::new(Arc::new(client)),
+            client: Mutex::new((Arc::new(client), seeds)),
             pool: Mutex::new(vec![conn]),
             topo: Mutex::new(Some(Arc::new(topo))),
             counters: Counters::default(),
@@ -532,7 +538,7 @@ impl RedisStore {
         if let Some(c) = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Ok(c);
         }
-        let client = Arc::clone(&self.client.lock().unwrap_or_else(|e| e.into_inner()));
+        let client = Arc::clone(&self.client.lock().unwrap_or_else(|e| e.into_inner()).0);
         let c = client.get_connection().map_err(io_err)?;
         // A peer that stops reading must not block a write-back for ever
         // (reads have the client's response timeout).
@@ -561,10 +567,21 @@ impl RedisStore {
         }
         let t = Arc::new(fetch_topology(conn).map_err(io_err)?);
         self.counters.round_trips.fetch_add(1, Relaxed);
-        // New nodes (a revived one) join the seeds of later connections.
-        if let Ok(c) = Self::client_for(&t.all, &self.opts) {
-            *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(c);
+        // New nodes join the seeds of later connections.
+        let mut client = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh: Vec<_> = t
+            .all
+            .iter()
+            .filter(|n| !client.1.contains(n))
+            .cloned()
+            .collect();
+        if !fresh.is_empty() {
+            client.1.extend(fresh);
+            if let Ok(c) = Self::client_for(&client.1, &self.opts) {
+                client.0 = Arc::new(c);
+            }
         }
+        drop(client);
         *self.topo.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&t));
         Ok(t)
     }
@@ -1033,6 +1050,28 @@ fn fetch_topology(conn: &mut ClusterConnection) -> redis::RedisResult<Topology> 
         for n in r.iter().skip(2).filter_map(node) {
             if !t.all.contains(&n) {
                 t.all.push(n);
+            }
+        }
+    }
+    // CLUSTER SLOTS may not list a replica yet that CLUSTER NODES knows
+    // (gossip): every node is a seed worth having.
+    if let Ok(Value::BulkString(text)) = conn.route_command(
+        &redis::cmd("CLUSTER").arg("NODES").clone(),
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+    ) {
+        for line in String::from_utf8_lossy(&text).lines() {
+            // <id> <ip:port@cport[,hostname]> <flags> ...
+            let Some(addr) = line.split_whitespace().nth(1) else {
+                continue;
+            };
+            let addr = addr.split(['@', ',']).next().unwrap_or("");
+            if let Some((h, p)) = addr.rsplit_once(':') {
+                if let (false, Ok(p)) = (h.is_empty(), p.parse::<u16>()) {
+                    let n = (h.trim_matches(['[', ']']).to_string(), p);
+                    if !t.all.contains(&n) {
+                        t.all.push(n);
+                    }
+                }
             }
         }
     }

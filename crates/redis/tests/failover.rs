@@ -113,6 +113,30 @@ fn a_master_killed_mid_write_loses_no_acknowledged_word() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let failover = failover.expect("the cluster failed over within 30 s");
+    // Right after the failover, straight from Redis: no word is older than
+    // the last round flushed before the kill (acknowledged writes survived
+    // the master's death; later rounds may be there in part).
+    let mut raw = c.client();
+    for (w, v) in raw_words(&mut raw, "fo", len, CHUNK)
+        .into_iter()
+        .enumerate()
+    {
+        if w % 16 == 0 {
+            assert_eq!(
+                v & 0xFFFF_FFFF,
+                w as u64,
+                "word {w} right after the failover"
+            );
+            assert!(
+                v >> 32 >= flushed_before,
+                "word {w} is from round {} though round {flushed_before} was flushed before the kill",
+                v >> 32
+            );
+        } else {
+            assert_eq!(v, 0, "word {w}");
+        }
+    }
+    drop(raw);
     // The killed node comes back as a replica (WAIT 1 needs one again).
     let out = c.run(&["revive", &victim.to_string()]);
     assert!(

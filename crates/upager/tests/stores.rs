@@ -1,0 +1,163 @@
+//! The store layer's additions of issue 14, against local stores:
+//! anonymous regions swapping to a store of the caller's
+//! (`Pager::map_anonymous_on`) and prefetch reading separate folios with one
+//! `Store::read_batch`.
+
+// Integration tests sit at the top level of their file, which the workspace
+// lint `tests_outside_test_module` (meant for src/) would flag.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::io;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use upager::{MapError, MapOptions, Pager, ReadReq, Src, Store, SwapFile, Write, Written};
+
+const MIB: u64 = 1 << 20;
+
+/// A store that records what the engine asks of it, over another store.
+#[derive(Debug)]
+struct Recorder<S: Store> {
+    inner: S,
+    reads: AtomicU64,
+    /// Sizes of the `read_batch` calls.
+    batches: Mutex<Vec<usize>>,
+    writes: AtomicU64,
+    punched: AtomicU64,
+}
+
+impl<S: Store> Recorder<S> {
+    fn new(inner: S) -> Recorder<S> {
+        Recorder {
+            inner,
+            reads: AtomicU64::new(0),
+            batches: Mutex::new(Vec::new()),
+            writes: AtomicU64::new(0),
+            punched: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<S: Store> Store for Recorder<S> {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn writable(&self) -> bool {
+        self.inner.writable()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.reads.fetch_add(1, Relaxed);
+        self.inner.read_at(buf, offset)
+    }
+    fn read_batch(&self, reads: &mut [ReadReq<'_>]) -> Vec<io::Result<usize>> {
+        self.batches.lock().unwrap().push(reads.len());
+        reads
+            .iter_mut()
+            .map(|r| self.inner.read_at(r.buf, r.offset))
+            .collect()
+    }
+    fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
+        self.writes.fetch_add(1, Relaxed);
+        self.inner.write_from(src, offset)
+    }
+    fn write_batch(&self, batch: &[Write<'_>]) -> Written {
+        self.writes.fetch_add(batch.len() as u64, Relaxed);
+        self.inner.write_batch(batch)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.punched.fetch_add(len, Relaxed);
+        self.inner.punch(offset, len)
+    }
+}
+
+/// An anonymous region on a store of the caller's: zero on first touch,
+/// folios never written never read, evicted data back intact, slots punched
+/// when the region goes; a read-only store is refused.
+#[test]
+fn map_anonymous_on_swaps_to_the_given_store() {
+    let dir = ram_dir();
+    let store = Arc::new(Recorder::new(SwapFile::create(dir.path(), true).unwrap()));
+    let budget = 8 * MIB;
+    let pager = Pager::new(budget).unwrap();
+    let len = 4 * budget;
+    let r = pager
+        .map_anonymous_on(store.clone(), len, &MapOptions::new())
+        .unwrap();
+    let words = (len / 8) as usize;
+    // Read every folio once before writing: zeros, and no store read.
+    for w in (0..words).step_by(8192) {
+        assert_eq!(r.words()[w].load(Relaxed), 0);
+    }
+    assert_eq!(
+        store.reads.load(Relaxed),
+        0,
+        "never-written folios are not read"
+    );
+    for w in (0..words).step_by(8192) {
+        r.words()[w].store(w as u64 + 1, Relaxed);
+    }
+    for w in (0..words).step_by(8192) {
+        assert_eq!(r.words()[w].load(Relaxed), w as u64 + 1, "word {w}");
+    }
+    assert!(
+        store.writes.load(Relaxed) > 0,
+        "evictions went to the store"
+    );
+    assert!(
+        store.reads.load(Relaxed) > 0,
+        "evicted folios came back from it"
+    );
+    assert!(pager.stats().resident_peak_bytes <= budget + 4 * MIB);
+    drop(r);
+    assert!(
+        store.punched.load(Relaxed) > 0,
+        "the region's slots were punched"
+    );
+
+    // A read-only store cannot take swap.
+    let f = pattern_file(dir.path(), "ro", MIB, 1);
+    let ro = Arc::new(upager::FileStore::open(&f, false, false).unwrap());
+    let e = pager
+        .map_anonymous_on(ro, MIB, &MapOptions::new())
+        .unwrap_err();
+    assert!(matches!(e, MapError::StoreReadOnly), "{e}");
+}
+
+/// Prefetch reads separate folios together: one `read_batch` per 1 MiB of
+/// folios (16 of 64 KiB), and the data is the file's.
+#[test]
+fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 8 * MIB, 5);
+    let store = Arc::new(Recorder::new(
+        upager::FileStore::open(&path, false, true).unwrap(),
+    ));
+    let pager = Pager::new(32 * MIB).unwrap();
+    let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
+    r.prefetch(0, 8 * MIB).unwrap();
+    assert!(r.wait_prefetch(Duration::from_secs(30)));
+    let batches = store.batches.lock().unwrap().clone();
+    assert_eq!(batches, vec![16; 8], "one read_batch per 1 MiB of folios");
+    assert_eq!(store.reads.load(Relaxed), 0, "no folio read on its own");
+    let faults = pager.stats().faults_missing;
+    for w in (0..r.len() / 8).step_by(511) {
+        assert_eq!(
+            r.words()[w].load(Relaxed),
+            word(w as u64 * 8, 5),
+            "word {w}"
+        );
+    }
+    assert_eq!(
+        pager.stats().faults_missing,
+        faults,
+        "no fault after prefetch"
+    );
+}
