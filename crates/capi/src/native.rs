@@ -498,11 +498,8 @@ pub unsafe extern "C" fn upager_map_store(
             )
         };
         // SAFETY: `o` came from the caller's initialised options.
-        no_store_url(
-            unsafe { store_url(&o) }?,
-            "upager_map_store",
-            "the callbacks' store",
-        )?;
+        let url = unsafe { store_url(&o) }?;
+        no_store_url(url, "upager_map_store", "the callbacks' store")?;
         let region = h.pager.map_store(std::sync::Arc::new(store), &m)?;
         // SAFETY: as above.
         unsafe {
@@ -569,11 +566,8 @@ pub unsafe extern "C" fn upager_map_fd(
         // SAFETY: the pointers meet the contract stated above.
         let (h, (m, o)) = unsafe { (handle(p, "pager")?, map_opts(opts)?) };
         // SAFETY: `o` came from the caller's initialised options.
-        no_store_url(
-            unsafe { store_url(&o) }?,
-            "upager_map_fd",
-            "a file descriptor",
-        )?;
+        let url = unsafe { store_url(&o) }?;
+        no_store_url(url, "upager_map_fd", "a file descriptor")?;
         let file = dup_fd(fd, o.flags & UPAGER_MAP_WRITE != 0)?;
         let region = h.pager.map_open_file(file, &m)?;
         // SAFETY: as above.
