@@ -30,11 +30,12 @@ fn main() {
     });
     let s = pager.stats();
     println!(
-        "{:.3} s: fills {} thp_fills {} thp_fill_fallback {} evictions {}",
+        "{:.3} s: fills {} thp_fills {} thp_fill_fallback {} evictions {} recycled {}",
         t.elapsed().as_secs_f64(),
         s.fills,
         s.thp_fills,
         s.thp_fill_fallback,
-        s.evictions
+        s.evictions,
+        s.thp_recycled
     );
 }

@@ -183,6 +183,12 @@ impl Area {
         }
     }
 
+    /// Whether folio `idx` of a `huge_view` region was moved in whole (one
+    /// PMD-mapped huge page, no base pages installed since), while resident.
+    pub fn pmd_mapped(&self, idx: usize) -> bool {
+        self.huge_view && self.tables[idx / 64].load(Ordering::Acquire) & (1 << (idx % 64)) == 0
+    }
+
     /// Whether a page table may be under folio `idx` (always in a view
     /// that is not `huge_view`: its missing faults allocate one), forgetting
     /// it: the caller drops it.
