@@ -15,7 +15,7 @@
 //! writable regions get huge pages: the kernel moves pages only between
 //! writable mappings (`validate_move_areas`), and a read-only region's view
 //! is `PROT_READ` (its 2 MiB fills copy and count as fallbacks). Staged
-//! pages use at most an eighth of the budget (one per 16 MiB, at most 8;
+//! pages use at most an eighth of the budget (one per 16 MiB, at most 16;
 //! none under 16 MiB).
 //!
 //! Evicted huge pages are recycled: the slots are registered with the
@@ -54,7 +54,7 @@ use crate::budget::Budget;
 pub(crate) const HUGE: u64 = crate::config::MAX_FOLIO;
 
 /// Staged huge pages kept ready.
-const SLOTS: usize = 8;
+const SLOTS: usize = 16;
 
 /// One staging buffer.
 pub(crate) struct Staged {
