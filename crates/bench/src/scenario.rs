@@ -341,13 +341,9 @@ fn tlb_reach_tiny() -> ScenarioParams {
     ScenarioParams {
         region_bytes: 16 << 20,
         reads_per_thread: 100_000,
-        threads: 1,
-        use_cgroup: false,
-        drop_caches: false,
-        trace_tlb: false,
         rounds: 1,
         timeout_s: 60.0,
-        ..Default::default()
+        ..tlb_reach_defaults()
     }
 }
 
