@@ -215,6 +215,8 @@ fn anonymous_huge_folios_swap_whole_and_come_back_huge() {
         s.thp_evictions > 0 && s.refaults > 0 && s.thp_fills > 0,
         "{s:?}"
     );
+    // Written back to swap, then moved out into a staging slot (thp.rs).
+    assert!(s.thp_recycled > 0, "{s:?}");
     assert!(s.resident_peak_bytes <= 32 * MIB, "{s:?}");
     // Swapped out whole and back as a huge page (once one is staged).
     let k = 5;
