@@ -11,6 +11,8 @@
 //!                every run (swap: every folio) handed to the store at once,
 //!                Store::write_batch (io_uring: submitted together), waited for
 //!   4) unmap     one process_madvise(MADV_DONTNEED) over all victims  (one flush)
+//!                (a PMD-mapped 2 MiB folio is moved out into a staging
+//!                slot instead: thp.rs, one flush each; its charge stays)
 //!   5) release   state -> EVICTED/NEVER (wake waiters), budget returned
 //! ```
 //! `Writeback` (flush, the dirty limit) stops after 3) with the folios CLEAN
