@@ -211,6 +211,7 @@ PINNED_STAT_NAMES = [
     "thp_fill_fallback",
     "thp_evictions",
     "overhead_bytes",
+    "thp_recycled",
 ]
 
 

@@ -127,6 +127,10 @@ impl KernelEngine {
                 bytes: p.region_bytes as usize,
                 folio_kb: p.folio_kb,
             },
+            Scenario::TlbReach => Workload::TlbReach {
+                bytes: p.region_bytes as usize,
+                reads: p.reads_per_thread,
+            },
             Scenario::Swap => {
                 let per = if p.bytes_per_thread > 0 {
                     p.bytes_per_thread

@@ -22,6 +22,7 @@ use crate::latency::{Histogram, MULTI_FAULT_SAMPLE_EVERY};
 use crate::meter::{wio, Meter, WorkerResult, WorkloadError};
 use crate::raw;
 use crate::thp::mthp_fault_stats;
+use crate::tlb_reach;
 
 const PAGE: usize = 4096;
 
@@ -246,6 +247,20 @@ pub(crate) fn unmap(bytes: usize, folio_kb: u64) -> Result<WorkerResult, Workloa
         );
     }
     Ok(r)
+}
+
+/// Issue 13's TLB reach, the kernel's side: `bytes` of anonymous
+/// `MADV_HUGEPAGE` memory (transparent huge pages), every page written, then
+/// `reads` random 8-byte reads (`tlb_reach`).
+pub(crate) fn tlb_reach(bytes: usize, reads: u64) -> Result<WorkerResult, WorkloadError> {
+    let bytes = bytes.max(tlb_reach::HUGE) / tlb_reach::HUGE * tlb_reach::HUGE;
+    let mut m = upager_sys::mem::AlignedBuf::huge(bytes)
+        .ok_or_else(|| WorkloadError::Invalid(format!("no {bytes} bytes of address space")))?;
+    for o in (0..bytes).step_by(PAGE) {
+        m[o] = 1;
+    }
+    let addr = m.addr();
+    tlb_reach::measure(m.atomic_words(), reads, addr, bytes)
 }
 
 pub(crate) fn usemem(

@@ -45,14 +45,15 @@
 //! | `undo` | undo actions, Ctrl-C cleanup | host |
 //! | `pattern` | data files: made, synced, dropped from the page cache, checked | host, raw |
 //! | `meter` | [`WorkerResult`], `Meter`, `median` | latency, raw |
+//! | `tlb_reach` | random reads over a resident region, huge-page share | meter |
 //! | `cgroup` | memory cgroups, v2 and v1 | host, undo |
 //! | `blockdev` | zram, loop devices, ext4; mounts and swaps | host, pattern, undo |
 //! | `swap` | the kernel's swap device | blockdev, host, undo |
 //! | `thp` | mTHP knobs and counters | host, undo |
 //! | `tracing` | TLB shootdowns: tracepoint, /proc/interrupts | host, undo |
 //! | `env` | [`BenchEnv`], stale clean-up; re-exports the environment | blockdev, cgroup, host, pattern, swap, thp, tracing, undo |
-//! | `kernel_workloads` | the kernel's workloads | host, latency, meter, raw, thp |
-//! | `upager_workloads` | upager's workloads, in the worker | host, latency, meter, raw |
+//! | `kernel_workloads` | the kernel's workloads | host, latency, meter, raw, thp, tlb_reach |
+//! | `upager_workloads` | upager's workloads, in the worker | host, latency, meter, raw, tlb_reach |
 //! | `workloads` | [`Workload`], `run_workload` | kernel_workloads, meter, pattern, upager_workloads |
 //! | `worker` | the worker process: protocol, [`run_worker`] | cgroup, host, tracing, undo, workloads |
 //! | `measurement` | [`Measurement`], [`Metric`] | latency, worker |
@@ -81,6 +82,7 @@ pub mod scenario;
 pub mod suite;
 mod swap;
 mod thp;
+mod tlb_reach;
 pub mod tracing;
 mod undo;
 pub mod upager_engine;

@@ -29,6 +29,9 @@ pub enum Scenario {
     UnmapFolio,
     /// Seed 003: anonymous memory larger than the budget (usemem).
     Swap,
+    /// Issue 13: random reads over a fully resident region, 4 KiB pages vs
+    /// huge pages in the view.
+    TlbReach,
     /// Seed 004: classifying resident / evicted / never touched.
     Residency,
     /// Issue 12: a numpy user's float64 array larger than memory,
@@ -38,12 +41,13 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in the order `all` runs them.
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::MmapRead,
         Scenario::RandomRead,
         Scenario::MultiFault,
         Scenario::UnmapFolio,
         Scenario::Swap,
+        Scenario::TlbReach,
         Scenario::Residency,
         Scenario::Numpy,
     ];
@@ -56,6 +60,7 @@ impl Scenario {
             Scenario::MultiFault => &MULTI_FAULT,
             Scenario::UnmapFolio => &UNMAP_FOLIO,
             Scenario::Swap => &SWAP,
+            Scenario::TlbReach => &TLB_REACH,
             Scenario::Residency => &RESIDENCY,
             Scenario::Numpy => &NUMPY,
         }
@@ -83,7 +88,7 @@ impl fmt::Display for Scenario {
     }
 }
 
-/// unknown scenario {0:?}; known: mmap-read, random-read, multi-fault, unmap-folio, swap, residency, numpy
+/// unknown scenario {0:?}; known: mmap-read, random-read, multi-fault, unmap-folio, swap, tlb-reach, residency, numpy
 #[derive(Debug, Clone, PartialEq, Eq, displaydoc::Display, thiserror::Error)]
 pub struct ParseScenarioError(pub String);
 
@@ -321,6 +326,27 @@ fn swap_tiny() -> ScenarioParams {
     }
 }
 
+fn tlb_reach_defaults() -> ScenarioParams {
+    ScenarioParams {
+        region_bytes: 1 << 30,
+        reads_per_thread: 20_000_000,
+        threads: 1,
+        use_cgroup: false,
+        drop_caches: false,
+        trace_tlb: false,
+        ..Default::default()
+    }
+}
+fn tlb_reach_tiny() -> ScenarioParams {
+    ScenarioParams {
+        region_bytes: 16 << 20,
+        reads_per_thread: 100_000,
+        rounds: 1,
+        timeout_s: 60.0,
+        ..tlb_reach_defaults()
+    }
+}
+
 fn residency_defaults() -> ScenarioParams {
     ScenarioParams {
         region_bytes: 16 << 30,
@@ -452,6 +478,28 @@ static MMAP_READ: ScenarioSpec = ScenarioSpec {
     baseline_variant: None,
     defaults: mmap_read_defaults,
     tiny: mmap_read_tiny,
+};
+
+static TLB_REACH: ScenarioSpec = ScenarioSpec {
+    scenario: Scenario::TlbReach,
+    name: "tlb-reach",
+    seed: "002 (large folios: one TLB entry per folio), issue 13",
+    doc: "One thread does random 8-byte reads (a fixed xorshift sequence) over a fully resident \
+          anonymous region, no faults: what the page size of the application's view costs once \
+          everything is in memory. `kernel`: anonymous MADV_HUGEPAGE memory (transparent huge \
+          pages); `upager 4K`: 4 KiB folios (a 4 KiB-page view); `upager 2M`: 2 MiB folios, moved \
+          into the view as huge pages. `huge_share` in each run's extra: the part of the region \
+          mapped by huge pages (PAGEMAP_SCAN).",
+    engines: &["kernel", "upager 4K", "upager 2M"],
+    target: "upager 2M matches the kernel's THP (elapsed ≈ 1×)",
+    metric: Metric::ElapsedS,
+    data: DataFile::None,
+    baseline_engine: "kernel",
+    phases: &[],
+    needs_swap: false,
+    baseline_variant: None,
+    defaults: tlb_reach_defaults,
+    tiny: tlb_reach_tiny,
 };
 
 static RANDOM_READ: ScenarioSpec = ScenarioSpec {
@@ -688,6 +736,10 @@ impl Scenario {
                     size_label(p.limit_bytes >> 10),
                     size_label(p.upager_budget() >> 10)
                 ),
+                ..base
+            }],
+            Scenario::TlbReach => vec![ScenarioParams {
+                variant: format!("region={}", size_label(p.region_bytes >> 10)),
                 ..base
             }],
             Scenario::MmapRead | Scenario::RandomRead | Scenario::Residency => {

@@ -106,7 +106,12 @@ impl UpagerEngine {
                     writable: true,
                     ..d()
                 },
-                &[Scenario::MmapRead],
+                &[Scenario::MmapRead, Scenario::TlbReach],
+            ),
+            e(
+                "upager 4K",
+                UpagerConfig { folio_kb: 4, ..d() },
+                &[Scenario::TlbReach],
             ),
             e(
                 "upager handlers 1-uffd",
@@ -201,6 +206,10 @@ impl UpagerEngine {
                     bytes: p.region_bytes,
                 }
             }
+            Scenario::TlbReach => UpagerJob::TlbReach {
+                bytes: p.region_bytes,
+                reads: p.reads_per_thread,
+            },
             Scenario::Swap => {
                 if c.swap_dir.is_none() {
                     c.swap_dir.clone_from(&p.swap_dir);

@@ -27,6 +27,7 @@ use crate::host::{ncpu, NAME_PREFIX};
 use crate::latency::{Histogram, MULTI_FAULT_SAMPLE_EVERY};
 use crate::meter::{median, wio, Meter, WorkerResult, WorkloadError};
 use crate::raw;
+use crate::tlb_reach;
 
 const PAGE: usize = 4096;
 
@@ -163,6 +164,15 @@ pub enum UpagerJob {
         /// Region size.
         bytes: u64,
     },
+    /// Issue 13's TLB reach: an anonymous region of `bytes` (budget: all of
+    /// it and 256 MiB), every page written, then `reads` random 8-byte
+    /// reads timed (no faults: everything resident).
+    TlbReach {
+        /// Region size.
+        bytes: u64,
+        /// Random reads.
+        reads: u64,
+    },
     /// Seed 003 (usemem): threads write one word per page of their own part
     /// of an anonymous region larger than the budget, then read it back.
     Usemem {
@@ -235,6 +245,7 @@ pub fn run_job(
 ) -> Result<WorkerResult, WorkloadError> {
     match job {
         UpagerJob::Unmap { bytes } => unmap(c, *bytes),
+        UpagerJob::TlbReach { bytes, reads } => tlb_reach(c, *bytes, *reads),
         UpagerJob::Residency {
             bytes,
             method,
@@ -265,7 +276,9 @@ pub fn run_job(
                     passes,
                 } => usemem(&p, c, *threads, *bytes_per_thread, *passes)?,
                 UpagerJob::Probe => probe(&p)?,
-                UpagerJob::Unmap { .. } | UpagerJob::Residency { .. } => unreachable!(),
+                UpagerJob::Unmap { .. }
+                | UpagerJob::TlbReach { .. }
+                | UpagerJob::Residency { .. } => unreachable!(),
             };
             // multi-fault and the probe map 4 KiB folios whatever the config.
             let folio_kb = match job {
@@ -606,6 +619,22 @@ fn unmap(c: &UpagerConfig, bytes: u64) -> Result<WorkerResult, WorkloadError> {
     r.extra.insert("populate_s".into(), populate_s);
     r.extra.insert("folio_kb".into(), c.folio_kb as f64);
     r.extra.insert("resident_before".into(), resident as f64);
+    add_stats(&mut r, &p, c.folio_kb);
+    Ok(r)
+}
+
+/// Issue 13's TLB reach through upager: the region fully resident
+/// (budget: the region and 256 MiB), then the reads of `tlb_reach`.
+fn tlb_reach(c: &UpagerConfig, bytes: u64, reads: u64) -> Result<WorkerResult, WorkloadError> {
+    let folio = c.folio_kb * 1024;
+    let bytes = bytes.max(folio) / folio * folio;
+    let p = pager(bytes + (256 << 20), c)?;
+    let region = p.map_anonymous(bytes, &opts(c)).map_err(invalid)?;
+    let words = region.words();
+    for w in (0..words.len()).step_by(PAGE / 8) {
+        words[w].store(1, Relaxed);
+    }
+    let mut r = tlb_reach::measure(words, reads, region.as_ptr() as u64, bytes as usize)?;
     add_stats(&mut r, &p, c.folio_kb);
     Ok(r)
 }

@@ -73,6 +73,15 @@ pub enum Workload {
         /// Folio size the parent enabled (KiB).
         folio_kb: u64,
     },
+    /// Issue 13's TLB reach: `bytes` of anonymous memory with transparent
+    /// huge pages (`MADV_HUGEPAGE`), every page written, then `reads`
+    /// random 8-byte reads timed (no faults).
+    TlbReach {
+        /// Region size.
+        bytes: usize,
+        /// Random reads.
+        reads: u64,
+    },
     /// Seed 003 (usemem): `threads` threads each write one word per page of
     /// their own `bytes_per_thread` anonymous area, then read it back
     /// `passes - 1` times, checking it (the data survives swap).
@@ -179,6 +188,7 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
             area_bytes,
         } => kernel::multi_fault(*threads, *seconds, *area_bytes),
         Workload::Unmap { bytes, folio_kb } => kernel::unmap(*bytes, *folio_kb),
+        Workload::TlbReach { bytes, reads } => kernel::tlb_reach(*bytes, *reads),
         Workload::Usemem {
             threads,
             bytes_per_thread,

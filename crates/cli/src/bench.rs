@@ -135,13 +135,13 @@ pub struct BenchArgs {
     /// Thread counts to sweep, e.g. 1,2,4 (multi-fault, swap).
     #[arg(long, value_delimiter = ',', value_parser = count_item)]
     pub thread_counts: Option<Vec<usize>>,
-    /// Random reads per thread (random-read).
+    /// Random reads per thread (random-read; tlb-reach: reads in all).
     #[arg(long)]
     pub reads: Option<u64>,
     /// Seconds per run (multi-fault).
     #[arg(long)]
     pub seconds: Option<f64>,
-    /// Region size (unmap-folio, residency).
+    /// Region size (unmap-folio, residency, tlb-reach).
     #[arg(long, value_parser = size_arg)]
     pub region: Option<u64>,
     /// Folio sizes to sweep, e.g. 4K,64K,2M (unmap-folio).

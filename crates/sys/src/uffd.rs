@@ -349,6 +349,58 @@ impl Uffd {
         fill_outcome(r, m.move_)
     }
 
+    /// `UFFDIO_MOVE` of the anonymous pages of `src` (a registered range of
+    /// an application view whose folio the caller owns and has written
+    /// back) into `dst[off..off + src.len()]` (an engine-owned buffer
+    /// registered with this userfaultfd, [`Uffd::register_buf`]), without
+    /// waking: a PMD-mapped huge page moves whole when both sides are 2 MiB
+    /// aligned and `dst` has no page table there. `src` reads as missing
+    /// afterwards (its next access faults).
+    pub fn move_out(
+        &self,
+        src: MapRange<'_>,
+        dst: &mut crate::mem::AlignedBuf,
+        off: usize,
+    ) -> io::Result<Fill> {
+        assert!(off
+            .checked_add(src.len() as usize)
+            .is_some_and(|e| e <= dst.len()));
+        let mut m = k::uffdio_move {
+            dst: dst.addr() + off as u64,
+            src: src.addr(),
+            len: src.len(),
+            mode: UFFDIO_MOVE_MODE_DONTWAKE,
+            move_: 0,
+        };
+        // SAFETY: `m` is a valid uffdio_move; `src` is part of a Mapping
+        // (atomic views only: the pages leaving it are never referenced as
+        // Rust data), and `dst` is borrowed mutably, so no slice of the
+        // buffer is alive while its pages are replaced.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
+        fill_outcome(r, m.move_)
+    }
+
+    /// Registers engine-owned buffer `buf` for write-protect only (no
+    /// missing faults: touching it allocates memory as usual): the buffer
+    /// can then receive pages by [`Uffd::move_out`] through this
+    /// userfaultfd (the kernel moves only into ranges registered with the
+    /// descriptor the ioctl is made on).
+    pub fn register_buf(&self, buf: &crate::mem::AlignedBuf) -> io::Result<u64> {
+        let mut reg = k::uffdio_register {
+            range: k::uffdio_range {
+                start: buf.addr(),
+                len: buf.len() as u64,
+            },
+            mode: u64::from(k::UFFDIO_REGISTER_MODE_WP),
+            ioctls: 0,
+        };
+        // SAFETY: `reg` is a valid uffdio_register over `buf`'s own mapping;
+        // registration changes no memory.
+        let ret = unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_REGISTER as _, &mut reg) };
+        cvt(ret.into())?;
+        Ok(reg.ioctls)
+    }
+
     /// Reads pending messages into `out` (non-blocking); returns how many were
     /// read, 0 when none was pending.
     pub fn read_msgs(&self, buf: &mut [u8], out: &mut Vec<Msg>) -> io::Result<usize> {

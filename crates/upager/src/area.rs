@@ -54,6 +54,16 @@ pub(crate) struct Area {
     /// The userfaultfd (index modulo the pager's count) of the first shard;
     /// shard `k` is on `shard_first + k`.
     pub shard_first: usize,
+    /// The view is `MADV_HUGEPAGE` (file-backed writable regions of 2 MiB
+    /// folios, thp.rs): a missing read fault is raised at PMD level and
+    /// leaves no page table, so a fill moves its huge page in without first
+    /// dropping one.
+    pub huge_view: bool,
+    /// With 2 MiB folios, one bit per folio: base pages were installed
+    /// under it (a copy or poison), so it is not one PMD-mapped huge page
+    /// and, in a `huge_view`, a page table is left there, to be dropped
+    /// before a huge page is moved in. Empty for other folio sizes.
+    pub tables: upager_sys::mem::AtomicTable,
 }
 
 /// How a region of `nfolios` folios of `folio` bytes is split over
@@ -162,6 +172,34 @@ impl Area {
         if self.touched[w].load(Ordering::Acquire) & bit == 0 {
             self.touched[w].fetch_or(bit, Ordering::SeqCst);
         }
+    }
+
+    /// Notes that base pages (a page table) may be installed under folios
+    /// `idx..idx + n` of a region of 2 MiB folios; no-op otherwise.
+    pub fn note_table(&self, idx: usize, n: usize) {
+        if !self.tables.is_empty() {
+            for k in idx..idx + n {
+                self.tables[k / 64].fetch_or(1 << (k % 64), Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Whether resident folio `idx` of a region of 2 MiB folios was moved
+    /// in whole (one PMD-mapped huge page, no base pages installed since).
+    pub fn pmd_mapped(&self, idx: usize) -> bool {
+        !self.tables.is_empty()
+            && self.tables[idx / 64].load(Ordering::Acquire) & (1 << (idx % 64)) == 0
+    }
+
+    /// Whether a page table may be under folio `idx` (always in a view
+    /// that is not `huge_view`: its missing faults allocate one), forgetting
+    /// it: the caller drops it.
+    pub fn take_table(&self, idx: usize) -> bool {
+        let had = !self.tables.is_empty()
+            && self.tables[idx / 64].fetch_and(!(1 << (idx % 64)), Ordering::AcqRel)
+                & (1 << (idx % 64))
+                != 0;
+        !self.huge_view || had
     }
 
     /// Bytes of this region's folio tables that may be resident: the touched

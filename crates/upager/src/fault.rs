@@ -824,12 +824,16 @@ impl Shared {
         let span = r.span(idx, 1);
         let wp = !write && r.writable;
         let len = span.len() as usize;
-        // The fault left an empty page table under the folio (the kernel
-        // allocates it before it raises a missing fault on a range that may
-        // not hold huge pages): drop it (CONFIG_PT_RECLAIM frees empty page
-        // tables on MADV_DONTNEED), so the huge page moves in as one PMD
-        // instead of being split into base pages.
-        let _ = self.pidfd.dontneed(&[span]);
+        // A page table under the folio must go first, or the move splits
+        // the huge page into base pages: drop it (CONFIG_PT_RECLAIM frees
+        // empty page tables on MADV_DONTNEED; a TLB flush). A missing fault
+        // leaves one in a view that may not hold huge pages (the kernel
+        // allocates it before it raises the fault); in a `huge_view` read
+        // faults come at PMD level and leave none, so only folios that had
+        // base pages installed (copy, poison) have one.
+        if r.take_table(idx) {
+            let _ = self.pidfd.dontneed(&[span]);
+        }
         let mut done = match uffd.move_in(span, &mut st.buf, 0) {
             Ok(Fill::Done) => len,
             Ok(Fill::Retry { done } | Fill::Exists { done }) => done as usize,
@@ -867,6 +871,9 @@ impl Shared {
     fn copy_all(&self, r: &Area, dst: MapRange<'_>, src: &[u8], wp: bool, quiet: bool) -> bool {
         let mut done = 0usize;
         let len = src.len();
+        // Base pages (and their page table) under these folios from now on.
+        let first = ((dst.addr() - r.base()) >> r.shift) as usize;
+        r.note_table(first, (len as u64).div_ceil(r.folio) as usize);
         // Any userfaultfd of the pager may fill a registered range (the run
         // stays inside one shard's registration); the wake comes later.
         let uffd = self.uffd_of(r, ((dst.addr() - r.base()) >> r.shift) as usize);
@@ -903,6 +910,7 @@ impl Shared {
     /// Makes an access to claimed folio `idx` raise SIGBUS (EFAULT in a
     /// system call) until the reclaimer clears it. Holds no budget.
     fn poison(&self, r: &Arc<Area>, idx: usize) {
+        r.note_table(idx, 1);
         let res = self.uffd_of(r, idx).poison(r.span(idx, 1));
         let poisoned = matches!(res, Ok(Fill::Done));
         if !poisoned {

@@ -11,6 +11,8 @@
 //!                every run (swap: every folio) handed to the store at once,
 //!                Store::write_batch (io_uring: submitted together), waited for
 //!   4) unmap     one process_madvise(MADV_DONTNEED) over all victims  (one flush)
+//!                (a PMD-mapped 2 MiB folio is moved out into a staging
+//!                slot instead: thp.rs, one flush each; its charge stays)
 //!   5) release   state -> EVICTED/NEVER (wake waiters), budget returned
 //! ```
 //! `Writeback` (flush, the dirty limit) stops after 3) with the folios CLEAN
@@ -335,10 +337,20 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         return (n, first_err);
     }
 
-    // 4) unmap: one process_madvise per ≤ 1024 merged ranges.
+    // 4) unmap: one process_madvise per ≤ 1024 merged ranges. A huge page
+    // moved in whole is moved out into a free staging slot instead (thp.rs:
+    // recycled, not freed; its charge stays, as the staged page's).
     let mut ranges: Vec<MapRange<'_>> = Vec::with_capacity(kept.len());
+    let mut recycled = 0u64;
     for (v, _) in &kept {
         let span = v.region.span(v.idx, 1);
+        if v.region.folio == crate::thp::HUGE
+            && v.region.pmd_mapped(v.idx)
+            && sh.thp.recycle(&sh.uffds[0], span, &sh.budget)
+        {
+            recycled += 1;
+            continue;
+        }
         if !ranges.last_mut().is_some_and(|last| last.try_extend(&span)) {
             ranges.push(span);
         }
@@ -363,8 +375,9 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         huge += u64::from(v.region.folio == crate::thp::HUGE);
         evict_one(sh, &v, new_slot, seq_end);
     }
-    sh.budget.uncharge(bytes);
+    sh.budget.uncharge(bytes - recycled * crate::thp::HUGE);
     sh.counters.thp_evictions.add(huge);
+    sh.counters.thp_recycled.add(recycled);
     sh.counters.evictions.add(n as u64);
     sh.counters.evict_batches.inc();
     match mode {

@@ -385,9 +385,35 @@ impl Pager {
             }
         };
         // THP off: a MISSING-registered range would otherwise get a zeroed
-        // 2 MiB page allocated before the fault is raised. Not inherited by
-        // fork: a child must not see half-paged memory (it gets SIGSEGV).
-        let _ = map.advise(0, map.len(), Advice::NoHugePage);
+        // 2 MiB page allocated before a write fault is raised. Except for
+        // file-backed writable regions of 2 MiB folios (filled by moving
+        // huge pages in, thp.rs): there a read fault comes at PMD level
+        // (the huge zero page path, nothing allocated) and leaves no page
+        // table to drop before the move, a TLB flush saved per fill; a
+        // write fault first costs the kernel a zeroed 2 MiB page (freed).
+        // Anonymous regions, whose first touch is mostly a write, keep
+        // THP off. Not inherited by fork: a child must not see half-paged
+        // memory (it gets SIGSEGV).
+        let huge_view = folio == crate::thp::HUGE
+            && writable
+            && slots.is_none()
+            && sh.thp.usable()
+            && map.addr().is_multiple_of(crate::thp::HUGE);
+        let advice = if huge_view {
+            Advice::HugePage
+        } else {
+            Advice::NoHugePage
+        };
+        let huge_view = huge_view && map.advise(0, map.len(), advice).is_ok();
+        if !huge_view {
+            let _ = map.advise(0, map.len(), Advice::NoHugePage);
+        }
+        let tables = upager_sys::mem::AtomicTable::zeroed(if folio == crate::thp::HUGE {
+            nfolios.div_ceil(64)
+        } else {
+            0
+        })
+        .map_err(|source| mmap_error(map_len / folio / 8, source))?;
         let _ = map.advise(0, map.len(), Advice::DontFork);
         // In-thread: upager's SIGBUS handler must be the process's (a
         // program may have replaced it since the pager was built, e.g.
@@ -414,6 +440,8 @@ impl Pager {
             touched,
             shard_folios: shards.folios,
             shard_first,
+            huge_view,
+            tables,
             id,
             states,
             map,

@@ -209,6 +209,7 @@ impl Shared {
             }
             uffds.push(uffd);
         }
+        let thp = crate::thp::ThpPool::new(can_move, &uffds[0]);
         Ok(Shared {
             uffds,
             pidfd: SelfPidfd::open().map_err(PagerError::Pidfd)?,
@@ -221,7 +222,7 @@ impl Shared {
             evict_seq: AtomicU64::new(0),
             prefetch_pending: AtomicU64::new(0),
             buf_grown: AtomicU64::new(0),
-            thp: crate::thp::ThpPool::new(can_move),
+            thp,
             kick: Kick::default(),
             stop: AtomicBool::new(false),
             stop_fd: upager_sys::io::EventFd::new().map_err(PagerError::EventFd)?,

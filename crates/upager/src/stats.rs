@@ -135,6 +135,8 @@ counters! {
     thp_evictions,
     /// Bytes of memory the engine itself holds besides the folios (fill buffers, staging, tables; gauge).
     overhead_bytes,
+    /// Of `thp_evictions`, huge pages moved out of the view into a staging slot (recycled for a later fill, not freed).
+    thp_recycled,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

@@ -606,7 +606,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
 /// removing or reordering a counter fails here; a new counter goes at the
 /// end, here and in the same lists of crates/capi/tests/c/stat_names.c and
 /// python/tests/test_upager.py.
-const STAT_NAMES: [&str; 42] = [
+const STAT_NAMES: [&str; 43] = [
     "faults_missing",
     "faults_wp",
     "faults_deferred",
@@ -649,6 +649,7 @@ const STAT_NAMES: [&str; 42] = [
     "thp_fill_fallback",
     "thp_evictions",
     "overhead_bytes",
+    "thp_recycled",
 ];
 
 #[test]

@@ -215,6 +215,8 @@ fn anonymous_huge_folios_swap_whole_and_come_back_huge() {
         s.thp_evictions > 0 && s.refaults > 0 && s.thp_fills > 0,
         "{s:?}"
     );
+    // Written back to swap, then moved out into a staging slot (thp.rs).
+    assert!(s.thp_recycled > 0, "{s:?}");
     assert!(s.resident_peak_bytes <= 32 * MIB, "{s:?}");
     // Swapped out whole and back as a huge page (once one is staged).
     let k = 5;
@@ -229,4 +231,51 @@ fn anonymous_huge_folios_swap_whole_and_come_back_huge() {
         );
         huge(&r, k)
     });
+}
+
+/// Eviction recycles huge pages (moves them out into a staging slot, thp.rs)
+/// and later fills read over them: no folio may show another's data (the
+/// last folio of the file is partly beyond its end), and written data
+/// comes back.
+#[test]
+fn recycled_huge_pages_carry_no_old_data() {
+    if !thp_available() {
+        return;
+    }
+    let dir = ram_dir();
+    let len = 63 * MIB + 4096;
+    let path = pattern_file(dir.path(), "data", len, 43);
+    let pager = Pager::builder().budget(32 * MIB).build().unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(HUGE).writable(true))
+        .unwrap();
+    let words = r.len() / 8;
+    assert_eq!(r.len() as u64, len, "the region is the file's length");
+    // One written word per folio, then two scans 2x the budget each.
+    for f in 0..len.div_ceil(HUGE) {
+        let w = ((f * HUGE) / 8) as usize + 3;
+        if w < words {
+            r.words()[w].store(0xF00D_0000 + f, Relaxed);
+        }
+    }
+    for _ in 0..2 {
+        for i in (0..words).step_by(509) {
+            let f = i as u64 * 8 / HUGE;
+            let want = if i == (f * HUGE / 8) as usize + 3 {
+                0xF00D_0000 + f
+            } else {
+                word(i as u64 * 8, 43)
+            };
+            assert_eq!(r.words()[i].load(Relaxed), want, "word {i}");
+        }
+        // The last word of the file (its last folio is partly beyond it).
+        assert_eq!(
+            r.words()[words - 1].load(Relaxed),
+            word((words as u64 - 1) * 8, 43)
+        );
+    }
+    let s = pager.stats();
+    assert!(s.thp_recycled > 0, "no huge page was recycled: {s:?}");
+    assert!(s.resident_peak_bytes <= 32 * MIB, "{s:?}");
+    r.unmap().unwrap();
 }

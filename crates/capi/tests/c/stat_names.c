@@ -51,6 +51,7 @@ static const char *const names[] = {
     "thp_fill_fallback",
     "thp_evictions",
     "overhead_bytes",
+    "thp_recycled",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
