@@ -212,6 +212,7 @@ PINNED_STAT_NAMES = [
     "thp_evictions",
     "overhead_bytes",
     "thp_recycled",
+    "thp_fill_raced",
 ]
 
 

@@ -577,8 +577,16 @@ impl Shared {
         self.lap(&mut ctx.mark, &self.phases.read);
         let now = self.evict_seq.load(Ordering::Relaxed);
         let addr = r.folio_addr(idx);
+        // A huge read fill that a write raced (see install_huge) is DIRTY.
+        let mut raced = false;
         let ok = if let Some(st) = staged.as_mut() {
-            self.install_huge(r, idx, st, write, quiet)
+            match self.install_huge(r, idx, st, write, quiet) {
+                Some(written) => {
+                    raced = written;
+                    true
+                }
+                None => false,
+            }
         } else if write {
             let buf = &ctx.buf[..total];
             self.copy_all(r, r.span(idx, 1), &buf[..folio as usize], false, quiet)
@@ -625,6 +633,7 @@ impl Shared {
         // faulting thread and any waiters (the COPY did not: whoever runs
         // next sees the folios resident and counted), then the LRU (one
         // lock) unless queued above.
+        let write = write || raced;
         if write {
             self.dirty_add(r, 1);
         }
@@ -810,8 +819,19 @@ impl Shared {
     /// (holding its data): one `UFFDIO_MOVE` of the whole PMD, then, for a
     /// read fill of a writable region, write-protect it (CLEAN) before
     /// anyone is woken. A move the kernel refuses (or makes partly) is
-    /// finished by copying the rest from the staged page. False if the
-    /// folio could not be installed.
+    /// finished by copying the rest from the staged page. `None` if the
+    /// folio could not be installed; else whether a write landed in it
+    /// before the protection (the caller publishes it DIRTY).
+    ///
+    /// That window is real: the kernel installs a moved PMD writable
+    /// whatever the source was (`move_pages_huge_pmd`), and write-protects
+    /// only in the next call, so a thread touching the folio for the first
+    /// time in between writes without a fault. A read fill therefore takes
+    /// a digest of the staged page before the move and of the protected
+    /// view after it: a write in the window changed the data, and the
+    /// folio is DIRTY, not CLEAN (a write that left the data as it was
+    /// loses nothing). After the protection every write faults and waits
+    /// for this fill to publish.
     fn install_huge(
         &self,
         r: &Area,
@@ -819,11 +839,12 @@ impl Shared {
         st: &mut crate::thp::Staged,
         write: bool,
         quiet: bool,
-    ) -> bool {
+    ) -> Option<bool> {
         let uffd = self.uffd_of(r, idx);
         let span = r.span(idx, 1);
         let wp = !write && r.writable;
         let len = span.len() as usize;
+        let before = wp.then(|| crate::thp::digest_bytes(&st.buf[..len]));
         // A page table under the folio must go first, or the move splits
         // the huge page into base pages: drop it (CONFIG_PT_RECLAIM frees
         // empty page tables on MADV_DONTNEED; a TLB flush). A missing fault
@@ -850,19 +871,29 @@ impl Shared {
         // anyone can write (the move woke no one). If that fails the folio
         // must not be published CLEAN (a write would be lost): give up.
         if done > 0 && wp && uffd.writeprotect(span.sub(0, done), true, false).is_err() {
-            return false; // the caller drops what was installed
+            return None; // the caller drops what was installed
         }
         if done == len {
             self.counters.thp_fills.inc();
-            return true;
+        } else {
+            self.counters.thp_fill_fallback.inc();
+            // What did not move is still in the staged buffer (what moved
+            // reads as zeros there now): copy the rest, write-protected if
+            // need be.
+            if self.copy_all(r, span.sub(done, len - done), &st.buf[done..], wp, quiet) {
+                done = len;
+            }
         }
-        self.counters.thp_fill_fallback.inc();
-        // What did not move is still in the staged buffer (what moved reads
-        // as zeros there now): copy the rest, write-protected if need be.
-        if self.copy_all(r, span.sub(done, len - done), &st.buf[done..], wp, quiet) {
-            done = len;
+        if done < len {
+            return None;
         }
-        done == len
+        let first = (idx << r.shift) / 8;
+        let view = &r.map.atomic_words()[first..first + len / 8];
+        let raced = before.is_some_and(|b| b != crate::thp::digest_words(view));
+        if raced {
+            self.counters.thp_fill_raced.inc();
+        }
+        Some(raced)
     }
 
     /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. False if the

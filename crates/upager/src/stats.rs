@@ -137,6 +137,8 @@ counters! {
     overhead_bytes,
     /// Of `thp_evictions`, huge pages moved out of the view into a staging slot (recycled for a later fill, not freed).
     thp_recycled,
+    /// Read fills of 2 MiB folios that a write reached between the move and the write-protect (published dirty, so the write is kept).
+    thp_fill_raced,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

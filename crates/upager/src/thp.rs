@@ -286,3 +286,66 @@ impl ThpPool {
         }
     }
 }
+
+/// Multiplier of the digest lanes (odd: multiplying by it is a bijection).
+const DIGEST_K: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// A digest of a page's 64-bit words: four lanes, lane `i` a chain of
+/// bijections `x -> (x ^ w) * K` over words `i, i+4, i+8, ...`, so a
+/// change of any one word always changes its lane; changes of several
+/// words collide with a probability of about 2^-64. Pure computation on
+/// the caller's memory (async-signal-safe: the in-thread fault path uses
+/// it). Compares a staged huge page before its move with the view after
+/// (fault.rs, `install_huge`).
+fn digest(words: impl Iterator<Item = u64>) -> [u64; 4] {
+    let mut lanes = [0u64; 4];
+    for (i, w) in words.enumerate() {
+        let l = &mut lanes[i % 4];
+        *l = (*l ^ w).wrapping_mul(DIGEST_K);
+    }
+    lanes
+}
+
+/// [`digest`] of bytes (a multiple of 8 long).
+pub(crate) fn digest_bytes(b: &[u8]) -> [u64; 4] {
+    digest(
+        b.chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or_default())),
+    )
+}
+
+/// [`digest`] of shared memory read word by word.
+pub(crate) fn digest_words(w: &[std::sync::atomic::AtomicU64]) -> [u64; 4] {
+    digest(
+        w.iter()
+            .map(|x| x.load(std::sync::atomic::Ordering::Relaxed)),
+    )
+}
+
+#[cfg(test)]
+mod digest_tests {
+    use super::*;
+
+    #[test]
+    fn any_one_changed_word_changes_the_digest_and_equal_data_digests_alike() {
+        let mut b = vec![0u8; 1 << 16];
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (i * 7 + 3) as u8;
+        }
+        let d = digest_bytes(&b);
+        let words: Vec<std::sync::atomic::AtomicU64> = b
+            .chunks_exact(8)
+            .map(|c| std::sync::atomic::AtomicU64::new(u64::from_ne_bytes(c.try_into().unwrap())))
+            .collect();
+        assert_eq!(digest_words(&words), d);
+        for at in [0, 8, 4096, b.len() - 8] {
+            let mut c = b.clone();
+            c[at] ^= 1;
+            assert_ne!(digest_bytes(&c), d, "a change at byte {at} went unseen");
+        }
+        // Swapping two words is a change too.
+        let mut c = b.clone();
+        c.swap(0, 8 * 4);
+        assert_ne!(digest_bytes(&c), d);
+    }
+}

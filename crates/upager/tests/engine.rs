@@ -650,6 +650,7 @@ const STAT_NAMES: [&str; 43] = [
     "thp_evictions",
     "overhead_bytes",
     "thp_recycled",
+    "thp_fill_raced",
 ];
 
 #[test]

@@ -279,3 +279,75 @@ fn recycled_huge_pages_carry_no_old_data() {
     assert!(s.resident_peak_bytes <= 32 * MIB, "{s:?}");
     r.unmap().unwrap();
 }
+
+/// A write that reaches a huge folio between its move into the view and
+/// its write-protect (the kernel installs a moved PMD writable) is kept:
+/// the fill compares a digest of the staged page with the view and
+/// publishes a changed folio DIRTY. Readers fault folios in while writers,
+/// released with them, write one word each after a varying delay that
+/// spans the fill; every folio is then paged out and every word must have
+/// reached the file. Without the digest check a write landing in the
+/// window is lost (the folio is published CLEAN and dropped).
+#[test]
+fn a_write_racing_a_huge_read_fill_is_kept() {
+    if !thp_available() {
+        return;
+    }
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 32 * MIB, 43);
+    let pager = Pager::builder().budget(16 * MIB).build().unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(HUGE).writable(true))
+        .unwrap();
+    let per = (HUGE / 8) as usize;
+    let nfolios = r.len() / HUGE as usize;
+    let rounds = 24u64;
+    let value = |round: u64, k: usize| 0x5A5A_0000_0000_0000 | round << 32 | k as u64;
+    for round in 0..rounds {
+        for k in 0..nfolios {
+            let barrier = std::sync::Barrier::new(2);
+            // A delay from 0 to ~1 ms, different for every attempt.
+            let spins = ((round * 131 + k as u64 * 977) % 64) * 2_000;
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    barrier.wait();
+                    std::hint::black_box(r.words()[k * per].load(Relaxed));
+                });
+                s.spawn(|| {
+                    barrier.wait();
+                    for _ in 0..spins {
+                        std::hint::spin_loop();
+                    }
+                    r.words()[k * per + 1 + (round as usize % 7)].store(value(round, k), Relaxed);
+                });
+            });
+        }
+        r.pageout(0, r.len() as u64).unwrap();
+        for k in 0..nfolios {
+            let got = r.words()[k * per + 1 + (round as usize % 7)].load(Relaxed);
+            assert_eq!(
+                got,
+                value(round, k),
+                "round {round}, folio {k}: the write was lost"
+            );
+        }
+    }
+    let s = pager.stats();
+    eprintln!(
+        "{} huge fills, {} of them raced by a write, {} fallbacks",
+        s.thp_fills, s.thp_fill_raced, s.thp_fill_fallback
+    );
+    r.flush().unwrap();
+    drop(r);
+    let data = std::fs::read(&path).unwrap();
+    for k in 0..nfolios {
+        for round in rounds.saturating_sub(7)..rounds {
+            let at = (k * per + 1 + (round as usize % 7)) * 8;
+            assert_eq!(
+                upager_testdata::word_at(&data, at),
+                value(round, k),
+                "file, folio {k}"
+            );
+        }
+    }
+}

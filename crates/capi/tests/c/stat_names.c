@@ -52,6 +52,7 @@ static const char *const names[] = {
     "thp_evictions",
     "overhead_bytes",
     "thp_recycled",
+    "thp_fill_raced",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
