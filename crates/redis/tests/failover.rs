@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use upager::{MapOptions, Pager, Store};
-use upager_redis::{RedisOptions, RedisStore};
+use upager::{MapOptions, Pager};
+use upager_redis::RedisOptions;
 
 const CHUNK: u64 = 64 << 10;
 
@@ -32,21 +32,11 @@ fn a_master_killed_mid_write_loses_no_acknowledged_word() {
         return;
     };
     let (len, budget) = (16 * MIB, 4 * MIB);
-    let url = c.named("fo");
     let ropts = RedisOptions {
         retry_for: Duration::from_secs(30),
         ..RedisOptions::default()
     };
-    let st = RedisStore::create(&url, len, CHUNK, &ropts).unwrap();
-    let pager = Pager::new(budget).unwrap();
-    let r = Arc::new(
-        pager
-            .map_store(
-                st.clone() as Arc<dyn Store>,
-                &MapOptions::new().writable(true),
-            )
-            .unwrap(),
-    );
+    let (st, _pager, r) = writable_dataset(&c, "fo", len, CHUNK, budget, &ropts);
     let words = (len / 8) as usize;
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));

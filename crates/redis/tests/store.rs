@@ -155,16 +155,7 @@ fn data_integrity_under_eviction_checked_against_redis() {
     let (len, budget) = (24 * MIB, 8 * MIB);
     let ropts = RedisOptions::default();
     let url = c.named("integ");
-    let st = RedisStore::create(&url, len, CHUNK, &ropts).unwrap();
-    let pager = Pager::new(budget).unwrap();
-    let r = Arc::new(
-        pager
-            .map_store(
-                st.clone() as Arc<dyn Store>,
-                &MapOptions::new().writable(true),
-            )
-            .unwrap(),
-    );
+    let (st, pager, r) = writable_dataset(&c, "integ", len, CHUNK, budget, &ropts);
     let words = (len / 8) as usize;
     let value = |round: u64, w: usize| (round << 48) | (w as u64 * 0x9E37) | 1;
     let t0 = Instant::now();

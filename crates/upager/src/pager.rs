@@ -257,16 +257,7 @@ impl Pager {
     /// a private swap file (created 0600 in the swap directory and unlinked
     /// at once) when evicted. Always writable; `opts.offset` must be 0.
     pub fn map_anonymous(&self, len: u64, opts: &MapOptions) -> Result<Region, MapError> {
-        check_folio(opts.folio)?;
-        if len == 0 {
-            return Err(MapError::ZeroSize);
-        }
-        if opts.offset != 0 {
-            return Err(MapError::OffsetNotAligned {
-                offset: opts.offset,
-                folio: opts.folio,
-            });
-        }
+        check_anonymous(len, opts)?;
         self.check_budget(opts.folio)?;
         let (swap, slots) = self.swap_space(opts.folio)?;
         self.map_inner(swap, Some(slots), 0, len, &opts.clone().writable(true))
@@ -285,16 +276,7 @@ impl Pager {
         len: u64,
         opts: &MapOptions,
     ) -> Result<Region, MapError> {
-        check_folio(opts.folio)?;
-        if len == 0 {
-            return Err(MapError::ZeroSize);
-        }
-        if opts.offset != 0 {
-            return Err(MapError::OffsetNotAligned {
-                offset: opts.offset,
-                folio: opts.folio,
-            });
-        }
+        check_anonymous(len, opts)?;
         if !store.writable() {
             return Err(MapError::StoreReadOnly);
         }
@@ -508,6 +490,22 @@ impl Pager {
     pub fn uffd_shards(&self) -> usize {
         self.shared().uffds.len()
     }
+}
+
+/// The checks every anonymous mapping makes before anything is created: a
+/// valid folio, a length, no offset.
+fn check_anonymous(len: u64, opts: &MapOptions) -> Result<(), MapError> {
+    check_folio(opts.folio)?;
+    if len == 0 {
+        return Err(MapError::ZeroSize);
+    }
+    if opts.offset != 0 {
+        return Err(MapError::OffsetNotAligned {
+            offset: opts.offset,
+            folio: opts.folio,
+        });
+    }
+    Ok(())
 }
 
 fn check_folio(folio: u64) -> Result<(), MapError> {

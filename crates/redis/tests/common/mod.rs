@@ -145,3 +145,29 @@ pub fn raw_words(
     }
     out
 }
+
+/// A new writable dataset of `len` bytes in `chunk`-byte keys named `name`
+/// on `c`, mapped read-write through a pager of `budget` bytes: the store
+/// (for its counters and independent reads), the pager and the region.
+pub fn writable_dataset(
+    c: &Cluster,
+    name: &str,
+    len: u64,
+    chunk: u64,
+    budget: u64,
+    ropts: &upager_redis::RedisOptions,
+) -> (
+    std::sync::Arc<upager_redis::RedisStore>,
+    upager::Pager,
+    std::sync::Arc<upager::Region>,
+) {
+    let st = upager_redis::RedisStore::create(&c.named(name), len, chunk, ropts).unwrap();
+    let pager = upager::Pager::new(budget).unwrap();
+    let r = pager
+        .map_store(
+            st.clone() as std::sync::Arc<dyn upager::Store>,
+            &upager::MapOptions::new().writable(true),
+        )
+        .unwrap();
+    (st, pager, std::sync::Arc::new(r))
+}
