@@ -89,7 +89,13 @@ mod tests {
 
     /// Values tried for an option, in order; the first one its parser
     /// accepts is used.
-    const SAMPLES: &[&str] = &["1", "64K", "0.5", "/tmp/upager-cli-test"];
+    const SAMPLES: &[&str] = &[
+        "1",
+        "64K",
+        "0.5",
+        "/tmp/upager-cli-test",
+        "redis-cluster://127.0.0.1:7000/x",
+    ];
 
     /// Parses `upager <args>`: a definition/access mismatch in the derive
     /// (a value parser whose type is not the field's) panics here.
@@ -113,11 +119,23 @@ mod tests {
     /// The first candidate command line `upager <prefix> <candidate>` that
     /// parses; fails the test if none does.
     fn first_that_parses(prefix: &[String], arg: &clap::Arg, what: &str) -> Vec<String> {
+        first_that_parses_so_far(prefix, arg, what, false)
+    }
+
+    /// As [`first_that_parses`]; with `more` (required positionals follow
+    /// this one), a line that lacks only those counts as parsing.
+    fn first_that_parses_so_far(
+        prefix: &[String],
+        arg: &clap::Arg,
+        what: &str,
+        more: bool,
+    ) -> Vec<String> {
         for v in candidates(arg) {
             let mut line = prefix.to_vec();
             line.push(v);
             match parse(&line) {
                 Ok(_) => return line,
+                Err(e) if more && e.kind() == ErrorKind::MissingRequiredArgument => return line,
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -191,10 +209,13 @@ mod tests {
             let name = sub.get_name().to_string();
             // The required positionals, with their first valid value.
             let mut base = vec![name.clone()];
-            for arg in sub.get_positionals() {
-                if arg.is_required_set() {
-                    base = first_that_parses(&base, arg, &format!("{name} <{}>", arg.get_id()));
-                }
+            let required: Vec<_> = sub
+                .get_positionals()
+                .filter(|a| a.is_required_set())
+                .collect();
+            for (i, arg) in required.iter().enumerate() {
+                let what = format!("{name} <{}>", arg.get_id());
+                base = first_that_parses_so_far(&base, arg, &what, i + 1 < required.len());
             }
             parse(&base).unwrap_or_else(|e| panic!("`upager {}`: {e}", base.join(" ")));
             for arg in sub.get_arguments() {
@@ -203,7 +224,12 @@ mod tests {
                     continue;
                 }
                 if arg.is_positional() {
-                    // (The subcommands have at most one positional.)
+                    // Several required positionals were all checked above
+                    // (`load FILE URL`); a lone one is tried alone here.
+                    if required.len() > 1 {
+                        checked += 1;
+                        continue;
+                    }
                     if arg.get_possible_values().is_empty() {
                         first_that_parses(&base[..1], arg, &format!("{name} <{id}>"));
                     }
