@@ -1,0 +1,95 @@
+//! The CLI's Redis Cluster commands end to end (issue 14), through the
+//! built `upager` binary against a local cluster of this test's own (ports
+//! 21200-21205): `upager load` uploads a file (and refuses an existing
+//! name, or an unreachable cluster, with a clear message), `upager demo
+//! --store` pages its dataset through the cluster, verifies every byte read
+//! back from it and deletes it.
+#![allow(clippy::tests_outside_test_module)]
+
+#[path = "../../redis/tests/common/mod.rs"]
+mod common;
+
+use std::process::{Command, Output};
+
+use common::Cluster;
+
+fn upager(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_upager"))
+        .args(args)
+        .env_remove("UPAGER_FAULT_MODE")
+        .output()
+        .expect("run the upager binary")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn load_and_demo_run_through_a_cluster() {
+    let Some(c) = Cluster::start(21200) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("upager-cli-store-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("data.bin");
+    let data: Vec<u8> = (0..(1u32 << 20))
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    std::fs::write(&file, &data).unwrap();
+    let file = file.to_str().unwrap();
+    let url = c.named("cli-load").to_string();
+
+    let o = upager(&["load", file, &url, "--chunk", "16K"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("uploaded"), "{}", text(&o));
+    // The dataset reads back as the file, through the store.
+    {
+        use upager::Store;
+        let st = upager_redis::RedisStore::open(
+            &c.named("cli-load"),
+            false,
+            &upager_redis::RedisOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(st.chunk(), 16 << 10);
+        let mut buf = vec![0u8; data.len()];
+        assert_eq!(st.read_at(&mut buf, 0).unwrap(), data.len());
+        assert!(buf == data, "the uploaded dataset differs from the file");
+    }
+    let o = upager(&["load", file, &url]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("exists"), "{}", text(&o));
+    let o = upager(&["load", file, "redis-cluster://127.0.0.1:1/x"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("127.0.0.1:1"), "{}", text(&o));
+    let o = upager(&["load", file, "redis://127.0.0.1:7000/x"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("redis-cluster://"), "{}", text(&o));
+
+    let seed = c.url.to_string();
+    let o = upager(&[
+        "demo",
+        "--size",
+        "16M",
+        "--budget",
+        "4M",
+        "--reads",
+        "2000",
+        "--writes",
+        "2000",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--store",
+        &seed,
+    ]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("verified every byte"), "{out}");
+    assert!(out.contains("deleted"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
