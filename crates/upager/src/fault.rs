@@ -868,8 +868,10 @@ impl Shared {
             self.kick_reclaimer();
         }
         // A read fill of a writable region is CLEAN: write-protected before
-        // anyone can write (the move woke no one). If that fails the folio
-        // must not be published CLEAN (a write would be lost): give up.
+        // any faulting thread is woken (the move woke no one); a thread that
+        // touched the folio in between is caught by the digest below. If
+        // the protect fails the folio must not be published CLEAN (a write
+        // would be lost): give up.
         if done > 0 && wp && uffd.writeprotect(span.sub(0, done), true, false).is_err() {
             return None; // the caller drops what was installed
         }
