@@ -161,3 +161,84 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
         "no fault after prefetch"
     );
 }
+
+/// A file store whose `read_batch` fails the read at one offset (its
+/// `read_at` works): a prefetch batch with one failed read.
+#[derive(Debug)]
+struct FailOneInBatch {
+    inner: upager::FileStore,
+    bad: u64,
+}
+
+impl Store for FailOneInBatch {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn read_batch(&self, reads: &mut [ReadReq<'_>]) -> Vec<io::Result<usize>> {
+        reads
+            .iter_mut()
+            .map(|r| {
+                if r.offset == self.bad {
+                    r.buf.fill(0xEE); // what a failed read may leave behind
+                    Err(io::Error::other("injected read_batch failure"))
+                } else {
+                    self.inner.read_at(r.buf, r.offset)
+                }
+            })
+            .collect()
+    }
+    fn write_from(&self, _src: Src<'_>, _offset: u64) -> io::Result<()> {
+        Err(io::ErrorKind::PermissionDenied.into())
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A prefetch batch in which one read fails installs the others and puts
+/// the failed folio back as it was: not resident, nothing of the failed
+/// read ever visible, and the next access reads it itself (right data).
+#[test]
+fn a_failed_read_in_a_prefetch_batch_leaves_that_folio_unfilled() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 2 * MIB, 6);
+    let folio = 64 << 10;
+    let bad = 5 * folio;
+    let store = Arc::new(FailOneInBatch {
+        inner: upager::FileStore::open(&path, false, true).unwrap(),
+        bad,
+    });
+    let pager = Pager::new(32 * MIB).unwrap();
+    let r = pager.map_store(store, &MapOptions::new()).unwrap();
+    r.prefetch(0, 2 * MIB).unwrap();
+    assert!(r.wait_prefetch(Duration::from_secs(30)));
+    let resident = r.mincore(0, 2 * MIB).unwrap();
+    for (page, &m) in resident.iter().enumerate() {
+        let in_bad = (page as u64 * 4096) / folio == bad / folio;
+        assert_eq!(
+            m,
+            u8::from(!in_bad),
+            "page {page} residency after the prefetch"
+        );
+    }
+    assert!(pager.stats().read_errors >= 1, "{:?}", pager.stats());
+    let faults = pager.stats().faults_missing;
+    for w in (0..r.len() / 8).step_by(97) {
+        assert_eq!(
+            r.words()[w].load(Relaxed),
+            word(w as u64 * 8, 6),
+            "word {w}"
+        );
+    }
+    assert_eq!(
+        pager.stats().faults_missing,
+        faults + 1,
+        "only the failed folio faults afterwards"
+    );
+}
