@@ -545,6 +545,9 @@ impl Shared {
         } else {
             None
         };
+        // A folio its prefetch batch read already is copied into the view
+        // straight from that batch's buffer, at this offset.
+        let mut prefetched = None;
         let read = match staged.as_mut() {
             // Never-written anonymous memory is zeros: a fresh staged page
             // is zeros already.
@@ -553,17 +556,17 @@ impl Shared {
                 st.fresh = false;
                 self.read_folios(r, idx, old, &mut st.buf[..])
             }
-            None => {
-                self.note_buf_use(ctx, total);
-                match (ctx.pre.take(), ctx.pre_buf.as_ref()) {
-                    // Read already, with the rest of its prefetch batch.
-                    (Some((at, off)), Some(pre)) if at == idx && n == 1 => {
-                        ctx.buf[..total].copy_from_slice(&pre[off..off + total]);
-                        Ok(())
-                    }
-                    _ => self.read_folios(r, idx, old, &mut ctx.buf[..total]),
+            None => match (ctx.pre.take(), ctx.pre_buf.is_some()) {
+                // Read already, with the rest of its prefetch batch.
+                (Some((at, off)), true) if at == idx && n == 1 => {
+                    prefetched = Some(off);
+                    Ok(())
                 }
-            }
+                _ => {
+                    self.note_buf_use(ctx, total);
+                    self.read_folios(r, idx, old, &mut ctx.buf[..total])
+                }
+            },
         };
         if read.is_err() {
             drop(staged);
@@ -587,19 +590,24 @@ impl Shared {
                 }
                 None => false,
             }
-        } else if write {
-            let buf = &ctx.buf[..total];
-            self.copy_all(r, r.span(idx, 1), &buf[..folio as usize], false, quiet)
-                && (extras.is_empty()
-                    || self.copy_all(
-                        r,
-                        r.span(idx + 1, n - 1),
-                        &buf[folio as usize..],
-                        true,
-                        quiet,
-                    ))
         } else {
-            self.copy_all(r, r.span(idx, n), &ctx.buf[..total], r.writable, quiet)
+            let src: &[u8] = match (prefetched, ctx.pre_buf.as_deref()) {
+                (Some(off), Some(pre)) => &pre[off..off + total],
+                _ => &ctx.buf[..total],
+            };
+            if write {
+                self.copy_all(r, r.span(idx, 1), &src[..folio as usize], false, quiet)
+                    && (extras.is_empty()
+                        || self.copy_all(
+                            r,
+                            r.span(idx + 1, n - 1),
+                            &src[folio as usize..],
+                            true,
+                            quiet,
+                        ))
+            } else {
+                self.copy_all(r, r.span(idx, n), src, r.writable, quiet)
+            }
         };
         drop(staged);
         if !ok {
