@@ -213,6 +213,10 @@ PINNED_STAT_NAMES = [
     "overhead_bytes",
     "thp_recycled",
     "thp_fill_raced",
+    "writes_lost",
+    "kernel_call_errors",
+    "writebacks_aged",
+    "faults_slow",
 ]
 
 

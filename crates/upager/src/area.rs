@@ -64,6 +64,9 @@ pub(crate) struct Area {
     /// and, in a `huge_view`, a page table is left there, to be dropped
     /// before a huge page is moved in. Empty for other folio sizes.
     pub tables: upager_sys::mem::AtomicTable,
+    /// Recent folio state changes (trace.rs), dumped when a check finds a
+    /// folio holding the wrong data.
+    pub trace: crate::trace::Trace,
 }
 
 /// How a region of `nfolios` folios of `folio` bytes is split over

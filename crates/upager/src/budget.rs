@@ -169,9 +169,14 @@ impl Budget {
     pub fn dirty_uncharge(&self, bytes: u64) {
         self.dirty.fetch_sub(bytes, Ordering::AcqRel);
     }
-    /// Whether `bytes` more may become dirty under the dirty limit.
+    /// Whether `bytes` more may become dirty under the dirty limit. One
+    /// folio may always be dirty when none is, whatever the limit: a dirty
+    /// limit below one folio (half a budget of one folio) would otherwise
+    /// refuse every first write (issue 20: a 64 KiB budget with 64 KiB
+    /// folios died by SIGBUS at the first write).
     pub fn dirty_fits(&self, bytes: u64) -> bool {
-        self.dirty() + bytes <= self.dirty_limit
+        let dirty = self.dirty();
+        dirty == 0 || dirty + bytes <= self.dirty_limit
     }
     /// Above half the dirty limit: the background reclaimer cleans.
     pub fn dirty_above_background(&self) -> bool {
@@ -203,7 +208,11 @@ mod tests {
         ));
         assert_eq!(calls, 1);
         assert!(!b.charge(4096, || false, || true), "stop ends the wait");
-        assert!(b.dirty_fits(1 << 19) && !b.dirty_fits((1 << 19) + 1));
+        // Nothing dirty: one folio of any size fits (a one-folio budget).
+        assert!(b.dirty_fits(1 << 19) && b.dirty_fits(1 << 20));
+        b.dirty_charge(4096);
+        assert!(b.dirty_fits((1 << 19) - 4096) && !b.dirty_fits((1 << 19) - 4095));
+        b.dirty_uncharge(4096);
         b.dirty_charge(1 << 18);
         assert!(!b.dirty_above_background());
         b.dirty_charge(1);

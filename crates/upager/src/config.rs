@@ -123,6 +123,7 @@ pub struct PagerBuilder {
     /// The fault mode, or why `UPAGER_FAULT_MODE` named none (reported by
     /// `build`; an explicit [`PagerBuilder::fault_mode`] clears it).
     pub(crate) fault_mode: Result<FaultMode, String>,
+    pub(crate) debug_lru_try_fail_every: u32,
 }
 
 impl Default for PagerBuilder {
@@ -143,6 +144,7 @@ impl Default for PagerBuilder {
             dirty_limit: None,
             fault_timing: false,
             fault_mode: FaultMode::from_env().map(Option::unwrap_or_default),
+            debug_lru_try_fail_every: 0,
         }
     }
 }
@@ -262,6 +264,15 @@ impl PagerBuilder {
     /// Default: `UPAGER_FAULT_MODE` if set, else `Handlers`.
     pub fn fault_mode(mut self, mode: FaultMode) -> Self {
         self.fault_mode = Ok(mode);
+        self
+    }
+    /// Test knob, not for use: every `n`-th attempt of an in-thread fill to
+    /// queue its folio on the LRU (a lock that a SIGBUS handler may only
+    /// try) fails as a contended one would, so tests can force the
+    /// hand-off path (issue 20's lost stores). Default 0: never.
+    #[doc(hidden)]
+    pub fn debug_lru_try_fail_every(mut self, n: u32) -> Self {
+        self.debug_lru_try_fail_every = n;
         self
     }
     /// Creates the pager.

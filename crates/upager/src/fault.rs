@@ -50,10 +50,15 @@ use crate::area::Area;
 use crate::config::FaultMode;
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED, SEQ_MASK};
 use crate::shared::{Ctx, Shared, IDLE};
+use crate::trace::Path;
 
 /// Longest wait of an in-thread fault on a BUSY folio before it retries
 /// (its owner wakes it sooner: this bounds a missed wake).
 const BUSY_WAIT: Duration = Duration::from_millis(20);
+
+/// How long a fill keeps retrying the install of a folio that is already
+/// partly mapped writable (see `settle_writable`) before giving up on it.
+const SETTLE_FOR: Duration = Duration::from_secs(1);
 
 /// Bytes of folios a prefetch request reads with one `Store::read_batch`
 /// (1 MiB: 16 folios of 64 KiB; a guess that bounds the prefetch thread's
@@ -372,10 +377,11 @@ impl Shared {
                         folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty))
                     {
                         self.counters.faults_wp.inc();
+                        r.trace.record(idx, Path::WpClaim, old.kind(), Kind::Busy);
                         if old.kind() == Kind::Clean {
                             self.dirty_add(r, 1);
                         }
-                        self.make_dirty(r, idx);
+                        self.make_dirty(r, idx, ctx.in_signal);
                         return Outcome::Done;
                     }
                 }
@@ -416,6 +422,7 @@ impl Shared {
                     }
                     self.counters.writes_refused.inc();
                     self.counters.faults_failed.inc();
+                    r.trace.record(idx, Path::Refused, old.kind(), Kind::Busy);
                     self.poison(r, idx);
                     return true;
                 }
@@ -435,14 +442,25 @@ impl Shared {
     }
 
     /// First write to a claimed resident folio: unprotect it, mark it dirty.
-    fn make_dirty(&self, r: &Area, idx: usize) {
+    fn make_dirty(&self, r: &Area, idx: usize, quiet: bool) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
         let res = self
             .uffd_of(r, idx)
             .writeprotect(r.span(idx, 1), false, false);
-        debug_assert!(res.is_ok(), "unprotect failed: {res:?}");
+        if let Err(e) = res {
+            // Still protected: DIRTY is right either way (a DIRTY folio may
+            // be protected: the next write faults and unprotects again).
+            self.counters.kernel_call_errors.inc();
+            if !quiet {
+                log::error!(
+                    "region {}: removing the write protection of folio {idx} failed: {e}; the write will fault again",
+                    r.id
+                );
+            }
+        }
         self.counters.wp_unprotects.inc();
+        r.trace.record(idx, Path::WpDirty, Kind::Busy, Kind::Dirty);
         let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
         self.wake_resolved(r, idx, 1, prev.has(folio::WAITER));
         self.maybe_kick_reclaimer();
@@ -482,7 +500,7 @@ impl Shared {
             // the faults; when it is behind, a resolver thread reclaims.
             if beyond_end || !self.budget.try_charge(folio) {
                 self.kick_reclaimer();
-                return self.fill_undo(r, idx, old, &[], false);
+                return self.fill_undo(r, idx, old, &[], false, false);
             }
         } else if beyond_end || !self.reserve(folio) {
             self.counters.faults_failed.inc();
@@ -525,6 +543,9 @@ impl Shared {
         // visit touched chunks only).
         for k in 0..n {
             r.mark_touched(idx + k);
+            let o = if k == 0 { old } else { extras[k - 1] };
+            r.trace
+                .record(idx + k, Path::FillClaim, o.kind(), Kind::Busy);
         }
         let total = n * folio as usize;
         let quiet = ctx.in_signal;
@@ -571,7 +592,7 @@ impl Shared {
         if read.is_err() {
             drop(staged);
             if ctx.in_signal {
-                return self.fill_undo(r, idx, old, extras, true);
+                return self.fill_undo(r, idx, old, extras, true, false);
             }
             self.counters.read_errors.inc();
             self.fill_failed(r, idx, extras);
@@ -580,6 +601,28 @@ impl Shared {
         self.lap(&mut ctx.mark, &self.phases.read);
         let now = self.evict_seq.load(Ordering::Relaxed);
         let addr = r.folio_addr(idx);
+        // The LRU entries: (folio, active) for each folio without one. In a
+        // SIGBUS handler they are queued BEFORE anything is installed (the
+        // folios are BUSY: reclaim passes over them), with a lock that is
+        // only tried and lists that must have room; when that fails the
+        // fill is undone and handed off with nothing installed. (Queueing
+        // after the install and undoing it on failure lost writes: a write
+        // fill is installed writable, and a store another thread made to
+        // the page before the undo's MADV_DONTNEED was thrown away —
+        // issue 20; test `inthread::concurrent_stores_to_fresh_folios_survive`.)
+        ctx.queue.clear();
+        for k in 0..n {
+            let o = if k == 0 { old } else { extras[k - 1] };
+            let hot = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
+            if !folio::load(r.state(idx + k)).has(QUEUED) {
+                ctx.queue.push((idx + k, hot));
+            }
+        }
+        let queued_early = ctx.in_signal;
+        if ctx.in_signal && !self.lru.try_add(r, &ctx.queue) {
+            drop(staged);
+            return self.fill_undo(r, idx, old, extras, true, false);
+        }
         // A huge read fill that a write raced (see install_huge) is DIRTY.
         let mut raced = false;
         let ok = if let Some(st) = staged.as_mut() {
@@ -596,47 +639,35 @@ impl Shared {
                 _ => &ctx.buf[..total],
             };
             if write {
-                self.copy_all(r, r.span(idx, 1), &src[..folio as usize], false, quiet)
-                    && (extras.is_empty()
-                        || self.copy_all(
-                            r,
-                            r.span(idx + 1, n - 1),
-                            &src[folio as usize..],
-                            true,
-                            quiet,
-                        ))
+                // Installed writable: from the first page copied on, other
+                // threads may store into it without a fault. It is never
+                // dropped once part of it is in (see settle_writable).
+                debug_assert!(extras.is_empty(), "write fills read no ahead");
+                match self.copy_all(r, r.span(idx, 1), &src[..folio as usize], false, quiet) {
+                    Ok(()) => true,
+                    Err(0) => false,
+                    Err(done) => self.settle_writable(r, r.span(idx, 1), done, src, quiet),
+                }
             } else {
+                // Installed write-protected (or into a read-only region): no
+                // store can land before the folio is published, so a
+                // failure may drop what was installed.
                 self.copy_all(r, r.span(idx, n), src, r.writable, quiet)
+                    .is_ok()
             }
         };
         drop(staged);
         if !ok {
-            // Drop whatever part of the run was installed before giving up.
+            // Drop whatever part of the run was installed before giving up
+            // (nothing of it was writable: see above and install_huge).
             let _ = self.pidfd.dontneed(&[r.span(idx, n)]);
             if ctx.in_signal {
-                return self.fill_undo(r, idx, old, extras, true);
+                return self.fill_undo(r, idx, old, extras, true, queued_early);
             }
             self.fill_failed(r, idx, extras);
             return Outcome::Done;
         }
         self.lap(&mut ctx.mark, &self.phases.copy);
-        // The LRU entries: (folio, active) for each folio without one. In a
-        // SIGBUS handler they are queued before the folios are published
-        // (the folios are BUSY: reclaim passes over them), with a lock that
-        // is only tried and lists that must have room: otherwise the fill
-        // is undone and handed off.
-        ctx.queue.clear();
-        for k in 0..n {
-            let o = if k == 0 { old } else { extras[k - 1] };
-            let hot = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
-            if !folio::load(r.state(idx + k)).has(QUEUED) {
-                ctx.queue.push((idx + k, hot));
-            }
-        }
-        if ctx.in_signal && !self.lru.try_add(r, &ctx.queue) {
-            let _ = self.pidfd.dontneed(&[r.span(idx, n)]);
-            return self.fill_undo(r, idx, old, extras, true);
-        }
         // Publish: counters and state words (Release), then wake the
         // faulting thread and any waiters (the COPY did not: whoever runs
         // next sees the folios resident and counted), then the LRU (one
@@ -668,6 +699,7 @@ impl Shared {
             } else {
                 Kind::Clean
             };
+            r.trace.record(idx + k, Path::FillPublish, Kind::Busy, kind);
             let prev = folio::release(r.state(idx + k), |s| {
                 s.with_kind(kind).set(ACTIVE, hot).set(QUEUED, true)
             });
@@ -706,14 +738,21 @@ impl Shared {
         old: State,
         extras: &[State],
         charged: bool,
+        queued: bool,
     ) -> Outcome {
+        // `queued`: LRU entries were pushed for them (QUEUED is kept so the
+        // entry is not doubled by a later fill; reclaim drops it as stale).
+        let back = |o: State| o.set(QUEUED, o.has(QUEUED) || queued);
         for (k, o) in extras.iter().enumerate() {
-            let prev = folio::release(r.state(idx + 1 + k), |_| *o);
+            r.trace
+                .record(idx + 1 + k, Path::FillUndo, Kind::Busy, o.kind());
+            let prev = folio::release(r.state(idx + 1 + k), |_| back(*o));
             self.wake_if_waiter(r, idx + 1 + k, prev);
         }
         let n = extras.len() as u64 + u64::from(charged);
         self.budget.uncharge(r.folio * n);
-        let prev = folio::release(r.state(idx), |_| old);
+        r.trace.record(idx, Path::FillUndo, Kind::Busy, old.kind());
+        let prev = folio::release(r.state(idx), |_| back(old));
         self.wake_if_waiter(r, idx, prev);
         Outcome::HandOff
     }
@@ -736,6 +775,8 @@ impl Shared {
     fn fill_failed(&self, r: &Arc<Area>, idx: usize, extras: &[State]) {
         self.counters.faults_failed.inc();
         for (k, o) in extras.iter().enumerate() {
+            r.trace
+                .record(idx + 1 + k, Path::FillUndo, Kind::Busy, o.kind());
             let prev = folio::release(r.state(idx + 1 + k), |_| *o);
             self.wake_if_waiter(r, idx + 1 + k, prev);
         }
@@ -878,10 +919,21 @@ impl Shared {
         // A read fill of a writable region is CLEAN: write-protected before
         // any faulting thread is woken (the move woke no one); a thread that
         // touched the folio in between is caught by the digest below. If
-        // the protect fails the folio must not be published CLEAN (a write
-        // would be lost): give up.
-        if done > 0 && wp && uffd.writeprotect(span.sub(0, done), true, false).is_err() {
-            return None; // the caller drops what was installed
+        // the protect fails the folio is published DIRTY (a DIRTY folio may
+        // be writable; a CLEAN one may not): never dropped, since the moved
+        // PMD is writable and a store may have landed in it.
+        let mut protect_failed = false;
+        if done > 0 && wp {
+            if let Err(e) = uffd.writeprotect(span.sub(0, done), true, false) {
+                protect_failed = true;
+                self.counters.kernel_call_errors.inc();
+                if !quiet {
+                    log::error!(
+                        "region {}: write-protecting huge folio {idx} after its move failed: {e}; kept dirty",
+                        r.id
+                    );
+                }
+            }
         }
         if done == len {
             self.counters.thp_fills.inc();
@@ -889,13 +941,30 @@ impl Shared {
             self.counters.thp_fill_fallback.inc();
             // What did not move is still in the staged buffer (what moved
             // reads as zeros there now): copy the rest, write-protected if
-            // need be.
-            if self.copy_all(r, span.sub(done, len - done), &st.buf[done..], wp, quiet) {
-                done = len;
+            // need be. What moved is writable: if the copy fails it must
+            // not be dropped (settle_writable retries, then saves it).
+            match self.copy_all(r, span.sub(done, len - done), &st.buf[done..], wp, quiet) {
+                Ok(()) => done = len,
+                Err(d) if done == 0 && d == 0 => return None,
+                // Nothing moved, and what was copied is protected.
+                Err(_) if done == 0 && wp => return None,
+                Err(d) => {
+                    // `st.buf` holds zeros where the moved part was: give
+                    // settle_writable the data it must compare with only
+                    // for the copied rest; the moved part counts as written.
+                    let installed = done + d;
+                    if self.settle_writable(r, span, installed, &st.buf[..], quiet) {
+                        return Some(true);
+                    }
+                    return None;
+                }
             }
         }
         if done < len {
             return None;
+        }
+        if protect_failed {
+            return Some(true);
         }
         let first = (idx << r.shift) / 8;
         let view = &r.map.atomic_words()[first..first + len / 8];
@@ -906,10 +975,18 @@ impl Shared {
         Some(raced)
     }
 
-    /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. False if the
-    /// range could not be filled (logged unless `quiet`: in a signal
-    /// handler, the resolver thread that redoes the fill logs it).
-    fn copy_all(&self, r: &Area, dst: MapRange<'_>, src: &[u8], wp: bool, quiet: bool) -> bool {
+    /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. `Err(done)`
+    /// if the range could not be filled, with the bytes at its start that
+    /// were (logged unless `quiet`: in a signal handler, the resolver thread
+    /// that redoes the fill logs it).
+    fn copy_all(
+        &self,
+        r: &Area,
+        dst: MapRange<'_>,
+        src: &[u8],
+        wp: bool,
+        quiet: bool,
+    ) -> Result<(), usize> {
         let mut done = 0usize;
         let len = src.len();
         // Base pages (and their page table) under these folios from now on.
@@ -920,30 +997,105 @@ impl Shared {
         let uffd = self.uffd_of(r, ((dst.addr() - r.base()) >> r.shift) as usize);
         for _attempt in 0..16 {
             if done >= len {
-                return true;
+                return Ok(());
             }
             match uffd.copy(dst.sub(done, len - done), &src[done..], wp, false) {
-                Ok(Fill::Done) => return true,
+                Ok(Fill::Done) => return Ok(()),
                 Ok(Fill::Retry { done: d }) => done += d as usize,
                 Ok(Fill::Exists { done: d }) => {
                     // A page we own (BUSY) is mapped: a leftover (e.g. an
                     // earlier fill interrupted part-way). Drop the rest of
-                    // the range we own and copy again.
+                    // the range we own and copy again. (Never a page this
+                    // fill installed: those are before `done`.)
                     done += d as usize;
                     if done < len {
                         let _ = self.pidfd.dontneed(&[dst.sub(done, len - done)]);
                     }
                 }
-                Err(_) if quiet => return false,
+                Err(_) if quiet => return Err(done),
                 Err(e) => {
                     log::error!(
                         "UFFDIO_COPY at {:#x} (region {}) failed: {e}",
                         dst.addr() + done as u64,
                         r.id
                     );
-                    return false;
+                    return Err(done);
                 }
             }
+        }
+        if done >= len {
+            Ok(())
+        } else {
+            Err(done)
+        }
+    }
+
+    /// A writable install of `dst` (one folio, from `src`) stopped after
+    /// `done` bytes. Those bytes are mapped writable: another thread may
+    /// have stored into them already, so they must not be dropped. Retries
+    /// the rest for up to [`SETTLE_FOR`]; true once the folio is whole (the
+    /// caller publishes it DIRTY). If the kernel keeps refusing, the
+    /// installed part is write-protected and compared with `src`: unchanged
+    /// (no store landed), it may be dropped (false); changed, it is written
+    /// to the store first (file regions), and only a store that refuses that
+    /// loses the store — logged, and counted in `writes_lost`.
+    fn settle_writable(
+        &self,
+        r: &Area,
+        dst: MapRange<'_>,
+        mut done: usize,
+        src: &[u8],
+        quiet: bool,
+    ) -> bool {
+        let len = dst.len() as usize;
+        let deadline = std::time::Instant::now() + SETTLE_FOR;
+        while std::time::Instant::now() < deadline {
+            match self.copy_all(r, dst.sub(done, len - done), &src[done..len], false, true) {
+                Ok(()) => return true,
+                Err(d) => done += d,
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let idx = ((dst.addr() - r.base()) >> r.shift) as usize;
+        let installed = dst.sub(0, done);
+        if self
+            .uffd_of(r, idx)
+            .writeprotect(installed, true, false)
+            .is_err()
+        {
+            // Stores to it cannot be stopped, so its contents cannot be
+            // known: report.
+            self.counters.writes_lost.inc();
+            if !quiet {
+                log::error!(
+                    "region {}: folio {idx} could neither be installed whole nor protected; stores to its first {done} bytes may be lost",
+                    r.id
+                );
+            }
+            return false;
+        }
+        // Compare in place (no allocation: this may run in a SIGBUS
+        // handler). `done` is a multiple of the page size.
+        let first = (idx << r.shift) / 8;
+        let view = &r.map.atomic_words()[first..first + done / 8];
+        let changed = view
+            .iter()
+            .zip(src[..done].chunks_exact(8))
+            .any(|(w, b)| w.load(Ordering::Relaxed).to_ne_bytes() != b);
+        if !changed {
+            return false; // nothing landed: dropping loses nothing
+        }
+        // Anonymous regions have no slot for a folio being filled: nowhere
+        // to save it.
+        let saved = !r.is_anon()
+            && r.store_offset(idx, folio::load(r.state(idx)))
+                .is_some_and(|o| r.store.write_from(r.src(idx, done as u64), o).is_ok());
+        if !saved {
+            self.counters.writes_lost.inc();
+            log::error!(
+                "region {}: folio {idx} could not be installed whole and the stores that landed in its first {done} bytes could not be saved to the store",
+                r.id
+            );
         }
         false
     }
@@ -957,6 +1109,8 @@ impl Shared {
         if !poisoned {
             log::error!("UFFDIO_POISON failed ({res:?}); the access will fault again");
         }
+        r.trace
+            .record(idx, Path::FillFailed, Kind::Busy, Kind::Poisoned);
         let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Poisoned));
         if poisoned {
             self.wake_if_waiter(r, idx, prev);

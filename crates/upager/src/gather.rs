@@ -61,6 +61,7 @@ use crate::area::{Area, Inflight};
 use crate::folio::{self, Kind, State, ACTIVE, QUEUED};
 use crate::shared::Shared;
 use crate::store::Write;
+use crate::trace::Path;
 
 /// Largest gap (bytes) between dirty victims that one write-protect call
 /// spans. Every call costs one TLB flush; spanning a gap costs a page-table
@@ -119,6 +120,9 @@ impl<'a> Gather<'a> {
 
     /// Adds a claimed folio; runs the batch when it is full.
     pub fn add(&mut self, v: Victim) {
+        v.region
+            .trace
+            .record(v.idx, Path::BatchClaim, v.old.kind(), Kind::Busy);
         self.victims.push(v);
         if self.victims.len() >= self.max {
             self.run();
@@ -173,6 +177,7 @@ impl<'a> Gather<'a> {
                 continue;
             };
             let Some(guard) = Inflight::enter(r) else {
+                r.trace.record(idx, Path::Unclaimed, Kind::Busy, old.kind());
                 let prev = folio::release(r.state(idx), |_| old);
                 self.sh.wake_if_waiter(r, idx, prev);
                 break;
@@ -194,10 +199,16 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     victims.sort_unstable_by_key(|v| (v.region.id, v.idx));
     let mut first_err: Option<io::Error> = None;
 
-    // 2) protect: one write-protect per span of dirty victims.
+    // 2) protect: one write-protect per span of dirty victims. A span the
+    // kernel refused to protect may still be writable: its dirty victims
+    // are not written back (a store could land after the copy was taken)
+    // and stay resident and DIRTY (`unprotected`).
+    let mut unprotected = vec![false; victims.len()];
+    let mut at = 0;
     for group in victims.chunk_by(|a, b| a.region.id == b.region.id) {
         let r = &group[0].region;
         let mut span: Option<(usize, usize)> = None;
+        let mut refused: Vec<(usize, usize)> = Vec::new();
         for v in group.iter().filter(|v| v.old.kind() == Kind::Dirty) {
             // A span also protects the folios in its gaps; a pinned one must
             // stay writable (a system call may be writing into it in
@@ -212,16 +223,27 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
                     Some((s, v.idx))
                 }
                 Some((s, e)) => {
-                    write_protect(sh, r, s, e);
+                    if !write_protect(sh, r, s, e) {
+                        refused.push((s, e));
+                    }
                     Some((v.idx, v.idx))
                 }
                 None => Some((v.idx, v.idx)),
             };
         }
         if let Some((s, e)) = span {
-            write_protect(sh, r, s, e);
+            if !write_protect(sh, r, s, e) {
+                refused.push((s, e));
+            }
+        }
+        for (k, v) in group.iter().enumerate() {
+            if v.old.kind() == Kind::Dirty && refused.iter().any(|&(s, e)| (s..=e).contains(&v.idx))
+            {
+                unprotected[at + k] = true;
+            }
         }
         unprotect_pinned(sh, r, group);
+        at += group.len();
     }
 
     // 3) write back dirty victims: per region, its writes (runs of
@@ -241,7 +263,9 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             // one, under a single lock acquisition (seed 003).
             let need: Vec<usize> = (i..j)
                 .filter(|&k| {
-                    victims[k].old.kind() == Kind::Dirty && victims[k].old.slot().is_none()
+                    victims[k].old.kind() == Kind::Dirty
+                        && !unprotected[k]
+                        && victims[k].old.slot().is_none()
                 })
                 .collect();
             if !need.is_empty() {
@@ -262,7 +286,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         let mut k = i;
         while k < j {
             let v = &victims[k];
-            if v.old.kind() != Kind::Dirty {
+            if v.old.kind() != Kind::Dirty || unprotected[k] {
                 k += 1;
                 continue;
             }
@@ -279,6 +303,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             let mut e = k + 1;
             while e < j
                 && victims[e].old.kind() == Kind::Dirty
+                && !unprotected[e]
                 && victims[e].idx == victims[e - 1].idx + 1
             {
                 e += 1;
@@ -305,12 +330,15 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     // write-protected: the next write faults and unprotects them).
     let mut kept = Vec::with_capacity(victims.len());
     for (k, v) in victims.into_iter().enumerate() {
-        if failed[k] {
+        if failed[k] || unprotected[k] {
             if let Some(s) = new_slots[k] {
                 v.region.slots.as_ref().expect("anon").free(&[s], true);
             }
             // Resident and dirty again, and back on the LRU if isolation
             // took it off, so a later batch retries it.
+            v.region
+                .trace
+                .record(v.idx, Path::KeptDirty, Kind::Busy, Kind::Dirty);
             let prev = folio::release(v.region.state(v.idx), |s| {
                 s.with_kind(Kind::Dirty)
                     .with_slot(v.old.slot())
@@ -331,6 +359,9 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             if v.old.kind() == Kind::Dirty {
                 sh.dirty_sub(&v.region, 1);
             }
+            v.region
+                .trace
+                .record(v.idx, Path::Cleaned, Kind::Busy, Kind::Clean);
             let prev = folio::release(v.region.state(v.idx), |s| s.with_kind(Kind::Clean));
             sh.wake_if_waiter(&v.region, v.idx, prev);
         }
@@ -355,13 +386,66 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             ranges.push(span);
         }
     }
+    let mut not_unmapped: Vec<(u64, u64)> = Vec::new();
     for chunk in ranges.chunks(MAX_IOV) {
-        if let Err(e) = sh.pidfd.dontneed(chunk) {
-            // Cannot happen for live, pinned regions; keep going so the
-            // budget stays consistent, and report it.
-            first_err.get_or_insert(e);
-        }
         sh.counters.tlb_flush_batches.inc();
+        let mut rest = chunk;
+        // process_madvise advises the ranges in order and returns the bytes
+        // it advised: a short count leaves the tail. Retry it once; what the
+        // kernel still refuses stays resident (below).
+        for attempt in 0..2 {
+            let want: u64 = rest.iter().map(MapRange::len).sum();
+            let got = match sh.pidfd.dontneed(rest) {
+                Ok(n) => n.min(want),
+                Err(e) if attempt == 1 => {
+                    sh.counters.kernel_call_errors.inc();
+                    log::error!(
+                        "unmapping an eviction batch failed: {e}; {} ranges stay resident",
+                        rest.len()
+                    );
+                    break;
+                }
+                Err(_) => 0,
+            };
+            if got == want {
+                rest = &[];
+                break;
+            }
+            let mut skip = 0u64;
+            let mut k = 0;
+            while k < rest.len() && skip + rest[k].len() <= got {
+                skip += rest[k].len();
+                k += 1;
+            }
+            rest = &rest[k..];
+        }
+        not_unmapped.extend(rest.iter().map(|m| (m.addr(), m.len())));
+    }
+    drop(ranges);
+    // Folios the kernel did not unmap are still mapped, write-protected and
+    // written back: they stay resident, CLEAN (never released, or a later
+    // refill would copy over a live page and the budget would lie).
+    let (kept, stayed): (Vec<_>, Vec<_>) = kept.into_iter().partition(|(v, _)| {
+        let a = v.region.folio_addr(v.idx);
+        !not_unmapped
+            .iter()
+            .any(|&(at, len)| at <= a && a < at + len)
+    });
+    for (v, new_slot) in stayed {
+        if v.old.kind() == Kind::Dirty {
+            sh.dirty_sub(&v.region, 1);
+        }
+        let slot = new_slot.or(v.old.slot());
+        v.region
+            .trace
+            .record(v.idx, Path::Cleaned, Kind::Busy, Kind::Clean);
+        let prev = folio::release(v.region.state(v.idx), |s| {
+            s.with_kind(Kind::Clean).with_slot(slot).set(QUEUED, true)
+        });
+        sh.wake_if_waiter(&v.region, v.idx, prev);
+        if !prev.has(QUEUED) {
+            sh.lru.add(&v.region, &[(v.idx, false)]);
+        }
     }
 
     // 5) release: EVICTED (or NEVER for never-written anonymous folios).
@@ -396,12 +480,13 @@ fn evict_one(sh: &Shared, v: &Victim, new_slot: Option<u32>, seq: u64) {
         sh.dirty_sub(r, 1);
     }
     let slot = new_slot.or(v.old.slot());
+    let kind = if r.is_anon() && slot.is_none() {
+        Kind::Never
+    } else {
+        Kind::Evicted
+    };
+    r.trace.record(v.idx, Path::Evicted, Kind::Busy, kind);
     let prev = folio::release(r.state(v.idx), |s| {
-        let kind = if r.is_anon() && slot.is_none() {
-            Kind::Never
-        } else {
-            Kind::Evicted
-        };
         s.with_kind(kind)
             .with_slot(slot)
             .with_seq(seq)
@@ -440,20 +525,30 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
     }
 }
 
-fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) {
-    // Failure leaves pages writable; the write-back that follows may then
-    // race with a writer, so treat it as fatal to the invariant: it
-    // cannot fail on a live registered range, and the debug build says so.
+/// Write-protects folios `[first, last]` of `r`; false if the kernel
+/// refused any part (logged, counted in `kernel_call_errors`): those pages
+/// may still be writable, so their folios must not be written back and
+/// called clean. (UFFDIO_WRITEPROTECT stops with ENOENT after changing the
+/// VMAs before the one it refused, and reports no progress: the whole span
+/// counts as refused.)
+fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) -> bool {
     // Each shard's part on the userfaultfd it is registered on (a span
     // crosses a shard boundary rarely: one call more then).
+    let mut ok = true;
     for (k, m) in r.shard_runs(first, last + 1 - first) {
         let res = sh.uffd_of(r, k).writeprotect(r.span(k, m), true, true);
-        debug_assert!(
-            res.is_ok(),
-            "write-protect of a registered range failed: {res:?}"
-        );
         sh.counters.tlb_flush_batches.inc();
+        if let Err(e) = res {
+            ok = false;
+            sh.counters.kernel_call_errors.inc();
+            log::error!(
+                "region {}: write-protecting folios {k}..{} before write-back failed: {e}; they stay dirty",
+                r.id,
+                k + m
+            );
+        }
     }
+    ok
 }
 
 /// Writes one region's share of a batch to its store: all at once
@@ -555,6 +650,9 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
         }
     }
     for v in &victims {
+        v.region
+            .trace
+            .record(v.idx, Path::Discarded, Kind::Busy, Kind::Never);
         let prev = folio::release(v.region.state(v.idx), |s| {
             s.with_kind(Kind::Never)
                 .with_slot(None)

@@ -70,6 +70,7 @@ mod stats;
 mod store;
 mod table;
 mod thp;
+mod trace;
 
 pub use advice::Residency;
 pub use config::{

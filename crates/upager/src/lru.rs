@@ -39,6 +39,13 @@ pub(crate) struct Lists {
 /// The LRU lists of a pager, under one lock.
 pub(crate) struct Lru {
     lists: Mutex<Lists>,
+    /// Test knob ([`PagerBuilder::debug_lru_try_fail_every`]): every n-th
+    /// [`Lru::try_add`] fails after spinning as a contended one would
+    /// (0: never).
+    ///
+    /// [`PagerBuilder::debug_lru_try_fail_every`]: crate::PagerBuilder::debug_lru_try_fail_every
+    fail_every: std::sync::atomic::AtomicU32,
+    tries: std::sync::atomic::AtomicU32,
 }
 
 impl Default for Lru {
@@ -49,11 +56,18 @@ impl Default for Lru {
         l.keep_spare();
         Lru {
             lists: Mutex::new(l),
+            fail_every: std::sync::atomic::AtomicU32::new(0),
+            tries: std::sync::atomic::AtomicU32::new(0),
         }
     }
 }
 
 impl Lru {
+    /// Makes every `n`-th [`Lru::try_add`] fail (test knob; 0: never).
+    pub fn fail_try_add_every(&self, n: u32) {
+        self.fail_every.store(n, Ordering::Relaxed);
+    }
+
     /// Takes the lock (poisoning is ignored: the lists stay consistent
     /// between statements).
     pub fn lock(&self) -> MutexGuard<'_, Lists> {
@@ -79,6 +93,15 @@ impl Lru {
     pub fn try_add(&self, r: &Arc<Area>, items: &[(usize, bool)]) -> bool {
         if items.is_empty() {
             return true;
+        }
+        let every = self.fail_every.load(Ordering::Relaxed);
+        if every > 0 && self.tries.fetch_add(1, Ordering::Relaxed) % every == 0 {
+            // As a try-lock that lost to a long holder: ~200 us, then no.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+            return false;
         }
         for attempt in 0..TRY_LOCK_ATTEMPTS {
             let mut l = match self.lists.try_lock() {

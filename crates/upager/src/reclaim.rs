@@ -350,6 +350,12 @@ impl Shared {
                 continue;
             }
             let _ = self.pidfd.dontneed(&[guard.span(e.idx, 1)]);
+            guard.trace.record(
+                e.idx,
+                crate::trace::Path::Unpoisoned,
+                Kind::Poisoned,
+                Kind::Never,
+            );
             let prev = folio::release(w, |s| {
                 s.with_kind(if s.slot().is_some() {
                     Kind::Evicted

@@ -132,6 +132,38 @@ impl Region {
         Ok(())
     }
 
+    /// The recent state changes of the folio holding byte `offset` (and of
+    /// its neighbours `span` folios either side), oldest first: which path
+    /// moved it (fill, write-protect fault, eviction, write-back, ...),
+    /// from which state to which, when and on which thread. For the report
+    /// of a check that found the wrong data at `offset`: the region keeps
+    /// its last 1024 changes, so call it right after the check.
+    ///
+    /// # Panics
+    /// If `offset` is beyond the region.
+    pub fn folio_trace(&self, offset: u64, span: usize) -> String {
+        let r = &self.inner;
+        assert!(offset < r.len, "offset {offset} is beyond the region");
+        let idx = (offset >> r.shift) as usize;
+        let nfolios = r.len.div_ceil(r.folio) as usize;
+        let s = folio::load(r.state(idx));
+        format!(
+            "region {} folio {idx} ({} bytes at offset {}), now {:?}{}{}:\n{}",
+            r.id,
+            r.folio,
+            (idx as u64) << r.shift,
+            s.kind(),
+            if s.has(folio::PINNED) { ", pinned" } else { "" },
+            if s.has(folio::QUEUED) {
+                ", on the LRU"
+            } else {
+                ""
+            },
+            r.trace
+                .dump(idx.saturating_sub(span)..(idx + span + 1).min(nfolios))
+        )
+    }
+
     /// Writes dirty data back (like [`Region::flush`]) and unmaps the region,
     /// releasing its memory and swap space. On error the region is handed
     /// back untouched.

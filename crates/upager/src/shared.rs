@@ -217,7 +217,11 @@ impl Shared {
             phases: PhaseClock::default(),
             table: RegionTable::new(cfg.lookup),
             budget: Budget::new(cfg.budget, cfg.dirty_limit),
-            lru: Lru::default(),
+            lru: {
+                let l = Lru::default();
+                l.fail_try_add_every(cfg.debug_lru_try_fail_every);
+                l
+            },
             stores: Shares::default(),
             evict_seq: AtomicU64::new(0),
             prefetch_pending: AtomicU64::new(0),

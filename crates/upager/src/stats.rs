@@ -139,6 +139,14 @@ counters! {
     thp_recycled,
     /// Read fills of 2 MiB folios that a write reached between the move and the write-protect (published dirty, so the write is kept).
     thp_fill_raced,
+    /// Stores that landed in a folio upager then could not keep (a fill the kernel refused half-way and a store that refused the rescue write); always logged. Should stay 0.
+    writes_lost,
+    /// Calls the kernel refused where it should not have (write-protect, unprotect, unmap of a batch); each logged, the folios concerned kept resident and dirty.
+    kernel_call_errors,
+    /// Folios written back by the background writer because they had been dirty longer than the dirty expiry (`dirty_expire`).
+    writebacks_aged,
+    /// Faults (or waits of a faulting thread) that took longer than a second; each logged with its folio's trace.
+    faults_slow,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

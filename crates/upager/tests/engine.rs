@@ -606,7 +606,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
 /// removing or reordering a counter fails here; a new counter goes at the
 /// end, here and in the same lists of crates/capi/tests/c/stat_names.c and
 /// python/tests/test_upager.py.
-const STAT_NAMES: [&str; 44] = [
+const STAT_NAMES: [&str; 48] = [
     "faults_missing",
     "faults_wp",
     "faults_deferred",
@@ -651,6 +651,10 @@ const STAT_NAMES: [&str; 44] = [
     "overhead_bytes",
     "thp_recycled",
     "thp_fill_raced",
+    "writes_lost",
+    "kernel_call_errors",
+    "writebacks_aged",
+    "faults_slow",
 ];
 
 #[test]

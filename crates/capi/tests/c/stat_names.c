@@ -53,6 +53,10 @@ static const char *const names[] = {
     "overhead_bytes",
     "thp_recycled",
     "thp_fill_raced",
+    "writes_lost",
+    "kernel_call_errors",
+    "writebacks_aged",
+    "faults_slow",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
