@@ -34,6 +34,7 @@ build umap_fault_mode "$SRC/umap_fault_mode.c" -I"$PREFIX/include" -L"$PREFIX/li
 build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
 build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build store_redis "$SRC/store_redis.c" $(pkg-config --cflags --libs upager) $RPATH
+build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 # UMap's C++ API (header-only over the C library): the system's g++.
 CXX=${CXX:-g++}
@@ -68,6 +69,8 @@ run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
 run env UMAP_BUFSIZE=4096 "$OUT/umap_atexit"
 run env UMAP_BUFSIZE=256 "$OUT/errors"
 run "$OUT/stat_names"
+# Readers racing an unmap (issue 20): right data or SIGSEGV, never SIGBUS.
+run "$OUT/unmap_race"
 # The fault mode (issue 12): options, defaults from UPAGER_FAULT_MODE, both
 # modes at work; the UMap drop-in under each value of the variable.
 run env -u UPAGER_FAULT_MODE "$OUT/fault_mode"

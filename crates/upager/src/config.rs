@@ -103,6 +103,10 @@ impl std::fmt::Display for FaultMode {
     }
 }
 
+/// Default of [`PagerBuilder::dirty_expire`]: a few seconds, so a worker
+/// killed a little after its writes keeps them (the kernel waits 30 s).
+pub const DEFAULT_DIRTY_EXPIRE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Options of a [`Pager`](crate::Pager); build one with [`Pager::builder`](crate::Pager::builder).
 #[derive(Debug, Clone)]
 pub struct PagerBuilder {
@@ -124,6 +128,7 @@ pub struct PagerBuilder {
     /// `build`; an explicit [`PagerBuilder::fault_mode`] clears it).
     pub(crate) fault_mode: Result<FaultMode, String>,
     pub(crate) debug_lru_try_fail_every: u32,
+    pub(crate) dirty_expire: std::time::Duration,
 }
 
 impl Default for PagerBuilder {
@@ -145,6 +150,7 @@ impl Default for PagerBuilder {
             fault_timing: false,
             fault_mode: FaultMode::from_env().map(Option::unwrap_or_default),
             debug_lru_try_fail_every: 0,
+            dirty_expire: DEFAULT_DIRTY_EXPIRE,
         }
     }
 }
@@ -249,6 +255,18 @@ impl PagerBuilder {
     /// clean and stored data go on working. Default: half the budget.
     pub fn dirty_limit(mut self, bytes: u64) -> Self {
         self.dirty_limit = Some(bytes);
+        self
+    }
+    /// Write back file-backed data that has been dirty for longer than
+    /// this, in the background (the kernel's `dirty_expire_centisecs`,
+    /// 30 s there), and keep it resident: a write older than this (plus the
+    /// writer's scan period, a quarter of it) is in the file even if the
+    /// process is then killed (SIGKILL, `os._exit`, a pool worker
+    /// terminated) — in the page cache, not yet on disk: only `flush`
+    /// makes it durable. Default 5 s; `Duration::ZERO` turns it off (only
+    /// `flush`, eviction and the dirty limit write back).
+    pub fn dirty_expire(mut self, age: std::time::Duration) -> Self {
+        self.dirty_expire = age;
         self
     }
     /// Time the phases of every fill of a missing fault (region lookup,

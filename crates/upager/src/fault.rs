@@ -378,10 +378,11 @@ impl Shared {
                     {
                         self.counters.faults_wp.inc();
                         r.trace.record(idx, Path::WpClaim, old.kind(), Kind::Busy);
-                        if old.kind() == Kind::Clean {
+                        let fresh = old.kind() == Kind::Clean;
+                        if fresh {
                             self.dirty_add(r, 1);
                         }
-                        self.make_dirty(r, idx, ctx.in_signal);
+                        self.make_dirty(r, idx, ctx.in_signal, fresh);
                         return Outcome::Done;
                     }
                 }
@@ -442,7 +443,8 @@ impl Shared {
     }
 
     /// First write to a claimed resident folio: unprotect it, mark it dirty.
-    fn make_dirty(&self, r: &Area, idx: usize, quiet: bool) {
+    /// `fresh`: it was CLEAN (its dirty age starts now).
+    fn make_dirty(&self, r: &Area, idx: usize, quiet: bool, fresh: bool) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
         let res = self
@@ -461,7 +463,15 @@ impl Shared {
         }
         self.counters.wp_unprotects.inc();
         r.trace.record(idx, Path::WpDirty, Kind::Busy, Kind::Dirty);
-        let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Dirty));
+        let tick = self.dirty_tick();
+        let prev = folio::release(r.state(idx), |s| {
+            let s = s.with_kind(Kind::Dirty);
+            if fresh {
+                s.with_seq(tick)
+            } else {
+                s
+            }
+        });
         self.wake_resolved(r, idx, 1, prev.has(folio::WAITER));
         self.maybe_kick_reclaimer();
     }
@@ -687,6 +697,7 @@ impl Shared {
             .fills_readahead
             .add(extras.len() as u64 + u64::from(prefetch));
         let mut waiters = false;
+        let tick = self.dirty_tick();
         for k in 0..n {
             let o = if k == 0 { old } else { extras[k - 1] };
             let hot = o.kind() == Kind::Evicted && self.refault_is_hot(now, o);
@@ -700,8 +711,16 @@ impl Shared {
                 Kind::Clean
             };
             r.trace.record(idx + k, Path::FillPublish, Kind::Busy, kind);
+            // A DIRTY folio's sequence field holds when it became dirty
+            // (the age the background writer goes by); a CLEAN one keeps
+            // its eviction sequence (unused while resident).
             let prev = folio::release(r.state(idx + k), |s| {
-                s.with_kind(kind).set(ACTIVE, hot).set(QUEUED, true)
+                let s = s.with_kind(kind).set(ACTIVE, hot).set(QUEUED, true);
+                if kind == Kind::Dirty {
+                    s.with_seq(tick)
+                } else {
+                    s
+                }
             });
             waiters |= prev.has(folio::WAITER);
         }

@@ -73,6 +73,27 @@ struct Entry {
 static REGISTRY: LazyLock<SignalSafeCell<Vec<Entry>>> =
     LazyLock::new(|| SignalSafeCell::new(Vec::new()));
 
+/// The address ranges of the last [`TOMBSTONES`] regions unregistered: a
+/// SIGBUS raised by an access before its region became inaccessible can be
+/// delivered after the region left [`REGISTRY`] (the thread was preempted
+/// between the fault and its handler); passed on as foreign, it killed the
+/// process (issue 20: 3 of 4 runs of two readers racing an unmap). A
+/// SIGBUS in such a range is retried: the access now gets SIGSEGV.
+static TOMBS: LazyLock<SignalSafeCell<Vec<(u64, u64)>>> =
+    LazyLock::new(|| SignalSafeCell::new(Vec::new()));
+
+/// Ranges kept in [`TOMBS`] (a guess: far more regions than are unmapped
+/// while a thread sits between a fault and its handler).
+const TOMBSTONES: usize = 64;
+
+thread_local! {
+    /// The last address this thread retried because it was in a tombstone
+    /// (const-initialised, no destructor): a second SIGBUS at the same
+    /// address is not a late one (the range was reused by a mapping that
+    /// raises SIGBUS of its own) and is passed on.
+    static TOMB_RETRY: Cell<u64> = const { Cell::new(0) };
+}
+
 thread_local! {
     /// This thread is a resolver (const-initialised, no destructor: safe to
     /// read in a signal handler).
@@ -101,6 +122,13 @@ pub(crate) fn install() -> std::io::Result<()> {
 
 /// Makes region `r` of `sh` visible to the SIGBUS handler.
 pub(crate) fn register(sh: &Arc<Shared>, r: &Arc<Area>) {
+    let (base, end) = (r.base(), r.base() + r.map_len());
+    TOMBS.update(|t| {
+        t.iter()
+            .filter(|&&(b, e)| e <= base || b >= end)
+            .copied()
+            .collect()
+    });
     let e = Entry {
         base: r.base(),
         end: r.base() + r.map_len(),
@@ -117,12 +145,36 @@ pub(crate) fn register(sh: &Arc<Shared>, r: &Arc<Area>) {
 
 /// Removes region `id` from the registry (after its range is inaccessible).
 pub(crate) fn unregister(id: u64, sh: &Shared) {
-    REGISTRY.update(|v| {
-        v.iter()
-            .filter(|e| !(e.area.id == id && std::ptr::eq(Arc::as_ptr(&e.shared), sh)))
-            .cloned()
-            .collect()
-    });
+    let mine = |e: &Entry| e.area.id == id && std::ptr::eq(Arc::as_ptr(&e.shared), sh);
+    let range = REGISTRY.read(|v| v.iter().find(|e| mine(e)).map(|e| (e.base, e.end)));
+    if let Some(range) = range {
+        TOMBS.update(|t| {
+            let mut n = t.clone();
+            if n.len() >= TOMBSTONES {
+                n.remove(0);
+            }
+            n.push(range);
+            n
+        });
+    }
+    REGISTRY.update(|v| v.iter().filter(|e| !mine(e)).cloned().collect());
+}
+
+/// A SIGBUS at `addr` that no live region claims: true if it is a late one
+/// from a region unmapped since (retry the access: it gets SIGSEGV now).
+fn late_from_unmapped(addr: u64) -> bool {
+    if !TOMBS.read(|t| t.iter().any(|&(b, e)| b <= addr && addr < e)) {
+        return false;
+    }
+    TOMB_RETRY.with(|last| {
+        if last.get() == addr {
+            last.set(0);
+            false
+        } else {
+            last.set(addr);
+            true
+        }
+    })
 }
 
 /// What the registry says about a faulting address.
@@ -149,7 +201,7 @@ fn on_fault(f: &BusFault) -> bool {
         }
     });
     match found {
-        Found::NotOurs => false,
+        Found::NotOurs => late_from_unmapped(f.addr),
         Found::Dying => {
             std::thread::sleep(DYING_RETRY);
             true

@@ -74,8 +74,8 @@ mod trace;
 
 pub use advice::Residency;
 pub use config::{
-    format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, DEFAULT_FOLIO, MAX_FOLIO,
-    MIN_FOLIO,
+    format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, DEFAULT_DIRTY_EXPIRE,
+    DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO,
 };
 pub use error::{
     errno, error_chain, AdviseError, ErrorCode, FlushError, MapError, PagerError, RangeError,

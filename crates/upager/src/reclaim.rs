@@ -48,6 +48,10 @@ use crate::folio::{self, Kind, ACTIVE, PINNED, QUEUED};
 use crate::gather::{Gather, Mode, Victim};
 use crate::shared::Shared;
 
+/// Shortest period of the dirty-age scan (a guess: a region's state words
+/// are walked at most 20 times a second however short the expiry).
+const DIRTY_SCAN_MIN: Duration = Duration::from_millis(50);
+
 /// How long a poisoned folio keeps raising SIGBUS before the reclaimer
 /// clears it, so that an access after the store recovers succeeds.
 pub(crate) const POISON_HOLD: Duration = Duration::from_millis(100);
@@ -309,6 +313,7 @@ impl Shared {
     /// limit, and clears poisoned folios whose hold time has passed.
     pub(crate) fn reclaimer_main(self: Arc<Self>) {
         let mut quiet = Duration::ZERO;
+        let mut aged_at = Instant::now();
         while !self.stopping() {
             // Huge pages staged for 2 MiB fills, off the fault path.
             self.thp.refill(&self.budget);
@@ -334,7 +339,56 @@ impl Shared {
                     }
                 }
             }
+            let expire = self.cfg.dirty_expire;
+            if !expire.is_zero() && aged_at.elapsed() >= (expire / 4).max(DIRTY_SCAN_MIN) {
+                aged_at = Instant::now();
+                if self.budget.dirty() > 0 {
+                    self.writeback_aged(expire);
+                }
+            }
             self.clear_poison(false);
+        }
+    }
+
+    /// Writes back (and keeps resident, CLEAN) every file-backed folio
+    /// dirty for at least `expire`: the background writer that bounds what
+    /// a killed process loses (the kernel's flusher and its
+    /// `dirty_expire_centisecs`). Claims without waiting (a BUSY folio is
+    /// someone else's business, and its turn comes at the next scan), skips
+    /// stores that are backing off, and reports write errors the way
+    /// eviction does (the next `flush` returns them). Walks only touched
+    /// chunks of writable file regions.
+    fn writeback_aged(&self, expire: Duration) {
+        let now = self.dirty_tick();
+        let age = (expire.as_millis() / crate::shared::DIRTY_TICK.as_millis()) as u64;
+        let old_enough = |s: folio::State| {
+            s.kind() == Kind::Dirty && (now.wrapping_sub(s.seq()) & folio::SEQ_MASK) >= age
+        };
+        for r in self.table.all() {
+            if !r.writable || r.is_anon() || r.wb_backoff.blocked() {
+                continue;
+            }
+            let mut batch = Gather::new(self, Mode::Writeback, self.batch_folios(r.folio));
+            for idx in r.touched_folios() {
+                if self.stopping() || !old_enough(folio::load(r.state(idx))) {
+                    continue;
+                }
+                let Some(old) = folio::try_claim(r.state(idx), old_enough) else {
+                    continue;
+                };
+                let Some(guard) = Inflight::enter(&r) else {
+                    let prev = folio::release(r.state(idx), |_| old);
+                    self.wake_if_waiter(&r, idx, prev);
+                    break;
+                };
+                self.counters.writebacks_aged.inc();
+                batch.add(crate::gather::Victim {
+                    region: guard,
+                    idx,
+                    old,
+                });
+            }
+            let _ = batch.finish();
         }
     }
 

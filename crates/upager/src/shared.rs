@@ -71,6 +71,8 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     stop_fd: upager_sys::io::EventFd,
     next_id: AtomicU64,
+    /// When the pager started: the clock of [`Shared::dirty_tick`].
+    born: std::time::Instant,
 }
 
 /// The background reclaimer's doorbell: a futex word (1 = rung), so a
@@ -141,6 +143,9 @@ pub(crate) const CTX_KEEP: usize = 64 << 10;
 /// How long a handler, resolver or prefetch thread waits for work before
 /// it checks for shutdown; a thread that waited this long without work
 /// gives back the part of its fill buffer a readahead run grew.
+/// Resolution of the dirty-age clock ([`Shared::dirty_tick`]).
+pub(crate) const DIRTY_TICK: Duration = Duration::from_millis(100);
+
 pub(crate) const IDLE: Duration = Duration::from_millis(200);
 
 /// What one engine thread costs besides its scratch space, as
@@ -231,6 +236,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             stop_fd: upager_sys::io::EventFd::new().map_err(PagerError::EventFd)?,
             next_id: AtomicU64::new(1),
+            born: std::time::Instant::now(),
             handoff: Handoff::default(),
             sig_ctxs: if mode == FaultMode::InThread {
                 let n = (2 * upager_sys::io::online_cpus() + 2).min(64);
@@ -242,6 +248,15 @@ impl Shared {
             mode,
             cfg,
         })
+    }
+
+    /// Now, in ticks of [`DIRTY_TICK`] since the pager started, modulo
+    /// 2^24 (the width of the state word's sequence field, where a DIRTY
+    /// folio keeps the tick it became dirty at: 19 days before it wraps).
+    /// Async-signal-safe (a clock read).
+    pub fn dirty_tick(&self) -> u64 {
+        (self.born.elapsed().as_millis() as u64 / DIRTY_TICK.as_millis() as u64)
+            & crate::folio::SEQ_MASK
     }
 
     /// A new region id.
