@@ -124,7 +124,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 ///
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
-///       dirty_limit=None, fault_mode=None)
+///       dirty_limit=None, fault_mode=None, dirty_expire=None)
 ///
 /// `fault_mode`: "handlers" (the default: handler threads resolve faults)
 /// or "in-thread" (the faulting thread resolves its own fault in a SIGBUS
@@ -142,6 +142,11 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 /// `dirty_limit` (default half the budget): most bytes of file data dirty at
 /// once; writes beyond it wait for write-back, and a full disk stops writes
 /// (SIGBUS) but not reads.
+///
+/// `dirty_expire` (seconds, default 5; 0 turns it off): file data dirty for
+/// longer than this is written back in the background, so a process killed
+/// without `flush()` (a `multiprocessing.Pool` worker terminated, SIGKILL,
+/// `os._exit`) keeps every write older than this (plus a quarter of it).
 ///
 /// Sizes are ints (bytes) or strings like "64KiB", "512M", "1.5G".
 /// `folio` is the default folio size of the regions this pager maps.
@@ -194,7 +199,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -208,6 +213,7 @@ impl PyPager {
         background_reclaim: bool,
         dirty_limit: Option<&Bound<'_, PyAny>>,
         fault_mode: Option<&Bound<'_, PyAny>>,
+        dirty_expire: Option<f64>,
     ) -> PyResult<Self> {
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
         let folio = opt_size(folio, "folio")?.unwrap_or(upager::DEFAULT_FOLIO);
@@ -237,6 +243,14 @@ impl PyPager {
         }
         if let Some(m) = fault_mode_arg(fault_mode)? {
             b = b.fault_mode(m);
+        }
+        if let Some(secs) = dirty_expire {
+            let age = std::time::Duration::try_from_secs_f64(secs).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "dirty_expire must be seconds, 0 or more (0 turns the background writer off), got {secs}"
+                ))
+            })?;
+            b = b.dirty_expire(age);
         }
         let pager = py.allow_threads(|| b.build()).map_err(engine_err)?;
         Ok(PyPager {

@@ -141,6 +141,14 @@ struct upager_options {
                                  upager_create() fails with -EINVAL and a
                                  message naming the variable (set the field
                                  to override it). */
+    int64_t dirty_expire_ms;  /* file data dirty for longer than this many
+                                 milliseconds is written back in the
+                                 background (kept resident), so a process
+                                 killed without upager_flush() keeps every
+                                 write older than this (plus a quarter of
+                                 it): in the page cache, durable only after
+                                 upager_flush(). -1 = default (5000); 0 =
+                                 off. */
 };
 
 /* Fills *opts with the defaults (including opts->size; fault_mode from

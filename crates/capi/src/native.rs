@@ -55,6 +55,8 @@ pub struct upager_options {
     pub dirty_limit: u64,
     /// `UPAGER_FAULT_*`: how faults are resolved.
     pub fault_mode: c_int,
+    /// Background write-back of data dirty this long (ms); -1 default, 0 off.
+    pub dirty_expire_ms: i64,
 }
 
 /// Region options (`struct upager_map_options`); see upager.h.
@@ -149,6 +151,7 @@ fn default_options() -> upager_options {
         background_reclaim: -1,
         dirty_limit: 0,
         fault_mode: fault_mode_from_env(),
+        dirty_expire_ms: -1,
     }
 }
 
@@ -280,6 +283,15 @@ pub unsafe extern "C" fn upager_create(
         }
         if o.dirty_limit != 0 {
             b = b.dirty_limit(o.dirty_limit);
+        }
+        match o.dirty_expire_ms {
+            -1 => {}
+            ms if ms >= 0 => b = b.dirty_expire(std::time::Duration::from_millis(ms as u64)),
+            ms => {
+                return Err(Failure::inval(format!(
+                    "dirty_expire_ms must be -1 (default: 5000), 0 (off) or milliseconds, got {ms}"
+                )))
+            }
         }
         if o.handler_threads != 0 {
             b = b.handler_threads(o.handler_threads as usize);

@@ -34,6 +34,7 @@ build umap_fault_mode "$SRC/umap_fault_mode.c" -I"$PREFIX/include" -L"$PREFIX/li
 build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
 build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build store_redis "$SRC/store_redis.c" $(pkg-config --cflags --libs upager) $RPATH
+build dirty_expire "$SRC/dirty_expire.c" $(pkg-config --cflags --libs upager) $RPATH
 build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 # UMap's C++ API (header-only over the C library): the system's g++.
@@ -71,6 +72,7 @@ run env UMAP_BUFSIZE=256 "$OUT/errors"
 run "$OUT/stat_names"
 # Readers racing an unmap (issue 20): right data or SIGSEGV, never SIGBUS.
 run "$OUT/unmap_race"
+run "$OUT/dirty_expire"
 # The fault mode (issue 12): options, defaults from UPAGER_FAULT_MODE, both
 # modes at work; the UMap drop-in under each value of the variable.
 run env -u UPAGER_FAULT_MODE "$OUT/fault_mode"

@@ -112,6 +112,33 @@ fn child_main() {
             assert_eq!(r.words()[1].load(Relaxed), word(8, 3));
             println!("FOOTPRINT {}", rss() - before);
         }
+        "aged_writes" => {
+            // Issue 20 item 10: writes older than the dirty expiry are in
+            // the file when the process is killed without a flush.
+            let path = std::env::var("UPAGER_CHILD_FILE").unwrap();
+            let pager = Pager::builder()
+                .budget(16 * MIB)
+                .dirty_expire(Duration::from_millis(300))
+                .build()
+                .unwrap();
+            let r = pager
+                .map_file(&path, &MapOptions::new().writable(true).folio(16 << 10))
+                .unwrap();
+            for w in (0..r.len() / 8).step_by(97) {
+                r.words()[w].store(0xA6ED_0000_0000_0000 | w as u64, Relaxed);
+            }
+            // Past the expiry and one scan period (a quarter of it).
+            std::thread::sleep(Duration::from_millis(1200));
+            let s = pager.stats();
+            println!("AGED {} DIRTY {}", s.writebacks_aged, s.dirty_bytes);
+            // Killed with no flush and no destructor.
+            let me = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &me])
+                .status();
+            std::thread::sleep(Duration::from_secs(10));
+            println!("not reached");
+        }
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -328,4 +355,47 @@ fn starting_the_engine_adds_under_4_mib_of_resident_memory() {
         .unwrap_or_else(|| panic!("{stdout} {}", String::from_utf8_lossy(&out.stderr)));
     eprintln!("engine start: +{} KiB resident", bytes >> 10);
     assert!(bytes < 4 * MIB, "{bytes} bytes");
+}
+
+/// Issue 20 item 10: a process killed (SIGKILL, no flush) keeps every write
+/// older than the dirty expiry (plus a scan period), as the kernel's flusher
+/// keeps a killed numpy.memmap writer's data after `dirty_expire_centisecs`.
+#[test]
+fn writes_older_than_the_dirty_expiry_survive_sigkill() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 5);
+    let out = run_child_env(
+        "aged_writes",
+        &[],
+        &[("UPAGER_CHILD_FILE", path.to_str().unwrap())],
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "the child killed itself; stdout: {stdout}; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let aged: u64 = stdout
+        .lines()
+        .find_map(|l| l.split("AGED ").nth(1))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no AGED line: {stdout}"));
+    assert!(
+        aged > 0,
+        "the background writer wrote aged folios: {stdout}"
+    );
+    assert!(stdout.contains("DIRTY 0"), "nothing left dirty: {stdout}");
+    let file = std::fs::read(&path).unwrap();
+    let words = file.len() / 8;
+    for w in 0..words {
+        let got = u64::from_ne_bytes(file[w * 8..w * 8 + 8].try_into().unwrap());
+        let want = if w % 97 == 0 {
+            0xA6ED_0000_0000_0000 | w as u64
+        } else {
+            word(w as u64 * 8, 5)
+        };
+        assert_eq!(got, want, "word {w} after SIGKILL ({aged} folios aged)");
+    }
 }

@@ -217,6 +217,16 @@ pub fn spawn_until_blocked<T: Send + 'static>(
 /// Runs this test binary's `child_main` test with `UPAGER_CHILD=scenario`,
 /// killing it after `timeout`.
 pub fn run_child(scenario: &str, wrap: &[&str], timeout: Duration) -> Output {
+    run_child_env(scenario, wrap, &[], timeout)
+}
+
+/// [`run_child`] with extra environment variables for the child.
+pub fn run_child_env(
+    scenario: &str,
+    wrap: &[&str],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Output {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = if wrap.is_empty() {
         Command::new(&exe)
@@ -230,6 +240,7 @@ pub fn run_child(scenario: &str, wrap: &[&str], timeout: Duration) -> Output {
         .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
         .env("UPAGER_CHILD", scenario)
         .env(PARENT_DIR_ENV, dir.path())
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
