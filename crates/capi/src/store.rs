@@ -90,6 +90,9 @@ impl Store for CallbackStore {
     fn len(&self) -> u64 {
         self.ops.length
     }
+    fn describe(&self) -> String {
+        format!("the program's store callbacks ({} bytes)", self.ops.length)
+    }
     fn writable(&self) -> bool {
         self.ops.write.is_some()
     }

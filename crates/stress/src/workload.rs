@@ -238,6 +238,9 @@ const EIO: i32 = 5;
 const ENOSPC: i32 = 28;
 
 impl Store for FlakyStore {
+    fn describe(&self) -> String {
+        format!("test store over {}", self.inner.describe())
+    }
     fn len(&self) -> u64 {
         self.inner.len()
     }

@@ -310,6 +310,14 @@ impl Area {
             *g = Some(e);
         }
     }
+    /// The kept write-back error's text (not taken: `flush` still reports it).
+    pub fn last_error_text(&self) -> Option<String> {
+        self.wb_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(ToString::to_string)
+    }
     pub fn take_error(&self) -> Option<io::Error> {
         self.wb_error
             .lock()

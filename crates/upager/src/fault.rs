@@ -424,6 +424,14 @@ impl Shared {
                     self.counters.writes_refused.inc();
                     self.counters.faults_failed.inc();
                     r.trace.record(idx, Path::Refused, old.kind(), Kind::Busy);
+                    self.report_sigbus(
+                        r,
+                        idx,
+                        format_args!(
+                            "a write needs dirty memory beyond the dirty limit and the store refuses write-backs ({}); writes resume once it accepts them",
+                            r.last_error_text().unwrap_or_else(|| "no error kept".into())
+                        ),
+                    );
                     self.poison(r, idx);
                     return true;
                 }
@@ -514,6 +522,26 @@ impl Shared {
             }
         } else if beyond_end || !self.reserve(folio) {
             self.counters.faults_failed.inc();
+            if beyond_end {
+                self.report_sigbus(
+                    r,
+                    idx,
+                    format_args!(
+                        "it is beyond the end of the store ({} bytes): was the file truncated under the mapping?",
+                        r.store.len()
+                    ),
+                );
+            } else {
+                self.report_sigbus(
+                    r,
+                    idx,
+                    format_args!(
+                        "no memory could be freed within the budget ({} bytes) for {} s: every resident folio is pinned, busy or dirty with a store refusing writes",
+                        self.budget.limit(),
+                        crate::budget::DIRECT_RECLAIM_GIVE_UP.as_secs()
+                    ),
+                );
+            }
             self.poison(r, idx);
             return Outcome::Done;
         }
@@ -605,6 +633,13 @@ impl Shared {
                 return self.fill_undo(r, idx, old, extras, true, false);
             }
             self.counters.read_errors.inc();
+            if let Err(e) = &read {
+                self.report_sigbus(
+                    r,
+                    idx,
+                    format_args!("reading it from the store failed: {e}"),
+                );
+            }
             self.fill_failed(r, idx, extras);
             return Outcome::Done;
         }
@@ -674,6 +709,11 @@ impl Shared {
             if ctx.in_signal {
                 return self.fill_undo(r, idx, old, extras, true, queued_early);
             }
+            self.report_sigbus(
+                r,
+                idx,
+                format_args!("the kernel refused to install it (UFFDIO_COPY/MOVE; logged above)"),
+            );
             self.fill_failed(r, idx, extras);
             return Outcome::Done;
         }
@@ -1117,6 +1157,28 @@ impl Shared {
             );
         }
         false
+    }
+
+    /// Logs (at most once a second per region) why an access to folio `idx`
+    /// of `r` is about to get SIGBUS (EFAULT in a system call): the store,
+    /// the offset, the reason — before the access is answered, so a program
+    /// killed by the signal leaves a reason behind. Never in a signal
+    /// handler (those hand the fault to a resolver thread, which logs).
+    fn report_sigbus(&self, r: &Area, idx: usize, why: std::fmt::Arguments<'_>) {
+        let Some(held) = r.trace.may_report() else {
+            return;
+        };
+        let more = if held > 0 {
+            format!(" ({held} more such errors in this region since the last message)")
+        } else {
+            String::new()
+        };
+        log::error!(
+            "region {} ({}): the access at region offset {} gets SIGBUS (EFAULT in a system call): {why}{more}",
+            r.id,
+            r.store.describe(),
+            (idx as u64) << r.shift,
+        );
     }
 
     /// Makes an access to claimed folio `idx` raise SIGBUS (EFAULT in a

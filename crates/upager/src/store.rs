@@ -173,6 +173,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn punch(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// What the store is, for messages: "file /data/w.bin", "swap file in
+    /// /tmp", "Redis Cluster dataset NAME at HOST:PORT". Default: its
+    /// `Debug` text.
+    fn describe(&self) -> String {
+        format!("{self:?}")
+    }
     /// Whether `read_at` may run in a SIGBUS handler (in-thread fault mode):
     /// it makes only async-signal-safe system calls (`pread`), allocates
     /// nothing and takes no lock. Default false: faults on the store's
@@ -266,9 +272,19 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     Ok(done)
 }
 
+/// The path of an open file (`/proc/self/fd`), for messages.
+fn path_of(f: &File) -> String {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .map_or_else(|_| "(unknown path)".into(), |p| p.display().to_string())
+}
+
 impl Store for FileStore {
     fn len(&self) -> u64 {
         self.len
+    }
+    fn describe(&self) -> String {
+        format!("file {}", path_of(&self.buffered))
     }
     fn writable(&self) -> bool {
         self.writable
@@ -372,6 +388,9 @@ fn unique() -> u64 {
 impl Store for SwapFile {
     fn len(&self) -> u64 {
         u64::MAX
+    }
+    fn describe(&self) -> String {
+        format!("swap file {}", path_of(&self.file))
     }
     fn writable(&self) -> bool {
         true

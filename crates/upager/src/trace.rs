@@ -123,6 +123,10 @@ pub(crate) struct Trace {
     born: Instant,
     cursor: AtomicU64,
     slots: Box<[[AtomicU64; 2]]>,
+    /// When the region last logged an error (ns since `born`, + 1; 0:
+    /// never), and the messages held back since: [`Trace::may_report`].
+    reported: AtomicU64,
+    held: AtomicU64,
 }
 
 impl Default for Trace {
@@ -133,11 +137,34 @@ impl Default for Trace {
             slots: (0..RING)
                 .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
                 .collect(),
+            reported: AtomicU64::new(0),
+            held: AtomicU64::new(0),
         }
     }
 }
 
 impl Trace {
+    /// Whether the region may log an error now: at most one a second, so a
+    /// store that fails every read cannot flood the log. `Some(n)`: yes,
+    /// and `n` messages were held back since the last one.
+    pub fn may_report(&self) -> Option<u64> {
+        let now = self.born.elapsed().as_nanos() as u64 + 1;
+        let last = self.reported.load(Relaxed);
+        if last != 0 && now - last < 1_000_000_000 {
+            self.held.fetch_add(1, Relaxed);
+            return None;
+        }
+        if self
+            .reported
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_err()
+        {
+            self.held.fetch_add(1, Relaxed);
+            return None;
+        }
+        Some(self.held.swap(0, Relaxed))
+    }
+
     /// Records that `path` moved folio `idx` from `old` to `new`.
     pub fn record(&self, idx: usize, path: Path, old: Kind, new: Kind) {
         let t = self.born.elapsed().as_nanos() as u64;

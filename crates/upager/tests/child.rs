@@ -28,6 +28,7 @@ fn child_main() {
     let dir = ram_dir();
     match scenario.as_str() {
         "sigbus" => {
+            upager::log_to_stderr();
             let path = pattern_file(dir.path(), "data", 4 * MIB, 1);
             let pager = Pager::new(16 * MIB).unwrap();
             let store = Arc::new(TestStore::new(&path, false));
@@ -154,6 +155,14 @@ fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
     );
     assert!(!stdout.contains("not reached"));
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
+    // Issue 20: the process leaves a reason behind, naming the store.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("gets SIGBUS")
+            && stderr.contains("reading it from the store failed")
+            && stderr.contains("region offset 131072"),
+        "no reason logged before the SIGBUS: {stderr}"
+    );
 }
 
 /// Raises another mapping's SIGBUS: a shared file mapping read beyond the

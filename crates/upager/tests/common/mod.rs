@@ -90,6 +90,9 @@ impl TestStore {
 }
 
 impl Store for TestStore {
+    fn describe(&self) -> String {
+        format!("test store over {}", self.inner.describe())
+    }
     fn len(&self) -> u64 {
         self.inner.len()
     }
