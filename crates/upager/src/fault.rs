@@ -65,6 +65,37 @@ const SETTLE_FOR: Duration = Duration::from_secs(1);
 /// extra buffer while giving a network store a batch worth a round trip).
 const PREFETCH_BATCH_BYTES: u64 = 1 << 20;
 
+thread_local! {
+    /// In-thread: the folio address this thread last waited on as BUSY and
+    /// since when (ns of the realtime clock), and whether that wait was
+    /// reported slow (const-initialised, no destructor: signal-safe).
+    static BUSY_SINCE: std::cell::Cell<(u64, u64, bool)> = const { std::cell::Cell::new((0, 0, false)) };
+}
+
+/// An in-thread fault at `addr` waited on a BUSY folio once more: how long
+/// this thread has been waiting at that address, the first time that passes
+/// [`SLOW_FAULT`](crate::shared::SLOW_FAULT) (None otherwise). Waits at
+/// another address start the clock again.
+fn busy_waited(addr: u64) -> Option<Duration> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let page = addr & !(upager_sys::PAGE_SIZE as u64 - 1);
+    BUSY_SINCE.with(|c| {
+        let (at, since, told) = c.get();
+        if at != page {
+            c.set((page, now, false));
+            return None;
+        }
+        let waited = Duration::from_nanos(now.saturating_sub(since));
+        if !told && waited > crate::shared::SLOW_FAULT {
+            c.set((at, since, true));
+            return Some(waited);
+        }
+        None
+    })
+}
+
 /// How a fault ended in one resolution attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -363,6 +394,9 @@ impl Shared {
                         if v.kind() == Kind::Busy {
                             futex::wait_low(w, v.0 as u32, Some(BUSY_WAIT));
                         }
+                        if let Some(waited) = busy_waited(addr) {
+                            self.note_slow_fault(r, idx, waited, true);
+                        }
                         return Outcome::Done;
                     }
                 }
@@ -577,6 +611,7 @@ impl Shared {
     ) -> Outcome {
         let folio = r.folio;
         let n = 1 + extras.len();
+        let started = std::time::Instant::now();
         // Before anything can see these folios resident (whole-region walks
         // visit touched chunks only).
         for k in 0..n {
@@ -718,6 +753,12 @@ impl Shared {
             return Outcome::Done;
         }
         self.lap(&mut ctx.mark, &self.phases.copy);
+        // Counted before the faulting thread is woken (it may read the
+        // counters next).
+        let took = started.elapsed();
+        if took > crate::shared::SLOW_FAULT {
+            self.note_slow_fault(r, idx, took, ctx.in_signal);
+        }
         // Publish: counters and state words (Release), then wake the
         // faulting thread and any waiters (the COPY did not: whoever runs
         // next sees the folios resident and counted), then the LRU (one

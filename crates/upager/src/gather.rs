@@ -135,12 +135,24 @@ impl<'a> Gather<'a> {
             return;
         }
         let victims = std::mem::take(&mut self.victims);
+        let started = std::time::Instant::now();
+        let count = victims.len();
         let (n, err) = if self.mode == Mode::Discard {
             (discard_batch(self.sh, victims), None)
         } else {
             finish_batch(self.sh, victims, self.mode)
         };
         self.done += n;
+        let took = started.elapsed();
+        if took > crate::shared::SLOW_FAULT {
+            // Faults waiting on these folios waited as long: say why.
+            log::warn!(
+                "a {:?} batch of {count} folios took {:.1} s (write-back to the store, or the kernel's calls){}",
+                self.mode,
+                took.as_secs_f64(),
+                err.as_ref().map_or(String::new(), |e| format!("; first error: {e}"))
+            );
+        }
         // An eviction batch that evicted something succeeded (its failed
         // folios stay dirty and are retried); write-back reports any error.
         if let Some(e) = err {

@@ -249,7 +249,7 @@ impl Shared {
         match out {
             Outcome::HandOff => {
                 self.counters.faults_handed_off.inc();
-                self.hand_off(f);
+                self.hand_off(r, f);
                 true
             }
             Outcome::Sigbus => false,
@@ -259,7 +259,7 @@ impl Shared {
 
     /// Posts the fault to a resolver thread and waits until it is done.
     /// With every slot taken, yields and lets the access retry.
-    fn hand_off(&self, f: &BusFault) {
+    fn hand_off(&self, r: &Area, f: &BusFault) {
         let Some(slot) = self.handoff.slots.iter().find(|s| {
             s.state
                 .compare_exchange(FREE, CLAIMED, Ordering::Acquire, Ordering::Relaxed)
@@ -274,12 +274,19 @@ impl Shared {
         slot.state.store(POSTED, Ordering::Release);
         self.handoff.bell.fetch_add(1, Ordering::AcqRel);
         futex::wake(&self.handoff.bell, 1);
+        let started = std::time::Instant::now();
+        let mut told = false;
         loop {
             let st = slot.state.load(Ordering::Acquire);
             if st == DONE || self.stopping() {
                 break;
             }
             futex::wait(&slot.state, st, Some(HANDOFF_WAIT));
+            if !told && started.elapsed() > crate::shared::SLOW_FAULT {
+                told = true;
+                let idx = ((f.addr - r.base()) >> r.shift) as usize;
+                self.note_slow_fault(r, idx, started.elapsed(), true);
+            }
         }
         // A resolver that took the slot finishes with it before DONE; only
         // on shutdown can it still be POSTED (no resolver runs any more).

@@ -347,6 +347,7 @@ impl Shared {
                 }
             }
             self.clear_poison(false);
+            self.log_slow_fault();
         }
     }
 

@@ -73,6 +73,9 @@ pub(crate) struct Shared {
     next_id: AtomicU64,
     /// When the pager started: the clock of [`Shared::dirty_tick`].
     born: std::time::Instant,
+    /// A slow fault noticed in a SIGBUS handler (its address; 0: none),
+    /// logged by the reclaimer thread ([`Shared::log_slow_fault`]).
+    slow_addr: AtomicU64,
 }
 
 /// The background reclaimer's doorbell: a futex word (1 = rung), so a
@@ -143,6 +146,10 @@ pub(crate) const CTX_KEEP: usize = 64 << 10;
 /// How long a handler, resolver or prefetch thread waits for work before
 /// it checks for shutdown; a thread that waited this long without work
 /// gives back the part of its fill buffer a readahead run grew.
+/// A fault that waits longer than this is logged with its folio's trace
+/// (`faults_slow`): a stall explains itself.
+pub(crate) const SLOW_FAULT: Duration = Duration::from_secs(1);
+
 /// Resolution of the dirty-age clock ([`Shared::dirty_tick`]).
 pub(crate) const DIRTY_TICK: Duration = Duration::from_millis(100);
 
@@ -237,6 +244,7 @@ impl Shared {
             stop_fd: upager_sys::io::EventFd::new().map_err(PagerError::EventFd)?,
             next_id: AtomicU64::new(1),
             born: std::time::Instant::now(),
+            slow_addr: AtomicU64::new(0),
             handoff: Handoff::default(),
             sig_ctxs: if mode == FaultMode::InThread {
                 let n = (2 * upager_sys::io::online_cpus() + 2).min(64);
@@ -257,6 +265,51 @@ impl Shared {
     pub fn dirty_tick(&self) -> u64 {
         (self.born.elapsed().as_millis() as u64 / DIRTY_TICK.as_millis() as u64)
             & crate::folio::SEQ_MASK
+    }
+
+    /// A fault at `addr` (in region `r`, folio `idx`) has waited `waited`,
+    /// more than [`SLOW_FAULT`]: counted in `faults_slow` and logged with
+    /// the folio's trace, so a stall explains itself. In a SIGBUS handler
+    /// (`in_signal`) nothing may be logged: the address is left for the
+    /// reclaimer thread, which logs it (one at a time; a second one noticed
+    /// meanwhile is only counted).
+    pub fn note_slow_fault(&self, r: &Area, idx: usize, waited: Duration, in_signal: bool) {
+        self.counters.faults_slow.inc();
+        if in_signal {
+            let _ = self.slow_addr.compare_exchange(
+                0,
+                r.folio_addr(idx).max(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            self.kick_reclaimer();
+            return;
+        }
+        log::warn!(
+            "a fault waited {:.1} s for region {} ({}) folio {idx}; its last state changes:\n{}",
+            waited.as_secs_f64(),
+            r.id,
+            r.store.describe(),
+            r.trace.dump(idx..idx + 1)
+        );
+    }
+
+    /// Logs a slow fault a SIGBUS handler noticed (reclaimer thread).
+    pub fn log_slow_fault(&self) {
+        let addr = self.slow_addr.swap(0, Ordering::AcqRel);
+        if addr == 0 {
+            return;
+        }
+        if let Some(r) = self.table.lookup(addr) {
+            let idx = ((addr - r.base()) >> r.shift) as usize;
+            log::warn!(
+                "an in-thread fault waited more than {} s for region {} ({}) folio {idx}; its last state changes:\n{}",
+                SLOW_FAULT.as_secs(),
+                r.id,
+                r.store.describe(),
+                r.trace.dump(idx..idx + 1)
+            );
+        }
     }
 
     /// A new region id.
