@@ -451,7 +451,8 @@ impl Shared {
                         continue;
                     };
                     if old.kind() == Kind::Clean {
-                        let _ = self.pidfd.dontneed(&[r.span(idx, 1)]);
+                        // CLEAN: write-protected, so no store landed in it.
+                        self.zap(&[r.span(idx, 1)], "a clean folio refused a write", false);
                         self.counters.tlb_flush_batches.inc();
                         self.budget.uncharge(r.folio);
                     }
@@ -740,7 +741,7 @@ impl Shared {
         if !ok {
             // Drop whatever part of the run was installed before giving up
             // (nothing of it was writable: see above and install_huge).
-            let _ = self.pidfd.dontneed(&[r.span(idx, n)]);
+            self.zap(&[r.span(idx, n)], "a failed fill", ctx.in_signal);
             if ctx.in_signal {
                 return self.fill_undo(r, idx, old, extras, true, queued_early);
             }
@@ -1002,7 +1003,7 @@ impl Shared {
         // faults come at PMD level and leave none, so only folios that had
         // base pages installed (copy, poison) have one.
         if r.take_table(idx) {
-            let _ = self.pidfd.dontneed(&[span]);
+            self.zap(&[span], "a page table before a huge fill", quiet);
         }
         let mut done = match uffd.move_in(span, &mut st.buf, 0) {
             Ok(Fill::Done) => len,
@@ -1109,7 +1110,7 @@ impl Shared {
                     // fill installed: those are before `done`.)
                     done += d as usize;
                     if done < len {
-                        let _ = self.pidfd.dontneed(&[dst.sub(done, len - done)]);
+                        self.zap(&[dst.sub(done, len - done)], "a leftover page", quiet);
                     }
                 }
                 Err(_) if quiet => return Err(done),

@@ -530,7 +530,11 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
         })
         .is_some()
         {
-            let _ = sh.uffd_of(r, i).writeprotect(r.span(i, 1), false, false);
+            if let Err(e) = sh.uffd_of(r, i).writeprotect(r.span(i, 1), false, false) {
+                // Still protected: its next write faults and unprotects it.
+                sh.counters.kernel_call_errors.inc();
+                log::error!("region {}: unprotecting pinned folio {i} failed: {e}", r.id);
+            }
             let prev = folio::release(r.state(i), |s| s.with_kind(Kind::Dirty));
             sh.wake_if_waiter(r, i, prev);
         }
@@ -644,7 +648,8 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
         }
     }
     for chunk in ranges.chunks(MAX_IOV) {
-        let _ = sh.pidfd.dontneed(chunk);
+        // A refusal leaves stale pages mapped over NEVER folios: said loud.
+        sh.zap(chunk, "discarded folios", false);
         sh.counters.tlb_flush_batches.inc();
     }
     for group in victims.chunk_by(|a, b| a.region.id == b.region.id) {

@@ -404,7 +404,7 @@ impl Shared {
             if folio::try_claim(w, |s| s.kind() == Kind::Poisoned).is_none() {
                 continue;
             }
-            let _ = self.pidfd.dontneed(&[guard.span(e.idx, 1)]);
+            self.zap(&[guard.span(e.idx, 1)], "a poisoned folio", false);
             guard.trace.record(
                 e.idx,
                 crate::trace::Path::Unpoisoned,

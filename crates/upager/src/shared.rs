@@ -312,6 +312,26 @@ impl Shared {
         }
     }
 
+    /// `MADV_DONTNEED` over `ranges` (one `process_madvise`), checked:
+    /// false if the kernel refused or advised fewer bytes than asked
+    /// (counted in `kernel_call_errors`, logged unless `quiet`: a SIGBUS
+    /// handler may not log). `what` says what was being dropped.
+    pub fn zap(&self, ranges: &[upager_sys::mem::MapRange<'_>], what: &str, quiet: bool) -> bool {
+        let want: u64 = ranges.iter().map(upager_sys::mem::MapRange::len).sum();
+        let res = self.pidfd.dontneed(ranges);
+        if matches!(res, Ok(n) if n >= want) {
+            return true;
+        }
+        self.counters.kernel_call_errors.inc();
+        if !quiet {
+            log::error!(
+                "dropping {what} ({want} bytes in {} ranges) failed: {res:?}",
+                ranges.len()
+            );
+        }
+        false
+    }
+
     /// A new region id.
     pub fn next_region_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
