@@ -439,7 +439,7 @@ impl Pager {
             wb_error: Mutex::new(None),
             wb_backoff: crate::area::Backoff::default(),
             pins: Mutex::new(std::collections::HashMap::new()),
-            trace: crate::trace::Trace::default(),
+            trace: crate::trace::Trace::for_folios(len.div_ceil(folio) as usize),
         });
         if folio == crate::thp::HUGE {
             // Until its teardown: the reclaimer stages huge pages for it.

@@ -137,7 +137,7 @@ impl Region {
     /// moved it (fill, write-protect fault, eviction, write-back, ...),
     /// from which state to which, when and on which thread. For the report
     /// of a check that found the wrong data at `offset`: the region keeps
-    /// its last 1024 changes, so call it right after the check.
+    /// its last changes (8 per folio, 64 to 1,024), so call it right after the check.
     ///
     /// # Panics
     /// If `offset` is beyond the region.

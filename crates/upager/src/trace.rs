@@ -11,7 +11,8 @@
 //!   by a concurrent recorder (the dump says so: the time and the event of
 //!   one slot disagree at worst); it is a debugging aid, never a
 //!   synchronisation point.
-//! - The ring keeps the last [`RING`] events of the whole region (not per
+//! - The ring keeps the last [`RING`] events of the whole region (fewer for
+//!   a region of few folios: 8 per folio, at least 64; 16 bytes each) (not per
 //!   folio): enough for the last moves of a folio in a soak that checks
 //!   after every flush.
 //!
@@ -131,10 +132,21 @@ pub(crate) struct Trace {
 
 impl Default for Trace {
     fn default() -> Self {
+        Trace::new(RING)
+    }
+}
+
+impl Trace {
+    /// A ring for a region of `nfolios` folios.
+    pub fn for_folios(nfolios: usize) -> Trace {
+        Trace::new(nfolios.saturating_mul(8).clamp(64, RING))
+    }
+
+    fn new(events: usize) -> Trace {
         Trace {
             born: Instant::now(),
             cursor: AtomicU64::new(0),
-            slots: (0..RING)
+            slots: (0..events)
                 .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
                 .collect(),
             reported: AtomicU64::new(0),
@@ -173,7 +185,7 @@ impl Trace {
             | ((old as u64) << 12)
             | ((new as u64) << 8)
             | u64::from(thread_tag());
-        let at = self.cursor.fetch_add(1, Relaxed) as usize % RING;
+        let at = self.cursor.fetch_add(1, Relaxed) as usize % self.slots.len();
         self.slots[at][0].store(t, Relaxed);
         self.slots[at][1].store(ev, Relaxed);
     }
@@ -182,11 +194,11 @@ impl Trace {
     /// line, with how many events the ring has seen in all.
     pub fn dump(&self, folios: std::ops::Range<usize>) -> String {
         let end = self.cursor.load(Relaxed);
-        let start = end.saturating_sub(RING as u64);
+        let start = end.saturating_sub(self.slots.len() as u64);
         let mut out = String::new();
         let mut shown = 0;
         for i in start..end {
-            let s = &self.slots[i as usize % RING];
+            let s = &self.slots[i as usize % self.slots.len()];
             let (t, ev) = (s[0].load(Relaxed), s[1].load(Relaxed));
             let idx = (ev >> 24) as usize;
             if ev == 0 || !folios.contains(&idx) {
