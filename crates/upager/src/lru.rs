@@ -95,7 +95,12 @@ impl Lru {
             return true;
         }
         let every = self.fail_every.load(Ordering::Relaxed);
-        if every > 0 && self.tries.fetch_add(1, Ordering::Relaxed).is_multiple_of(every) {
+        if every > 0
+            && self
+                .tries
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(every)
+        {
             // As a try-lock that lost to a long holder: ~200 us, then no.
             let t = Instant::now();
             while t.elapsed() < Duration::from_micros(200) {
