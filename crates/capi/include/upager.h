@@ -388,6 +388,17 @@ int upager_residency(const upager_region_t *region, uint64_t offset,
 int upager_mincore(const upager_region_t *region, uint64_t offset,
                    uint64_t length, unsigned char *vec);
 
+/* Drops the clean resident folios that the range touches, so the next
+ * access reads the file again: how a region sees writes another region or
+ * process flushed after this region read those folios (a region sees
+ * others' flushed writes to folios it faults in after the flush, as NFS's
+ * close-to-open consistency; not later ones until it drops its copy).
+ * Dirty folios (this region's own newer writes) and pinned ones stay.
+ * Returns the number of folios dropped (0 for anonymous regions), or a
+ * negative errno (-EINVAL for a range outside the region). */
+int64_t upager_invalidate(const upager_region_t *region, uint64_t offset,
+                          uint64_t length);
+
 /* Writes back (if dirty) and evicts the resident folios of the range now,
  * in batches (one TLB shootdown per batch), like MADV_PAGEOUT. Returns the
  * number of folios evicted, or a negative errno (-EIO etc. when a

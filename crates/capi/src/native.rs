@@ -1036,6 +1036,31 @@ pub unsafe extern "C" fn upager_pageout(
     }
 }
 
+/// `upager_invalidate`: drops the clean folios the range touches; returns
+/// how many.
+///
+/// # Safety
+/// `r` is a live region handle.
+#[no_mangle]
+pub unsafe extern "C" fn upager_invalidate(
+    r: *const upager_region_t,
+    offset: u64,
+    length: u64,
+) -> i64 {
+    let mut n = 0u64;
+    let rc = guard(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        n = r.invalidate(offset, length)?;
+        Ok(0)
+    });
+    if rc < 0 {
+        i64::from(rc)
+    } else {
+        n as i64
+    }
+}
+
 /// `upager_prefetch`: starts filling the range in the background.
 ///
 /// # Safety

@@ -197,6 +197,30 @@ impl Region {
         }
     }
 
+    /// Drops the clean resident folios that the range touches (any byte
+    /// of them), so the next access reads the store again: how a region
+    /// sees what another region or process wrote to the same file and
+    /// flushed after this region read it. (A region sees others' flushed
+    /// writes to a folio it faults in after that flush — close-to-open
+    /// consistency, as NFS gives — and not later ones until it drops its
+    /// copy.) Dirty folios are kept: this region's own writes are newer
+    /// (flush first to drop them too); pinned ones stay. No write-back, one
+    /// TLB shootdown per batch. Anonymous regions have nothing to re-read
+    /// (nothing is dropped). Returns the folios dropped.
+    pub fn invalidate(&self, offset: u64, len: u64) -> Result<u64, RangeError> {
+        let r = &self.inner;
+        let head = offset % r.folio;
+        let folios = r.folio_range(offset - head, len.saturating_add(head), 1)?;
+        if r.is_anon() {
+            return Ok(0);
+        }
+        let sh = &self.owner.shared;
+        let mut batch = Gather::new(sh, Mode::Pageout, sh.batch_folios(r.folio));
+        batch.collect(r, folios, |s| s.kind() == Kind::Clean);
+        let (dropped, _) = batch.finish();
+        Ok(dropped as u64)
+    }
+
     /// Starts filling the range in the background, like `MADV_WILLNEED`,
     /// and returns at once. Folios already resident are left alone; a later
     /// access to a folio whose fill finished does not fault. Prefetch stops

@@ -1083,3 +1083,36 @@ fn writes_after_a_flush_across_shards_are_tracked_and_written_back() {
     assert_eq!(upager_testdata::word_at(&data, hi * 8), 0xB);
     r.unmap().unwrap();
 }
+
+/// Issue 21 item 3: two regions of one file; what one writes and flushes,
+/// the other sees once it drops its clean copy with `invalidate` (and not
+/// before: close-to-open consistency). Its own dirty folios are kept.
+#[test]
+fn invalidate_drops_clean_folios_so_the_next_access_reads_the_store() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 2 * MIB, 4);
+    let pager = Pager::new(16 * MIB).unwrap();
+    let opts = MapOptions::new().writable(true).folio(16 << 10);
+    let a = pager.map_file(&path, &opts).unwrap();
+    let b = pager.map_file(&path, &opts).unwrap();
+    // b reads words 0 and 5000 (clean copies), writes word 9000 (dirty).
+    assert_eq!(b.words()[0].load(Relaxed), word(0, 4));
+    assert_eq!(b.words()[5000].load(Relaxed), word(5000 * 8, 4));
+    b.words()[9000].store(99, Relaxed);
+    a.words()[0].store(7, Relaxed);
+    a.words()[5000].store(8, Relaxed);
+    a.flush().unwrap();
+    assert_eq!(b.words()[0].load(Relaxed), word(0, 4), "b's copy is older");
+    // Any range touching the folios: an unaligned one.
+    let dropped = b.invalidate(3, 5001 * 8 - 3).unwrap();
+    assert!(dropped >= 2, "dropped {dropped}");
+    assert_eq!(b.words()[0].load(Relaxed), 7);
+    assert_eq!(b.words()[5000].load(Relaxed), 8);
+    b.invalidate(0, b.len() as u64).unwrap();
+    assert_eq!(b.words()[9000].load(Relaxed), 99, "dirty folios are kept");
+    assert!(b.invalidate(0, 0).is_err(), "an empty range is refused");
+    assert!(
+        b.invalidate(b.len() as u64, 1).is_err(),
+        "beyond the region"
+    );
+}
