@@ -77,8 +77,8 @@ pub use config::{
     MIN_FOLIO,
 };
 pub use error::{
-    errno, error_chain, AdviseError, ErrorCode, FlushError, MapError, PagerError, RangeError,
-    UnmapError,
+    errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,
+    RangeError, UnmapError,
 };
 pub use pager::Pager;
 pub use region::Region;
