@@ -43,8 +43,9 @@ pub struct DemoArgs {
     /// Random writes per thread.
     #[arg(long, default_value_t = 100_000)]
     pub writes: u64,
-    /// Directory for the dataset (default: /dev/shm if it has room, else the
-    /// system temp dir). The dataset is removed at the end.
+    /// Directory for the dataset: it must exist and have room for the
+    /// dataset (default: /dev/shm if it has room, else the system temp
+    /// dir). The dataset is removed at the end, also on Ctrl-C or SIGTERM.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Also run the same workload through the kernel's mmap, in a memory
