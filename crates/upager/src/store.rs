@@ -655,12 +655,14 @@ impl Shares {
     /// still the one the store knows (a read-only mapping may use a
     /// writable store).
     pub fn file(&self, meta: &std::fs::Metadata, writable: bool) -> Option<Arc<dyn Store>> {
-        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let keys: &[bool] = if writable { &[true] } else { &[false, true] };
         keys.iter().find_map(|&w| {
             let st = files.get(&(meta.dev(), meta.ino(), w))?.upgrade()?;
-            (st.len() == meta.len()).then_some(st as Arc<dyn Store>)
+            // A block device's st_size is 0: shared by identity alone.
+            let same_len = st.len() == meta.len() || meta.file_type().is_block_device();
+            same_len.then_some(st as Arc<dyn Store>)
         })
     }
 

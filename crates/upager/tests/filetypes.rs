@@ -216,6 +216,11 @@ fn r20_6_a_block_device_is_a_store_of_its_size() {
                 .map_file(&lo.dev, &MapOptions::new().writable(true))
                 .unwrap_or_else(|e| panic!("{}: {e}", lo.dev.display()));
             assert_eq!(r.len() as u64, size);
+            // A second region of the device shares the first one's store.
+            let r2 = pager.map_file(&lo.dev, &MapOptions::new()).unwrap();
+            assert_eq!(r2.len() as u64, size);
+            assert_eq!(r2.words()[1].load(Relaxed), word(8, 61));
+            drop(r2);
             let w = r.words();
             for i in (0..w.len()).step_by(4099) {
                 assert_eq!(
