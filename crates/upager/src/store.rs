@@ -258,8 +258,8 @@ impl FileStore {
         })
     }
 
-    /// A read at `offset` came back `short` bytes short of what the store
-    /// promised: the file was truncated. Logs it once, outside the SIGBUS
+    /// A read at `offset` got only `got` bytes, fewer than the store
+    /// promised: the file was truncated under the mapping. Logs it once, outside the SIGBUS
     /// handler (an in-thread fault hands a failed read to a resolver
     /// thread, which reads again and gets here with logging allowed).
     fn shrunk(&self, offset: u64, got: usize) -> io::Error {
