@@ -294,6 +294,30 @@ def test_bad_arguments_raise_clear_errors(data64, scratch):
         upager.open_array(os.path.join(scratch, "new"), np.uint8, None, mode="w+")
 
 
+def test_r20_6_what_is_not_a_regular_file_is_refused_at_map_time(scratch):
+    """Issue 20 item 6: a directory was mapped and the first access died
+    by SIGBUS; now map_file and open_array raise IsADirectoryError (EISDIR),
+    other non-files OSError ENODEV, each naming the path and what to pass."""
+    import errno
+    pager = upager.Pager(budget=BUDGET)
+    for call in (lambda: pager.map_file(scratch),
+                 lambda: upager.open_array(scratch, np.uint8, None, budget=BUDGET),
+                 lambda: upager.open_array(scratch, np.uint8, (10,), budget=BUDGET),
+                 lambda: upager.open_array("/tmp", np.uint64, None, mode="r+", budget=BUDGET)):
+        with pytest.raises(IsADirectoryError, match="is a directory, which upager cannot page") as e:
+            call()
+        assert e.value.errno == errno.EISDIR
+        assert "pass the path of a file inside it" in str(e.value)
+    fifo = os.path.join(scratch, "fifo")
+    os.mkfifo(fifo)
+    for path, what in ((fifo, "a FIFO"), ("/dev/zero", "a character device"),
+                       ("/proc/self/status", "a pseudo-file")):
+        with pytest.raises(OSError, match=what) as e:
+            pager.map_file(path)
+        assert e.value.errno == errno.ENODEV
+    pager.close()
+
+
 def test_closing_is_idempotent_and_closed_objects_raise(data64):
     path, _ = data64
     pager = upager.Pager(budget=BUDGET)

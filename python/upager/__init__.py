@@ -63,6 +63,7 @@ as the C API and the ``upager stat`` command.
 
 import operator
 import os
+import stat
 
 import numpy as np
 
@@ -203,8 +204,15 @@ def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
         with open(path, "w+b") as f:
             f.truncate(offset + nbytes)
         mode = "r+"
+    pager = Pager(budget=budget, folio=folio, fault_mode=fault_mode, **pager_options)
     if dims is None:
         size = os.stat(path).st_size
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            # A block device (st_size 0), or what the pager refuses (a
+            # directory: IsADirectoryError): the pager knows its size.
+            probe = pager.map_file(path, mode=mode)
+            size = len(probe)
+            probe.close()
         if offset > size:
             raise ValueError(f"offset {offset} is beyond the end of {path} ({size} bytes)")
         dims = ((size - offset) // dtype.itemsize,)
@@ -212,7 +220,6 @@ def open_array(path, dtype, shape=None, mode="r", *, budget="256MiB", offset=0,
     nbytes = count * dtype.itemsize
     if nbytes == 0:
         raise ValueError("the array would be empty: give a shape with at least one element")
-    pager = Pager(budget=budget, folio=folio, fault_mode=fault_mode, **pager_options)
     # Regions start at a folio boundary; numpy.memmap aligns the same way.
     start = offset - offset % pager.folio
     delta = offset - start

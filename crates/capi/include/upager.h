@@ -242,15 +242,18 @@ int upager_store_load(const char *path, const char *url, uint64_t chunk);
  * Returns 0, or -ENOENT (no such file), -EACCES (permission denied, or a
  * read-only file mapped for writing), -EINVAL (zero length, bad folio size,
  * unaligned offset, range past the end of the file, budget smaller than one
- * eviction batch of this folio size), -ENOMEM (no address space), or the
- * errno of a failed open/registration. */
+ * eviction batch of this folio size), -EISDIR (a directory), -ENODEV (a
+ * FIFO, socket, character device or /proc-/sys-style pseudo-file: upager
+ * pages regular files and block devices), -ENOMEM (no address space), or
+ * the errno of a failed open/registration. */
 int upager_map_file(upager_t *pager, const char *path,
                     const struct upager_map_options *opts,
                     upager_region_t **out);
 
 /* Like upager_map_file() for an open file descriptor. The descriptor is
  * duplicated: close yours whenever you like. It must be open for reading,
- * and O_RDWR for UPAGER_MAP_WRITE (else -EACCES); -EBADF if not open.
+ * and O_RDWR for UPAGER_MAP_WRITE (else -EACCES); -EBADF if not open;
+ * -EISDIR / -ENODEV as upager_map_file() for what is not a regular file.
  * O_DIRECT is not used for regions mapped from a descriptor. */
 int upager_map_fd(upager_t *pager, int fd,
                   const struct upager_map_options *opts,

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -43,8 +43,9 @@ pub struct DemoArgs {
     /// Random writes per thread.
     #[arg(long, default_value_t = 100_000)]
     pub writes: u64,
-    /// Directory for the dataset (default: /dev/shm if it has room, else the
-    /// system temp dir). The dataset is removed at the end.
+    /// Directory for the dataset: it must exist and have room for the
+    /// dataset (default: /dev/shm if it has room, else the system temp
+    /// dir). The dataset is removed at the end, also on Ctrl-C or SIGTERM.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Also run the same workload through the kernel's mmap, in a memory
@@ -103,7 +104,9 @@ fn bar(len: u64, what: &str) -> ProgressBar {
 }
 
 /// Runs `f(thread)` on `threads` threads while a progress bar follows
-/// `done` up to `total`; returns the elapsed time.
+/// `done` up to `total`; returns the time until the last thread finished
+/// (measured by the threads: the bar's 100 ms polling made every short
+/// phase last 0.1 s).
 fn parallel(
     threads: usize,
     total: u64,
@@ -113,52 +116,183 @@ fn parallel(
 ) -> Duration {
     let pb = bar(total, what);
     let t0 = Instant::now();
-    std::thread::scope(|s| {
+    let ends = std::thread::scope(|s| {
         let f = &f;
-        let hs: Vec<_> = (0..threads).map(|t| s.spawn(move || f(t))).collect();
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    f(t);
+                    Instant::now()
+                })
+            })
+            .collect();
         while !hs.iter().all(|h| h.is_finished()) {
             pb.set_position(done.load(Relaxed));
             std::thread::sleep(Duration::from_millis(100));
         }
-        for h in hs {
-            h.join().expect("worker panicked");
-        }
+        hs.into_iter()
+            .map(|h| h.join().expect("worker panicked"))
+            .collect::<Vec<_>>()
     });
-    let el = t0.elapsed();
     pb.finish_and_clear();
-    el
+    ends.into_iter().max().map_or(Duration::ZERO, |e| e - t0)
 }
 
-fn pick_dir(args: &DemoArgs) -> PathBuf {
+/// The directory the dataset goes in: `--dir` (which must exist), else
+/// /dev/shm if it has room for the dataset and 1 GiB more, else the
+/// system temp dir.
+fn pick_dir(args: &DemoArgs) -> Result<PathBuf, String> {
     if let Some(d) = &args.dir {
-        return d.clone();
+        return match std::fs::metadata(d) {
+            Ok(m) if m.is_dir() => Ok(d.clone()),
+            Ok(_) => Err(format!(
+                "--dir {}: not a directory (give the directory the dataset should go in)",
+                d.display()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+                "--dir {}: no such directory (create it first, or leave --dir out to use /dev/shm                  or the temp dir; the demo only makes its own upager-demo-PID directory inside)",
+                d.display()
+            )),
+            Err(e) => Err(format!("--dir {}: {e}", d.display())),
+        };
     }
     let shm = Path::new("/dev/shm");
     if shm.is_dir() && free_space(shm).is_some_and(|f| f > args.size + (1 << 30)) {
-        return shm.to_path_buf();
+        return Ok(shm.to_path_buf());
     }
-    std::env::temp_dir()
+    Ok(std::env::temp_dir())
 }
 
 fn free_space(p: &Path) -> Option<u64> {
-    let out = std::process::Command::new("df")
-        .args(["-B1", "--output=avail"])
-        .arg(p)
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .nth(1)?
-        .trim()
-        .parse()
-        .ok()
+    upager_sys::io::free_space(p).ok()
 }
 
-/// A directory removed on drop.
+/// Refuses a dataset of `need` bytes in `dir` if its file system has less
+/// free (before anything is written: without this a `--size 100T` wrote
+/// until the disk was full).
+fn check_free_space(dir: &Path, need: u64, what: &str) -> Result<(), String> {
+    let free = upager_sys::io::free_space(dir)
+        .map_err(|e| format!("cannot tell the free space of {}: {e}", dir.display()))?;
+    if free < need {
+        return Err(format!(
+            "{} has {} free, but {what} needs {}: give --dir DIR on a file system with room,              or a smaller --size",
+            dir.display(),
+            format_size(free),
+            format_size(need)
+        ));
+    }
+    Ok(())
+}
+
+/// What the demo has on disk or on a cluster until it ends. Each owner
+/// (the dataset directory, the uploaded dataset) registers here when it
+/// is made and takes itself out when its `Drop` removes it (a normal end,
+/// an error, a panic: the unwinding drops it); on SIGINT, SIGTERM or
+/// SIGHUP the watcher thread ([`watch_signals`]) removes what is left and
+/// exits with 128 + the signal. A crash (SIGKILL, SIGSEGV) leaves the
+/// directory: the next demo in the same place removes it
+/// ([`remove_stale`]).
+#[derive(Default)]
+struct Leftovers {
+    dir: Option<PathBuf>,
+    remote: Option<(String, Arc<RedisStore>)>,
+    /// `--compare` changed the machine (cgroup, zram): undo it too.
+    bench_env: bool,
+}
+
+static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
+    dir: None,
+    remote: None,
+    bench_env: false,
+});
+
+fn leftovers() -> std::sync::MutexGuard<'static, Leftovers> {
+    LEFTOVERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Blocks SIGINT/SIGTERM/SIGHUP (before the demo starts any thread, so all
+/// inherit it) and starts the thread that cleans up when one comes.
+fn watch_signals() -> Result<(), String> {
+    let sigs = upager_sys::term::TermSignals::block()
+        .map_err(|e| format!("cannot block SIGINT/SIGTERM: {e}"))?;
+    std::thread::Builder::new()
+        .name("demo-signals".into())
+        .spawn(move || {
+            let Ok(sig) = sigs.wait() else { return };
+            // Held until exit: the main thread cannot register anything
+            // new (or remove it under us) from here on.
+            let mut l = leftovers();
+            eprintln!(
+                "\nupager demo: {}: cleaning up",
+                upager_sys::term::signal_name(sig)
+            );
+            if let Some(d) = l.dir.take() {
+                match std::fs::remove_dir_all(&d) {
+                    Ok(()) => eprintln!("upager demo: removed {}", d.display()),
+                    Err(e) => eprintln!("upager demo: could not remove {}: {e}", d.display()),
+                }
+            }
+            if let Some((url, st)) = l.remote.take() {
+                match st.delete() {
+                    Ok(()) => eprintln!("upager demo: deleted {url} from the cluster"),
+                    Err(e) => eprintln!("upager demo: could not delete {url}: {e}"),
+                }
+            }
+            if l.bench_env {
+                upager_bench::env::cleanup_all();
+            }
+            std::process::exit(128 + sig);
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    Ok(())
+}
+
+/// Removes `upager-demo-PID` directories in `base` whose process is gone
+/// (a demo that crashed, or was killed with SIGKILL).
+fn remove_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("upager-demo-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            eprintln!(
+                "upager demo: removed {}, left by an earlier demo (pid {pid}) that did not end cleanly",
+                e.path().display()
+            );
+        }
+    }
+}
+
+/// The dataset's directory: registered in [`LEFTOVERS`] before it is
+/// made, removed on drop.
 struct TempDir(PathBuf);
+
+impl TempDir {
+    fn create(path: PathBuf) -> Result<TempDir, String> {
+        let mut l = leftovers();
+        l.dir = Some(path.clone());
+        let d = TempDir(path);
+        std::fs::create_dir(&d.0).map_err(|e| format!("cannot create {}: {e}", d.0.display()))?;
+        Ok(d)
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
+        let mut l = leftovers();
         let _ = std::fs::remove_dir_all(&self.0);
+        l.dir = None;
     }
 }
 
@@ -174,17 +308,30 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     if a.threads == 0 || a.threads > 256 {
         return Err(format!("--threads must be 1 to 256, got {}", a.threads).into());
     }
+    // First, before any thread: Ctrl-C (or SIGTERM) removes the dataset.
+    watch_signals()?;
     let compare_env = if a.compare && a.dir.is_none() {
+        leftovers().bench_env = true;
         Some(crate::bench::compare_env(a.size)?)
     } else {
         None
     };
-    let base = compare_env
-        .as_ref()
-        .map_or_else(|| pick_dir(a), upager_bench::BenchEnv::data_dir);
-    let dir = TempDir(base.join(format!("upager-demo-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0)
-        .map_err(|e| format!("cannot create {}: {e}", dir.0.display()))?;
+    let base = match &compare_env {
+        Some(env) => env.data_dir(),
+        None => {
+            let base = pick_dir(a)?;
+            remove_stale(&base);
+            // --compare makes the kernel's copy of the dataset next to it.
+            let (need, what) = if a.compare {
+                (2 * a.size, "the dataset and the kernel's copy")
+            } else {
+                (a.size, "the dataset")
+            };
+            check_free_space(&base, need, what)?;
+            base
+        }
+    };
+    let dir = TempDir::create(base.join(format!("upager-demo-{}", std::process::id())))?;
     let path = dir.0.join("dataset.bin");
     // The pager first: a bad option (or UPAGER_FAULT_MODE) fails before
     // the dataset is made.
@@ -487,7 +634,9 @@ impl Remote {
         })?;
         pb.finish_and_clear();
         // Opened once more to delete it at the end, whatever happens.
-        let store = Some(RedisStore::open(&url, false, &opts)?);
+        let st = RedisStore::open(&url, false, &opts)?;
+        leftovers().remote = Some((url.to_string(), Arc::clone(&st)));
+        let store = Some(st);
         println!(
             "  uploaded to {url:<16} {:>8.2} s",
             t0.elapsed().as_secs_f64()
@@ -532,6 +681,8 @@ impl Remote {
     /// Deletes the dataset.
     fn finish(mut self) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(st) = self.store.take() {
+            let mut l = leftovers();
+            l.remote = None;
             st.delete()?;
             println!("deleted {} from the cluster", self.url);
         }
@@ -542,6 +693,8 @@ impl Remote {
 impl Drop for Remote {
     fn drop(&mut self) {
         if let Some(st) = self.store.take() {
+            let mut l = leftovers();
+            l.remote = None;
             if let Err(e) = st.delete() {
                 eprintln!("upager demo: could not delete {}: {e}", self.url);
             }
@@ -581,9 +734,10 @@ mod tests {
 
     #[test]
     fn verify_checks_every_word_of_the_dataset() {
-        let dir =
-            TempDir(std::env::temp_dir().join(format!("upager-demo-test-{}", std::process::id())));
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = TempDir::create(
+            std::env::temp_dir().join(format!("upager-demo-test-{}", std::process::id())),
+        )
+        .unwrap();
         let path = dir.0.join("dataset.bin");
         let size = (4 << 20) + 4096;
         let words = size / 8;

@@ -1,5 +1,5 @@
 //! Positional I/O from mapping addresses, hole punching, poll, eventfd,
-//! thread ids and CPU pinning.
+//! thread ids, CPU pinning, file-system type and free space.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -64,6 +64,31 @@ pub fn access_mode(fd: impl AsFd) -> io::Result<(bool, bool)> {
         libc::O_WRONLY => (false, true),
         _ => (true, true),
     })
+}
+
+/// The magic number of the file system holding an open file
+/// (`fstatfs(2)` `f_type`, e.g. `PROC_SUPER_MAGIC`).
+pub fn fs_magic(fd: impl AsFd) -> io::Result<i64> {
+    // SAFETY: a zeroed statfs is a valid value for fstatfs to overwrite.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes one statfs into the live struct passed.
+    cvt(unsafe { libc::fstatfs(fd.as_fd().as_raw_fd(), &mut st) }.into())?;
+    #[allow(clippy::useless_conversion)] // i64 on x86-64, not on every target
+    Ok(i64::from(st.f_type))
+}
+
+/// Bytes an unprivileged user may still write to the file system holding
+/// `path` (`statvfs(2)`: `f_bavail * f_frsize`).
+pub fn free_space(path: &std::path::Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a zeroed statvfs is a valid value for statvfs to overwrite.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path alive for the call; statvfs
+    // writes one statvfs into the live struct passed.
+    cvt(unsafe { libc::statvfs(c.as_ptr(), &mut st) }.into())?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Frees the blocks of `[offset, offset+len)` of a file (the size is kept):

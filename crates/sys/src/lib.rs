@@ -22,6 +22,8 @@
 //! - [`futex`]: futex wait/wake on atomics (async-signal-safe waits).
 //! - [`signal`]: the process's SIGBUS handler for in-thread faults.
 //! - [`snapshot`]: a value readable from a signal handler while replaced.
+//! - [`term`]: SIGINT/SIGTERM/SIGHUP blocked and waited for (clean-up on
+//!   Ctrl-C without a signal handler).
 //! - [`uring`]: io_uring for write-back, the writes of one batch submitted
 //!   and waited for together.
 
@@ -31,6 +33,7 @@ pub mod mem;
 pub mod pagemap;
 pub mod signal;
 pub mod snapshot;
+pub mod term;
 pub mod uffd;
 pub mod uring;
 

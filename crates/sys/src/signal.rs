@@ -29,6 +29,7 @@
 //! installs its handler again (at the next map, on top of the program's,
 //! which then gets the foreign signals).
 
+use std::cell::Cell;
 use std::io;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -53,6 +54,19 @@ static RESOLVER: OnceLock<Resolver> = OnceLock::new();
 /// (re)installation).
 static PREVIOUS: AtomicPtr<Previous> = AtomicPtr::new(std::ptr::null_mut());
 static INSTALL: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// How deep this thread is in upager's SIGBUS handler (const-initialised,
+    /// no destructor: safe to touch in the handler).
+    static IN_HANDLER: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread runs inside upager's SIGBUS handler, where
+/// only async-signal-safe calls are allowed (no logging, no allocation): a
+/// store that wants to report something logs only when this is false.
+pub fn in_sigbus_handler() -> bool {
+    IN_HANDLER.with(Cell::get) > 0
+}
 
 /// A saved `struct sigaction`.
 struct Previous(libc::sigaction);
@@ -113,6 +127,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
     let errno = unsafe { *libc::__errno_location() };
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let (code, addr) = unsafe { ((*info).si_code, (*info).si_addr() as u64) };
+    IN_HANDLER.with(|d| d.set(d.get() + 1));
     let handled = code == libc::BUS_ADRERR
         && RESOLVER.get().is_some_and(|r| {
             r(&BusFault {
@@ -120,6 +135,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
                 write: write_flag(ctx),
             })
         });
+    IN_HANDLER.with(|d| d.set(d.get() - 1));
     if !handled {
         pass_on(sig, info, ctx);
     }

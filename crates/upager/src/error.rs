@@ -96,6 +96,15 @@ pub enum MapError {
         /// Why opening it for writing failed.
         source: io::Error,
     },
+    /// {path} is {kind}, which upager cannot page (it pages regular files and block devices): {advice}
+    NotARegularFile {
+        /// The path given (`<file descriptor>` for a descriptor).
+        path: PathBuf,
+        /// What it is.
+        kind: FileKind,
+        /// What to pass instead ([`FileKind::advice`]).
+        advice: &'static str,
+    },
     /// {path}: {source}
     Open {
         /// The path given.
@@ -162,6 +171,52 @@ pub enum MapError {
         /// The cause.
         source: io::Error,
     },
+}
+
+/// A kind of file upager refuses to map ([`MapError::NotARegularFile`]):
+/// none has a fixed size and data at stable offsets, so a mapping would
+/// either fail at the first access (SIGBUS) or show a made-up length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, displaydoc::Display)]
+#[non_exhaustive]
+pub enum FileKind {
+    /// a directory
+    Directory,
+    /// a FIFO (named pipe)
+    Fifo,
+    /// a socket
+    Socket,
+    /// a character device
+    CharDevice,
+    /// a pseudo-file of a kernel file system (/proc, /sys: its size says nothing of its content, made up on each read)
+    PseudoFile,
+}
+
+impl FileKind {
+    /// What to pass instead.
+    pub fn advice(self) -> &'static str {
+        match self {
+            FileKind::Directory => "pass the path of a file inside it",
+            FileKind::Fifo | FileKind::Socket => {
+                "a stream has no offsets to page; copy its data into a regular file and map that"
+            }
+            FileKind::CharDevice => {
+                "pass a regular file or a block device (for memory that starts as zeros, map anonymous memory)"
+            }
+            FileKind::PseudoFile => {
+                "copy it into a regular file (`cat FILE > copy`) and map the copy"
+            }
+        }
+    }
+
+    /// The errno the C and Python faces report: EISDIR for a directory
+    /// (Python: IsADirectoryError), ENODEV for the others (what mmap(2)
+    /// returns for a file it cannot map).
+    pub fn errno(self) -> i32 {
+        match self {
+            FileKind::Directory => errno::EISDIR,
+            _ => errno::ENODEV,
+        }
+    }
 }
 
 /// Why `flush()` failed. Dirty data that could not be written stays resident
@@ -272,6 +327,10 @@ pub mod errno {
     pub const ENOSPC: i32 = libc::ENOSPC;
     /// Function not implemented.
     pub const ENOSYS: i32 = libc::ENOSYS;
+    /// Is a directory.
+    pub const EISDIR: i32 = libc::EISDIR;
+    /// No such device (a file type that cannot be mapped).
+    pub const ENODEV: i32 = libc::ENODEV;
     /// Operation not supported.
     pub const EOPNOTSUPP: i32 = libc::EOPNOTSUPP;
 }
@@ -360,6 +419,7 @@ impl ErrorCode for MapError {
             | MapError::FixedUnaligned { .. }
             | MapError::FixedTooSmall { .. } => errno::EINVAL,
             MapError::NotFound { .. } => errno::ENOENT,
+            MapError::NotARegularFile { kind, .. } => kind.errno(),
             // A read-only file or descriptor mapped for writing: mmap(2)
             // says EACCES too.
             MapError::PermissionDenied { .. }

@@ -78,8 +78,8 @@ pub use config::{
     DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO,
 };
 pub use error::{
-    errno, error_chain, AdviseError, ErrorCode, FlushError, MapError, PagerError, RangeError,
-    UnmapError,
+    errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,
+    RangeError, UnmapError,
 };
 pub use pager::Pager;
 pub use region::Region;

@@ -14,7 +14,7 @@ use upager_sys::mem::{Advice, Mapping};
 
 use crate::area::Area;
 use crate::config::{PagerBuilder, MAX_FOLIO, MIN_FOLIO};
-use crate::error::{limit_error, MapError, PagerError};
+use crate::error::{limit_error, FileKind, MapError, PagerError};
 use crate::region::Region;
 use crate::shared::{Owner, Shared};
 use crate::stats::Stats;
@@ -161,13 +161,25 @@ impl Pager {
                 _ => MapError::Open { path, source: e },
             }
         };
+        let not_regular = |kind: FileKind| MapError::NotARegularFile {
+            path: path.to_path_buf(),
+            kind,
+            advice: kind.advice(),
+        };
         // A file mapped already (by another region) shares its descriptors.
         let meta = std::fs::metadata(path).map_err(open_error)?;
+        // Before opening: opening a FIFO waits for a writer.
+        if let Some(kind) = crate::store::unpageable(&meta) {
+            return Err(not_regular(kind));
+        }
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
             return self.map_store(store, opts);
         }
         let store = FileStore::open(path, opts.writable, self.shared().cfg.direct_io)
             .map_err(open_error)?;
+        if let Some(kind) = crate::store::unpageable_open(store.file(), &meta) {
+            return Err(not_regular(kind));
+        }
         let store = self.shared().stores.add_file(&meta, opts.writable, store);
         self.map_store(store, opts)
     }
@@ -207,6 +219,13 @@ impl Pager {
             path: fd_path.clone(),
             source,
         })?;
+        if let Some(kind) = crate::store::unpageable_open(&file, &meta) {
+            return Err(MapError::NotARegularFile {
+                path: fd_path,
+                kind,
+                advice: kind.advice(),
+            });
+        }
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
             drop(file); // the shared store has descriptors of its own
             return self.map_store(store, opts);

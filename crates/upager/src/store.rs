@@ -28,13 +28,15 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use upager_sys::mem::Mapping;
 use upager_sys::uring::{WriteOp, WriteRing};
 use upager_sys::PAGE_SIZE;
+
+use crate::error::FileKind;
 
 /// Region memory about to be written to a store: a resident, write-protected
 /// folio (or run of folios) of the application's view. Stores read it with
@@ -189,7 +191,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     }
 }
 
-/// A file (or a range of one) as a store.
+/// A file (or a range of one) as a store: a regular file or a block
+/// device (its size from seeking to its end). Other kinds are refused at
+/// map time ([`FileKind`], [`unpageable`]).
+///
+/// The size is taken once, when the store is opened. A file truncated
+/// under a mapping (by another program) has fewer bytes than the store
+/// promises: a read that comes back short fails with `UnexpectedEof`
+/// (never zeros for data the file had), so the access gets SIGBUS (a
+/// system call EFAULT), and the store logs the new size once.
 #[derive(Debug)]
 pub struct FileStore {
     buffered: File,
@@ -198,6 +208,10 @@ pub struct FileStore {
     writable: bool,
     /// Write-back rings: its own, or its pager's once shared.
     rings: Arc<RingPool>,
+    /// The path, for the truncation message.
+    name: PathBuf,
+    /// The truncation message was logged.
+    shrink_logged: AtomicBool,
 }
 
 impl FileStore {
@@ -214,32 +228,65 @@ impl FileStore {
         } else {
             None
         };
-        let len = buffered.metadata()?.len();
+        let len = file_len(&buffered)?;
         Ok(FileStore {
             buffered,
             direct,
             len,
             writable,
             rings: Arc::default(),
+            name: path.to_path_buf(),
+            shrink_logged: AtomicBool::new(false),
         })
     }
 
     /// Wraps an open file; `writable` must match how it was opened;
     /// `direct` tries an extra O_DIRECT descriptor to the same file.
     pub fn from_file(file: File, writable: bool, direct: bool) -> io::Result<FileStore> {
-        let len = file.metadata()?.len();
+        let len = file_len(&file)?;
         let direct = if direct {
             reopen_direct(&file, writable)
         } else {
             None
         };
+        let name = PathBuf::from(format!(
+            "<file descriptor {}>",
+            std::os::fd::AsRawFd::as_raw_fd(&file)
+        ));
         Ok(FileStore {
             buffered: file,
             direct,
             len,
             writable,
             rings: Arc::default(),
+            name,
+            shrink_logged: AtomicBool::new(false),
         })
+    }
+
+    /// A read at `offset` got only `got` bytes, fewer than the store
+    /// promised: the file was truncated under the mapping. Logs it once, outside the SIGBUS
+    /// handler (an in-thread fault hands a failed read to a resolver
+    /// thread, which reads again and gets here with logging allowed).
+    fn shrunk(&self, offset: u64, got: usize) -> io::Error {
+        if !upager_sys::signal::in_sigbus_handler()
+            && !self.shrink_logged.swap(true, Ordering::Relaxed)
+        {
+            let now = file_len(&self.buffered).map_or("?".to_string(), |n| n.to_string());
+            log::error!(
+                "{}: the file is {now} bytes now but was {} bytes when it was mapped (truncated under the mapping?): the read at byte {} got {got} bytes; accesses beyond the new end get SIGBUS (system calls EFAULT). Do not shrink a mapped file; unmap it first",
+                self.name.display(),
+                self.len,
+                offset,
+            );
+        }
+        // No message of its own: this may run in a signal handler.
+        io::ErrorKind::UnexpectedEof.into()
+    }
+
+    /// The (buffered) descriptor.
+    pub(crate) fn file(&self) -> &File {
+        &self.buffered
     }
 
     fn pick(&self, addr: u64, len: usize, offset: u64) -> &File {
@@ -251,6 +298,65 @@ impl FileStore {
             _ => &self.buffered,
         }
     }
+}
+
+/// The size of an open file: its length, or for a block device (whose
+/// `st_size` is 0) the offset of its end.
+fn file_len(file: &File) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileTypeExt;
+    let meta = file.metadata()?;
+    if meta.file_type().is_block_device() {
+        // The descriptor's offset is not used: the store reads and writes
+        // at explicit offsets.
+        let mut f = file;
+        return f.seek(SeekFrom::End(0));
+    }
+    Ok(meta.len())
+}
+
+/// File systems whose regular files are made up by the kernel on each read
+/// (their size says nothing about their content): proc, sysfs, debugfs, tracefs, cgroup, cgroup2,
+/// configfs, securityfs (magic numbers of `include/uapi/linux/magic.h`).
+const PSEUDO_FS: [i64; 8] = [
+    0x9fa0,      // PROC_SUPER_MAGIC
+    0x6265_6572, // SYSFS_MAGIC
+    0x6462_6720, // DEBUGFS_MAGIC
+    0x7472_6163, // TRACEFS_MAGIC
+    0x0027_e0eb, // CGROUP_SUPER_MAGIC
+    0x6367_7270, // CGROUP2_SUPER_MAGIC
+    0x6265_6570, // CONFIGFS_MAGIC
+    0x7363_6673, // SECURITYFS_MAGIC
+];
+
+/// Why a file cannot be a store, by its type (checked before it is opened:
+/// opening a FIFO would block until a writer comes). Regular files and
+/// block devices can; a pseudo-file is caught by [`unpageable_open`].
+pub(crate) fn unpageable(meta: &std::fs::Metadata) -> Option<FileKind> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        Some(FileKind::Directory)
+    } else if t.is_fifo() {
+        Some(FileKind::Fifo)
+    } else if t.is_socket() {
+        Some(FileKind::Socket)
+    } else if t.is_char_device() {
+        Some(FileKind::CharDevice)
+    } else {
+        None
+    }
+}
+
+/// Why an open file cannot be a store: [`unpageable`], or a file of a
+/// kernel pseudo file system (`/proc/self/status` has size 0 yet reads
+/// return text; a sysfs attribute says 4096 and holds a few bytes).
+pub(crate) fn unpageable_open(file: &File, meta: &std::fs::Metadata) -> Option<FileKind> {
+    unpageable(meta).or_else(|| {
+        let pseudo = meta.file_type().is_file()
+            && upager_sys::io::fs_magic(file).is_ok_and(|m| PSEUDO_FS.contains(&m));
+        pseudo.then_some(FileKind::PseudoFile)
+    })
 }
 
 fn libc_o_direct() -> i32 {
@@ -292,7 +398,11 @@ impl Store for FileStore {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let f = self.pick(buf.as_ptr() as u64, buf.len(), offset);
         let n = read_full(f, buf, offset)?;
-        Ok(n.min(self.len.saturating_sub(offset) as usize))
+        let promised = (buf.len() as u64).min(self.len.saturating_sub(offset)) as usize;
+        if n < promised {
+            return Err(self.shrunk(offset, n));
+        }
+        Ok(promised)
     }
     fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
         src.write_to(self.pick(src.addr(), src.len(), offset), offset)
@@ -564,12 +674,14 @@ impl Shares {
     /// still the one the store knows (a read-only mapping may use a
     /// writable store).
     pub fn file(&self, meta: &std::fs::Metadata, writable: bool) -> Option<Arc<dyn Store>> {
-        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let keys: &[bool] = if writable { &[true] } else { &[false, true] };
         keys.iter().find_map(|&w| {
             let st = files.get(&(meta.dev(), meta.ino(), w))?.upgrade()?;
-            (st.len() == meta.len()).then_some(st as Arc<dyn Store>)
+            // A block device's st_size is 0: shared by identity alone.
+            let same_len = st.len() == meta.len() || meta.file_type().is_block_device();
+            same_len.then_some(st as Arc<dyn Store>)
         })
     }
 

@@ -56,6 +56,30 @@ int main(void) {
            "no such file", "missing file");
     expect(upager_map_file(pg, NULL, NULL, &r), EINVAL, "path is NULL",
            "NULL path");
+    /* Issue 20 item 6: not a regular file, refused at map time (not a
+       SIGBUS at the first access). */
+    expect(upager_map_file(pg, "/tmp", NULL, &r), EISDIR,
+           "/tmp is a directory, which upager cannot page", "directory");
+    CHECK(strstr(upager_last_error(), "pass the path of a file inside it"),
+          "directory advice: %s", upager_last_error());
+    expect(upager_map_file(pg, "/dev/zero", NULL, &r), ENODEV,
+           "is a character device", "character device");
+    expect(upager_map_file(pg, "/proc/self/status", NULL, &r), ENODEV,
+           "pseudo-file", "/proc file");
+    {   /* A FIFO: refused without opening it (that would wait for a
+           writer). */
+        char fifo[300];
+        snprintf(fifo, sizeof fifo, "%s.fifo", path);
+        CHECK(mkfifo(fifo, 0600) == 0, "mkfifo: %s", strerror(errno));
+        expect(upager_map_file(pg, fifo, NULL, &r), ENODEV, "is a FIFO",
+               "FIFO");
+        unlink(fifo);
+        int dfd = open("/tmp", O_RDONLY | O_DIRECTORY);
+        CHECK(dfd >= 0, "open /tmp");
+        expect(upager_map_fd(pg, dfd, NULL, &r), EISDIR, "is a directory",
+               "directory fd");
+        close(dfd);
+    }
     expect(upager_map_file(NULL, path, NULL, &r), EINVAL, "pager is NULL",
            "NULL pager");
     struct upager_map_options mo;
@@ -145,6 +169,14 @@ int main(void) {
     CHECK(umap(NULL, MIB, PROT_READ | PROT_WRITE, UMAP_PRIVATE, rofd, 0) ==
           UMAP_FAILED && errno == EACCES, "writable map of O_RDONLY fd");
     close(rofd);
+    int dirfd = open("/tmp", O_RDONLY | O_DIRECTORY);
+    errno = 0;
+    CHECK(umap(NULL, 4096, PROT_READ, UMAP_PRIVATE, dirfd, 0) == UMAP_FAILED
+          && errno == EISDIR, "umap of a directory (errno %d: %s)", errno,
+          upager_last_error());
+    CHECK(strstr(upager_last_error(), "is a directory"), "umap dir message: %s",
+          upager_last_error());
+    close(dirfd);
     int x;
     CHECK(uunmap(&x, 4096) == -1 && errno == EINVAL, "uunmap of a stranger");
     char *p = umap(NULL, MIB, PROT_READ, UMAP_PRIVATE, fd, 0);
