@@ -205,6 +205,22 @@ pub enum OpenError {
         /// What is wrong.
         detail: String,
     },
+    /// dataset '{name}' on the Redis Cluster at {addrs} is an incomplete upload (interrupted, killed, or still running): `upager delete` removes it, `upager load` again replaces it
+    Incomplete {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+    },
+    /// dataset '{name}' on the Redis Cluster at {addrs} is being uploaded (last progress {age} s ago): wait for it, or `upager delete` it first (an upload killed outright is replaced by a new load after 60 s)
+    Busy {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+        /// Seconds since the upload's last progress.
+        age: String,
+    },
     /// chunk size {0} is not a power of two from 4 KiB to 2 MiB
     Chunk(u64),
     /// Redis Cluster at {addrs} failed: {source}
@@ -220,6 +236,20 @@ pub enum OpenError {
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// the store URL {url} names no dataset: add /NAME (upager list shows the names)
+    NoName {
+        /// The URL.
+        url: String,
+    },
+    /// no dataset '{name}' on the Redis Cluster at {addrs} (complete or not): upager list shows the names
+    NotFound {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+    },
+    /// {0}
+    Open(OpenError),
     /// deleting dataset '{name}' failed: {source} (run it again; keys already deleted stay deleted)
     Delete {
         /// The dataset.
@@ -468,10 +498,22 @@ impl RedisStore {
         };
         let (len, chunk) = match meta.as_slice() {
             [None, None] => {
+                let partial = st
+                    .command(redis::cmd("EXISTS").arg(crate::dataset::upload_key(&name)))
+                    .map_err(|source| OpenError::Redis {
+                        addrs: url.addresses(),
+                        source,
+                    })?;
+                if partial == Value::Int(1) {
+                    return Err(OpenError::Incomplete {
+                        name,
+                        addrs: url.addresses(),
+                    });
+                }
                 return Err(OpenError::NotFound {
                     name,
                     addrs: url.addresses(),
-                })
+                });
             }
             [Some(l), Some(c)] => (
                 l.parse::<u64>()
@@ -489,36 +531,84 @@ impl RedisStore {
     }
 
     /// Creates the empty dataset (all zeros) of `len` bytes in chunks of
-    /// `chunk` bytes that the URL names; fails if it exists.
+    /// `chunk` bytes that the URL names; fails if it exists (or an upload
+    /// of it runs). Visible at once, complete: its metadata is published
+    /// as an upload's is (see the `dataset` module).
     pub fn create(
         url: &StoreUrl,
         len: u64,
         chunk: u64,
         opts: &RedisOptions,
     ) -> Result<Arc<RedisStore>, OpenError> {
+        let up = crate::dataset::Upload::begin(url, len, chunk, opts)?;
+        up.finish().map_err(|source| OpenError::Redis {
+            addrs: url.addresses(),
+            source,
+        })?;
+        Ok(Arc::clone(&up.store))
+    }
+
+    /// A writable store of the dataset `url` names (`len` bytes in chunks
+    /// of `chunk`), without looking at its metadata: for an upload or a
+    /// delete. Returns it and the name.
+    pub(crate) fn for_dataset(
+        url: &StoreUrl,
+        len: u64,
+        chunk: u64,
+        opts: &RedisOptions,
+    ) -> Result<(Arc<RedisStore>, String), OpenError> {
         let name = url.name.clone().ok_or_else(|| OpenError::NoName {
             url: url.to_string(),
         })?;
         check_chunk(chunk)?;
         let st = Self::connect(url, name.clone(), len, chunk, true, false, opts)?;
-        let redis_err = |source| OpenError::Redis {
-            addrs: url.addresses(),
-            source,
-        };
-        let key = meta_key(&name);
-        let fresh = st
-            .command(redis::cmd("HSETNX").arg(&key).arg("chunk").arg(chunk))
-            .map_err(redis_err)?;
-        if fresh != Value::Int(1) {
-            return Err(OpenError::Exists {
-                name,
-                addrs: url.addresses(),
-            });
-        }
-        st.command(redis::cmd("HSET").arg(&key).arg("len").arg(len))
-            .map_err(redis_err)?;
         st.high.store(len.div_ceil(chunk), Relaxed);
-        Ok(Arc::new(st))
+        Ok((Arc::new(st), name))
+    }
+
+    /// Removes chunk keys `[first, end)` (pipelined per node, retried).
+    pub(crate) fn unlink_chunks(&self, first: u64, end: u64) -> io::Result<()> {
+        let ops: Vec<(u64, Op<'_>)> = (first..end).map(|i| (i, Op::Del)).collect();
+        for r in self.run(&ops, false) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// The masters now.
+    pub(crate) fn masters(&self) -> io::Result<Vec<Node>> {
+        let mut conn = self.take_conn()?;
+        let t = self.topology(&mut conn)?;
+        self.put_conn(conn);
+        Ok(t.masters.clone())
+    }
+
+    /// One command sent where `route` says, retried until `deadline`.
+    pub(crate) fn routed(
+        &self,
+        cmd: &redis::Cmd,
+        route: RoutingInfo,
+        deadline: Instant,
+    ) -> io::Result<Value> {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let r = self.take_conn().and_then(|mut c| {
+                let v = c.route_command(cmd, route.clone()).map_err(io_err)?;
+                self.put_conn(c);
+                Ok(v)
+            });
+            self.counters.round_trips.fetch_add(1, Relaxed);
+            self.counters.commands.fetch_add(1, Relaxed);
+            let retry = match &r {
+                Ok(Value::ServerError(e)) => retryable_server_error(e.code()),
+                Ok(_) => false,
+                Err(_) => true,
+            };
+            if !retry || Instant::now() >= deadline {
+                return r.and_then(server_error);
+            }
+            self.retry_pause(&mut backoff, deadline);
+        }
     }
 
     /// Anonymous swap space on the cluster (far memory): a unique name, no
@@ -573,12 +663,17 @@ impl RedisStore {
         }
     }
 
-    /// Removes the dataset: every chunk key and the metadata.
+    /// Removes the dataset: hidden first, then every chunk key, then its
+    /// metadata (see [`crate::delete`]); swap space: its keys.
     pub fn delete(self: &Arc<Self>) -> Result<(), StoreError> {
-        self.delete_keys().map_err(|source| StoreError::Delete {
-            name: self.name.clone(),
-            source,
-        })
+        if self.swap {
+            return self.delete_keys().map_err(|source| StoreError::Delete {
+                name: self.name.clone(),
+                source,
+            });
+        }
+        crate::dataset::delete(&self.url.with_name(&self.name), &self.opts, &mut |_, _| {})
+            .map(|_| ())
     }
 
     fn delete_keys(&self) -> io::Result<()> {
@@ -661,7 +756,7 @@ impl RedisStore {
     }
 
     /// One command routed by its key, with the retry policy.
-    fn command(&self, cmd: &redis::Cmd) -> io::Result<Value> {
+    pub(crate) fn command(&self, cmd: &redis::Cmd) -> io::Result<Value> {
         let deadline = Instant::now() + self.opts.retry_for;
         let mut backoff = Duration::from_millis(20);
         loop {
