@@ -17,15 +17,19 @@
 //!
 //!    The replica policy (issue 20, item 7), per master, as a degraded RAID
 //!    does: `n` is `replicas`, but no more than the replicas the master has
-//!    (CLUSTER SLOTS lists them; a master promoted by a failover has none
-//!    until a replica rejoins) and no fewer than `min_replicas`. A WAIT
-//!    that answers fewer than `replicas` but at least `min_replicas` is a
-//!    *degraded* write: Ok, counted in `writes_degraded`, logged once per
-//!    master and episode (a failover of that master before a replica
-//!    rejoins would lose it). Fewer than `min_replicas` (default 0) is an
-//!    error naming the master, retried as any failure (a replica may
-//!    rejoin) until `retry_for`. Every WAIT is bounded by `timeout`; a
-//!    master without replicas is not waited on at all. Why this default: a
+//!    in sync (its `INFO replication`, read with the topology; a master
+//!    promoted by a failover has none until a replica rejoins) and no
+//!    fewer than `min_replicas`. A write acknowledged by `n` replicas, `n`
+//!    less than `replicas`, is *degraded*: Ok, counted in
+//!    `writes_degraded`, logged once per master and episode (a failover of
+//!    that master before a replica rejoins would lose it). A WAIT that
+//!    answers fewer than `n` (a slow replica, or one that just went away)
+//!    is a failure, retried with a fresh topology; fewer than
+//!    `min_replicas` (default 0) is an error naming the master, retried
+//!    (a replica may rejoin) until `retry_for`. Every WAIT is bounded by
+//!    `timeout`; a master without replicas is not waited on at all. While
+//!    a master is short of replicas the topology is read again every
+//!    second, so a rejoined replica is waited on again. Why this default: a
 //!    cluster that answers `cluster_state:ok` is up, and refusing writes
 //!    there made the engine refuse the program's writes (SIGBUS) after
 //!    every failover that was not followed by a revived node.
@@ -271,8 +275,8 @@ struct Topology {
     all: Vec<(String, u16)>,
     /// `owner[slot]`: index into `masters`, or `u16::MAX` if unassigned.
     owner: Vec<u16>,
-    /// `replicas[m]`: replicas CLUSTER SLOTS lists for master `m` (failed
-    /// ones are not listed).
+    /// `replicas[m]`: replicas master `m` has in sync, from its own `INFO
+    /// replication` (else those CLUSTER SLOTS lists for it).
     replicas: Vec<usize>,
     /// When it was fetched (a topology with a master short of replicas is
     /// fetched again after [`DEGRADED_REFRESH`], to see a replica rejoin).
@@ -955,7 +959,7 @@ impl RedisStore {
             };
             // An unknown master (unassigned slot): the SETs' replies say why.
             if let Some(node) = node {
-                self.judge_acks(node, acked, sets as u64)?;
+                self.judge_acks(node, acked, target, sets as u64)?;
             }
         }
         let mut err = None;
@@ -1108,17 +1112,30 @@ impl RedisStore {
     /// (an unknown master: `replicas`).
     fn wait_target(&self, topo: &Topology, m: u16) -> usize {
         let Some(&listed) = topo.replicas.get(usize::from(m)) else {
+            // An unknown master: ask for all; the SETs' replies say why.
             return self.opts.replicas;
         };
         self.opts.replicas.min(listed).max(self.opts.min_replicas)
     }
 
-    /// Applies the replica policy to a WAIT's answer `acked` from master
-    /// `node` after `sets` chunk writes: Ok (full or degraded, counted and
-    /// logged once per episode) or the error that refuses the writes.
-    fn judge_acks(&self, node: &Node, acked: i64, sets: u64) -> io::Result<()> {
+    /// Applies the replica policy to a WAIT for `target` replicas that
+    /// answered `acked`, from master `node` after `sets` chunk writes: Ok
+    /// (full, or degraded: counted and logged once per episode) or the
+    /// error that refuses the writes (retried: a replica that is slow, or
+    /// went away since the topology was read, is seen anew).
+    fn judge_acks(&self, node: &Node, acked: i64, target: usize, sets: u64) -> io::Result<()> {
         let (host, port) = node;
         let o = &self.opts;
+        if acked < target as i64 && acked >= o.min_replicas as i64 {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "Redis Cluster master {host}:{port}: {acked} of its {target} replica(s) in sync \
+                     acknowledged the writes within {:?} (WAIT)",
+                    o.timeout
+                ),
+            ));
+        }
         let mut degraded = self.degraded.lock().unwrap_or_else(|e| e.into_inner());
         if acked >= o.replicas as i64 {
             if let Some(i) = degraded.iter().position(|n| n == node) {
@@ -1173,7 +1190,7 @@ impl RedisStore {
                     let (host, port) = node;
                     let target = self.wait_target(&topo, m as u16);
                     if target == 0 {
-                        self.judge_acks(node, 0, 0)?;
+                        self.judge_acks(node, 0, 0, 0)?;
                         continue;
                     }
                     let t0 = Instant::now();
@@ -1198,7 +1215,7 @@ impl RedisStore {
                     c.replication_wait_ns
                         .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
                     match v {
-                        Value::Int(n) => self.judge_acks(node, n, 0)?,
+                        Value::Int(n) => self.judge_acks(node, n, target, 0)?,
                         v => {
                             return Err(io::Error::other(format!(
                                 "master {host}:{port} answered WAIT with {v:?}"
@@ -1234,6 +1251,14 @@ fn server_error(v: Value) -> io::Result<Value> {
         ))),
         v => Ok(v),
     }
+}
+
+/// Replicas in sync in an `INFO replication` reply: the `slaveN:` lines
+/// with `state=online` (not those still in their first sync).
+fn online_replicas(info: &str) -> usize {
+    info.lines()
+        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+        .count()
 }
 
 fn check_chunk(chunk: u64) -> Result<(), OpenError> {
@@ -1299,6 +1324,22 @@ fn fetch_topology(conn: &mut ClusterConnection) -> redis::RedisResult<Topology> 
             if !t.all.contains(&n) {
                 t.all.push(n);
             }
+        }
+    }
+    // The replicas each master has connected and in sync now (INFO
+    // replication, `state=online`): a replica that died is gone from there
+    // at once, while CLUSTER SLOTS lists it until the cluster marks it
+    // failed (cluster-node-timeout). A master that does not answer keeps
+    // the count CLUSTER SLOTS gave.
+    for (m, (host, port)) in t.masters.iter().enumerate() {
+        if let Ok(Value::BulkString(text)) = conn.route_command(
+            &redis::cmd("INFO").arg("replication").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            }),
+        ) {
+            t.replicas[m] = online_replicas(&String::from_utf8_lossy(&text));
         }
     }
     // CLUSTER SLOTS may not list a replica yet that CLUSTER NODES knows
@@ -1439,6 +1480,16 @@ impl Drop for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_replicas_in_sync_count() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+                    slave0:ip=127.0.0.1,port=7003,state=online,offset=42,lag=0\r\n\
+                    slave1:ip=127.0.0.1,port=7004,state=wait_bgsave,offset=0,lag=0\r\n\
+                    master_failover_state:no-failover\r\n";
+        assert_eq!(online_replicas(info), 1);
+        assert_eq!(online_replicas("role:master\r\nconnected_slaves:0\r\n"), 0);
+    }
 
     #[test]
     fn slots_match_redis_cluster() {
