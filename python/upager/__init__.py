@@ -77,6 +77,7 @@ from ._upager import (
     __version__,
     create_dataset,
     delete_dataset,
+    list_datasets,
     load,
     parse_size,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "load",
     "create_dataset",
     "delete_dataset",
+    "list_datasets",
     "STAT_NAMES",
     "DEFAULT_FOLIO",
     "FAULT_MODES",
