@@ -19,7 +19,10 @@
 //!    (deleted, or taken over) stops.
 //! 3. **A new upload starts clean.** Chunks of zeros are not stored (a
 //!    missing key reads as zeros), so a leftover chunk of an earlier upload
-//!    would show through: the claimer removes chunks `[0, clear)` first.
+//!    would show through: the claimer removes chunks `[0, clear)` of the
+//!    record it replaces first. A name with no record has no chunks (every
+//!    path that writes chunks holds a record, and removes it last), so a
+//!    fresh upload removes nothing.
 //! 4. **Interrupted uploads are removed, or left invisible.** On an error,
 //!    or when the caller's cancel flag is set (the CLI sets it on SIGINT,
 //!    SIGTERM, SIGHUP), the uploader removes the chunks it wrote and its
@@ -57,7 +60,8 @@ pub(crate) fn upload_key(name: &str) -> String {
 
 /// Claims `KEYS[1]` (upload) unless `KEYS[2]` (meta) exists or a live
 /// upload holds it. ARGV: token, len, chunk, stale seconds. Replies
-/// `{'ok', clear}`, `{'exists'}` or `{'busy', age}`.
+/// `{'ok', clear}` (chunks of a replaced record to remove), `{'exists'}`
+/// or `{'busy', age}`.
 const CLAIM: &str = r"
 local now = tonumber(redis.call('TIME')[1])
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists'} end
@@ -67,11 +71,8 @@ if o[1] then
   local age = now - (tonumber(o[2]) or 0)
   if age < tonumber(ARGV[4]) then return {'busy', string.format('%d', age)} end
 end
-local clear = math.ceil(tonumber(ARGV[2]) / tonumber(ARGV[3]))
-if o[3] and o[4] then
-  local old = math.ceil(tonumber(o[3]) / tonumber(o[4]))
-  if old > clear then clear = old end
-end
+local clear = 0
+if o[3] and o[4] then clear = math.ceil(tonumber(o[3]) / tonumber(o[4])) end
 if o[5] and tonumber(o[5]) > clear then clear = tonumber(o[5]) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'beat', now, 'len', ARGV[2], 'chunk', ARGV[3],
