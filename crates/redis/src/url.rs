@@ -259,7 +259,7 @@ mod tests {
         assert_eq!(u.min_replicas, Some(2));
         assert_eq!(u.to_string(), "redis-cluster://h:1/d?min_replicas=2");
         let u: StoreUrl = "redis-cluster://h:1?min_replicas=0".parse().unwrap();
-        assert_eq!((u.name, u.min_replicas), (None, Some(0)));
+        assert_eq!((u.name.as_deref(), u.min_replicas), (None, Some(0)));
         assert_eq!(
             u.with_name("x").to_string(),
             "redis-cluster://h:1/x?min_replicas=0"
