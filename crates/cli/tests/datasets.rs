@@ -52,7 +52,8 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// Keys of dataset `name` (metadata, upload hash, chunks) on any node.
+/// Keys of dataset `name` (metadata, upload hash, chunks) on any master
+/// (replicas copy them, a little later), sorted.
 fn keys_of(c: &Cluster, name: &str) -> Vec<String> {
     let mut out = Vec::new();
     for p in c.base..c.base + 6 {
@@ -61,12 +62,17 @@ fn keys_of(c: &Cluster, name: &str) -> Vec<String> {
         else {
             continue;
         };
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut conn).unwrap();
+        if !matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+            continue;
+        }
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("upager:{{{name}*"))
             .query(&mut conn)
             .unwrap();
         out.extend(keys);
     }
+    out.sort();
     out
 }
 
@@ -161,6 +167,44 @@ fn r20_interrupted_uploads_leave_nothing_visible_and_list_delete_round_trip() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("incomplete"), "{}", text(&o));
     assert_eq!(keys_of(&c, "killed"), Vec::<String>::new());
+
+    // A killed upload whose heartbeat is old (made so here, instead of
+    // waiting a minute) is replaced by a new load, and none of its chunks
+    // shows through the new dataset's zero chunks.
+    let mut child = spawn(&["load", big, &url("stale")]);
+    wait_listed(&c, "stale", &mut child);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&child, "-KILL");
+    finish(child, Duration::from_secs(30), "load (SIGKILL)");
+    let left = keys_of(&c, "stale").len();
+    assert!(left > 2, "the killed upload wrote chunks: {left} keys");
+    let _: i64 = redis::cmd("HSET")
+        .arg("upager:{stale}:upload")
+        .arg("beat")
+        .arg(0)
+        .query(&mut c.client())
+        .unwrap();
+    let sparse = dir.join("sparse.bin");
+    let mut data = vec![0u8; 1 << 20];
+    data[..1 << 16].fill(9); // chunk 0 only; chunks 1-15 are zeros
+    std::fs::write(&sparse, &data).unwrap();
+    let o = upager(&["load", sparse.to_str().unwrap(), &url("stale")]);
+    assert!(o.status.success(), "{}", text(&o));
+    {
+        use upager::Store;
+        let st = upager_redis::RedisStore::open(&c.named("stale"), false, &RedisOptions::default())
+            .unwrap();
+        assert_eq!(st.len(), 1 << 20);
+        let mut buf = vec![1u8; 1 << 20];
+        assert_eq!(st.read_at(&mut buf, 0).unwrap(), 1 << 20);
+        assert!(buf == data, "a chunk of the replaced upload shows through");
+    }
+    assert_eq!(
+        keys_of(&c, "stale"),
+        ["upager:{stale/0}:0", "upager:{stale}:meta"]
+    );
+    let o = upager(&["delete", &url("stale")]);
+    assert!(o.status.success(), "{}", text(&o));
 
     // A directory and a FIFO: refused before anything is written.
     let o = upager(&["load", dir.to_str().unwrap(), &url("dir")]);
