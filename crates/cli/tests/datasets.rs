@@ -2,7 +2,8 @@
 //! this test's own (ports 21310-21315): an upload stopped by SIGTERM leaves
 //! nothing; one killed by SIGKILL leaves an incomplete dataset that does
 //! not open, is listed as incomplete, refuses a new load while fresh and
-//! is removed by `upager delete`; `load` of a directory or a FIFO writes
+//! is removed by `upager delete`, or replaced by a new load once stale
+//! (none of its chunks showing through); `load` of a directory or a FIFO writes
 //! nothing; `list` and `delete` round trip.
 #![allow(clippy::tests_outside_test_module)]
 
