@@ -863,12 +863,35 @@ fn create_dataset(
     Ok(())
 }
 
-/// Removes a dataset (every key) from a store, named by `url`.
+/// Removes a dataset (every key) from a store, named by `url`, complete or
+/// not (an interrupted upload).
 #[pyfunction]
 fn delete_dataset(url: &str) -> PyResult<()> {
     let url: StoreUrl = url.parse().map_err(engine_err)?;
-    let st = RedisStore::open(&url, true, &RedisOptions::default()).map_err(engine_err)?;
-    st.delete().map_err(engine_err)
+    upager_redis::delete(&url, &RedisOptions::default(), &mut |_, _| {}).map_err(engine_err)?;
+    Ok(())
+}
+
+/// The datasets on the cluster `url` names, sorted by name: a list of
+/// dicts with "name", "size", "chunk" and "complete" (False: an upload
+/// running, interrupted or killed; it does not open; delete_dataset
+/// removes it).
+#[pyfunction]
+fn list_datasets(py: Python<'_>, url: &str) -> PyResult<Vec<Py<PyAny>>> {
+    let url: StoreUrl = url.parse().map_err(engine_err)?;
+    let all = py
+        .allow_threads(|| upager_redis::list(&url, &RedisOptions::default()))
+        .map_err(engine_err)?;
+    all.into_iter()
+        .map(|d| {
+            let o = PyDict::new(py);
+            o.set_item("name", d.name)?;
+            o.set_item("size", d.len)?;
+            o.set_item("chunk", d.chunk)?;
+            o.set_item("complete", d.complete)?;
+            Ok(o.into_any().unbind())
+        })
+        .collect()
 }
 
 /// Parses a size string ("64KiB", "8M", "1.5G") or int into bytes.
@@ -888,6 +911,7 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(create_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(delete_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(list_datasets, m)?)?;
     m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
     m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;
     m.add(

@@ -114,3 +114,18 @@ def test_store_misuse_is_a_clear_error(cluster, scratch):
             p.anonymous("1MiB", store="redis-cluster://127.0.0.1:1")
     assert e.value.errno == errno.ECONNREFUSED
     upager.delete_dataset(url)
+
+
+def test_list_datasets_shows_a_loaded_one_until_deleted(cluster, scratch):
+    path = os.path.join(scratch, "listed")
+    make_file(path, 1 * MIB)
+    url = dataset(cluster)
+    name = url.rsplit("/", 1)[1]
+    upager.load(path, url, chunk="16KiB")
+    listed = {d["name"]: d for d in upager.list_datasets(cluster)}
+    assert listed[name] == {"name": name, "size": MIB, "chunk": 16384, "complete": True}
+    upager.delete_dataset(url)
+    assert name not in {d["name"] for d in upager.list_datasets(cluster)}
+    with pytest.raises(OSError) as e:
+        upager.delete_dataset(url)
+    assert e.value.errno == errno.ENOENT

@@ -78,6 +78,7 @@ from ._upager import (
     __version__,
     create_dataset,
     delete_dataset,
+    list_datasets,
     load,
     parse_size,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "load",
     "create_dataset",
     "delete_dataset",
+    "list_datasets",
     "STAT_NAMES",
     "DEFAULT_FOLIO",
     "FAULT_MODES",

@@ -220,7 +220,11 @@ struct upager_map_options {
                         released, and upager_flush() returns only when every
                         earlier write is replicated. Errors: -EINVAL (bad URL),
                         -ECONNREFUSED (cluster unreachable), -ENOENT (no such
-                        dataset). */
+                        dataset). A master left without replicas by a
+                        failover keeps taking writes (degraded, logged);
+                        "?min_replicas=N" at the URL's end makes them fail
+                        (-EIO from upager_flush) unless N replicas
+                        acknowledge them. */
 };
 
 /* Fills *opts with the defaults (including opts->size). NULL is ignored. */
@@ -230,10 +234,41 @@ void upager_map_options_init(struct upager_map_options *opts);
  * `url` ("redis-cluster://HOST:PORT/NAME"; NAME must not exist yet), in
  * chunks of `chunk` bytes (one key each; 0 = 64 KiB): regions then map it
  * with opts->store = url and a folio of the chunk size or a multiple.
- * Chunks of zeros are not stored. Returns 0, or -EEXIST (NAME exists),
+ * Chunks of zeros are not stored. The dataset becomes visible only once
+ * complete; an upload that fails is removed. A directory, FIFO or device is
+ * refused (-EISDIR, -EINVAL) before anything is written.
+ * Returns 0, or -EEXIST (NAME exists, or an upload of it is running),
  * -ECONNREFUSED (cluster unreachable), -ENOENT (no file), -EINVAL. The CLI's
  * `upager load FILE URL` does the same with a progress bar. */
 int upager_store_load(const char *path, const char *url, uint64_t chunk);
+
+/* A dataset on a Redis Cluster, as upager_store_list() reports it. */
+struct upager_dataset {
+    char name[256];   /* NUL-terminated (names are at most 200 bytes) */
+    uint64_t length;  /* bytes */
+    uint64_t chunk;   /* chunk size (one key each) */
+    int complete;     /* 1: complete, it maps; 0: an upload that is running,
+                         was interrupted or killed (a dataset is visible only
+                         once its upload completed: mapping it fails with
+                         -ENOENT; upager_store_delete() removes it, a new
+                         upager_store_load() replaces it once it made no
+                         progress for a minute) */
+};
+
+/* The datasets on the Redis Cluster `url` names ("redis-cluster://HOST:PORT";
+ * a /NAME is ignored), complete or not, sorted by name. Stores the first
+ * `cap` in out[] and returns how many there are (call with cap 0 to size
+ * the array), or a negative errno (-ECONNREFUSED: cluster unreachable,
+ * -EINVAL: bad URL). The CLI's `upager list URL` prints the same. */
+int upager_store_list(const char *url, struct upager_dataset *out, size_t cap);
+
+/* Deletes the dataset `url` names ("redis-cluster://HOST:PORT/NAME"),
+ * complete or not: it disappears at once, then its keys are removed (a
+ * running upload of it stops at its next batch). Returns 0, or -ENOENT (no
+ * such dataset), -ECONNREFUSED, -EINVAL, -EIO (an error half-way: the
+ * dataset stays invisible; call again to finish). The CLI's `upager delete
+ * URL` does the same with a progress bar. */
+int upager_store_delete(const char *url);
 
 /* Maps the file at `path` (path NULL with opts->store set: the dataset on the
  * store that URL names) (opened read-only, or read-write with

@@ -668,6 +668,70 @@ pub unsafe extern "C" fn upager_store_load(
     })
 }
 
+/// `struct upager_dataset`: one dataset, as `upager_store_list` reports it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct upager_dataset {
+    /// The name, NUL-terminated (names are at most 200 bytes).
+    pub name: [c_char; 256],
+    /// Bytes.
+    pub length: u64,
+    /// Chunk size (one key each).
+    pub chunk: u64,
+    /// 1: complete (opens); 0: an upload running, interrupted or killed.
+    pub complete: c_int,
+}
+
+/// `upager_store_list`: the datasets on the cluster `url` names, complete
+/// or not, sorted by name; the first `cap` into `out`, returns how many.
+///
+/// # Safety
+/// `url` is a NUL-terminated string; `out` is valid for `cap` writes (or
+/// NULL with `cap == 0`).
+#[no_mangle]
+pub unsafe extern "C" fn upager_store_list(
+    url: *const c_char,
+    out: *mut upager_dataset,
+    cap: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let url: upager_redis::StoreUrl = unsafe { c_str(url, "url")? }.parse()?;
+        if out.is_null() && cap != 0 {
+            return Err(Failure::inval("out is NULL"));
+        }
+        let all = upager_redis::list(&url, &upager_redis::RedisOptions::default())?;
+        for (i, d) in all.iter().take(cap).enumerate() {
+            let mut e = upager_dataset {
+                name: [0; 256],
+                length: d.len,
+                chunk: d.chunk,
+                complete: c_int::from(d.complete),
+            };
+            for (dst, &b) in e.name.iter_mut().zip(d.name.as_bytes().iter().take(255)) {
+                *dst = b as c_char;
+            }
+            // SAFETY: i < cap and `out` has room for cap entries.
+            unsafe { out.add(i).write(e) };
+        }
+        c_int::try_from(all.len()).map_err(|_| Failure::new(libc::EOVERFLOW, "too many datasets"))
+    })
+}
+
+/// `upager_store_delete`: removes the dataset `url` names, complete or not.
+///
+/// # Safety
+/// `url` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn upager_store_delete(url: *const c_char) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let url: upager_redis::StoreUrl = unsafe { c_str(url, "url")? }.parse()?;
+        upager_redis::delete(&url, &upager_redis::RedisOptions::default(), &mut |_, _| {})?;
+        Ok(0)
+    })
+}
+
 /// Borrows the live region of a handle.
 ///
 /// # Safety

@@ -364,8 +364,15 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(url) => Some(Remote::upload(url, &path, a.size, a.folio)?),
         None => None,
     };
+    // The region's own store, kept for its counters (store_writes_degraded
+    // after a failover, issue 20).
+    let mut paged_from: Option<std::sync::Arc<RedisStore>> = None;
     let region = match &remote {
-        Some(rm) => upager_redis::map(&pager, &rm.url, &opts, &rm.opts)?,
+        Some(rm) => {
+            let st = RedisStore::open(&rm.url, true, &rm.opts)?;
+            paged_from = Some(std::sync::Arc::clone(&st));
+            pager.map_store(st as std::sync::Arc<dyn upager::Store>, &opts)?
+        }
         None => pager.map_file(&path, &opts)?,
     };
     let words = a.size / 8;
@@ -469,6 +476,12 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("throughput: scan {scan:.2} GB/s, random reads {reads:.2} M/s, random writes {writes:.2} M/s");
     print_stats(&stats);
+    if let Some(st) = paged_from {
+        println!("store counters (the region's Redis Cluster store):");
+        for (name, v) in st.counters().iter() {
+            println!("  {name:<28} {v}");
+        }
+    }
     if let Some(rm) = remote {
         rm.finish()?;
     }

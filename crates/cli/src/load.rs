@@ -2,8 +2,18 @@
 //! as a dataset on a Redis Cluster (issue 14), with a progress bar; any
 //! machine then maps it by name (`upager_redis::map`, C's
 //! `upager_map_options.store`, Python's `open_array(None, ..., store=URL)`).
+//!
+//! The dataset becomes visible only once the whole file is uploaded (issue
+//! 20, item 8). SIGINT, SIGTERM or SIGHUP stop the upload at the next batch
+//! and remove what it wrote; a load killed outright (SIGKILL) leaves an
+//! incomplete dataset no one can open, which `upager list` shows,
+//! `upager delete` removes and a new `load` of the name replaces (once it
+//! made no progress for a minute). A directory, FIFO or device is refused
+//! before anything is written.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
@@ -19,7 +29,8 @@ pub struct LoadArgs {
     /// The file to upload.
     pub file: PathBuf,
     /// Where: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME (NAME must not
-    /// exist yet).
+    /// exist yet; an incomplete upload of it is replaced once it made no
+    /// progress for a minute).
     pub url: StoreUrl,
     /// Chunk size (one key each): regions that map the dataset use a folio
     /// of this size or a multiple of it. 4K to 2M, a power of two.
@@ -39,6 +50,14 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
         replicas: a.replicas,
         ..RedisOptions::default()
     };
+    // SIGINT, SIGTERM, SIGHUP: stop at the next batch, remove what was
+    // written (upload_cancellable), then exit with an error.
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = Arc::clone(&cancel);
+        ctrlc::set_handler(move || cancel.store(true, Ordering::SeqCst))
+            .map_err(|e| format!("cannot handle SIGINT/SIGTERM during the upload: {e}"))?;
+    }
     let pb = ProgressBar::new(0);
     pb.set_style(
         ProgressStyle::with_template(
@@ -48,11 +67,19 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
         .progress_chars("=> "),
     );
     let t0 = Instant::now();
-    let n = upager_redis::upload(&a.file, &a.url, a.chunk, &opts, &mut |done, total| {
-        pb.set_length(total);
-        pb.set_position(done);
-    })?;
+    let n = upager_redis::upload_cancellable(
+        &a.file,
+        &a.url,
+        a.chunk,
+        &opts,
+        &mut |done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        },
+        &cancel,
+    );
     pb.finish_and_clear();
+    let n = n?;
     let el = t0.elapsed().as_secs_f64();
     println!(
         "uploaded {} ({} bytes) to {} in {:.2} s ({:.0} MB/s), chunks of {}, {} replica(s) acknowledged each batch",

@@ -7,9 +7,11 @@
 //! - `upager bench <scenario>`: the benchmark suite (see docs/benchmarks.md).
 //! - `upager stat`: residency picture of a mapped file after a workload.
 //! - `upager load`: upload a file as a dataset on a Redis Cluster.
+//! - `upager list`, `upager delete`: the datasets on a Redis Cluster.
 #![forbid(unsafe_code)]
 
 mod bench;
+mod datasets;
 mod demo;
 mod load;
 mod stat;
@@ -39,6 +41,12 @@ enum Cmd {
     /// Upload a file once as a dataset on a Redis Cluster
     /// (redis-cluster://HOST:PORT/NAME); regions then map it by name.
     Load(load::LoadArgs),
+    /// List the datasets on a Redis Cluster: name, size, chunk, and whether
+    /// complete (incomplete: an upload running, interrupted or killed).
+    List(datasets::ListArgs),
+    /// Delete a dataset (complete or not) from a Redis Cluster
+    /// (redis-cluster://HOST:PORT/NAME).
+    Delete(datasets::DeleteArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +60,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Bench(a) => bench::run(&a),
         Cmd::Stat(a) => stat::run(&a),
         Cmd::Load(a) => load::run(&a),
+        Cmd::List(a) => datasets::list(&a),
+        Cmd::Delete(a) => datasets::delete(&a),
     };
     if let Err(e) = res {
         eprintln!("upager: {e}");
@@ -159,7 +169,9 @@ mod tests {
             Ok(match parse(&args)?.cmd {
                 Cmd::Demo(a) => a.fault_mode,
                 Cmd::Stat(a) => a.fault_mode,
-                Cmd::Bench(_) | Cmd::Load(_) => unreachable!("no --fault-mode there"),
+                Cmd::Bench(_) | Cmd::Load(_) | Cmd::List(_) | Cmd::Delete(_) => {
+                    unreachable!("no --fault-mode there")
+                }
             })
         };
         for sub in ["demo", "stat"] {

@@ -91,5 +91,8 @@ fn load_and_demo_run_through_a_cluster() {
     assert!(o.status.success(), "{out}");
     assert!(out.contains("verified every byte"), "{out}");
     assert!(out.contains("deleted"), "{out}");
+    // The region's store counters, by their stable names (issue 20).
+    assert!(out.contains("store_round_trips"), "{out}");
+    assert!(out.contains("store_writes_degraded        0"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -22,7 +22,8 @@ impl ErrorCode for OpenError {
             OpenError::Unreachable { .. } => libc::ECONNREFUSED,
             OpenError::NoName { .. } | OpenError::Chunk(_) => libc::EINVAL,
             OpenError::NotFound { .. } => libc::ENOENT,
-            OpenError::Exists { .. } => libc::EEXIST,
+            OpenError::Exists { .. } | OpenError::Busy { .. } => libc::EEXIST,
+            OpenError::Incomplete { .. } => libc::ENOENT,
             OpenError::Redis { source, .. } => io_errno(source),
             _ => libc::EIO,
         }
@@ -42,9 +43,15 @@ impl ErrorCode for MapUrlError {
 impl ErrorCode for UploadError {
     fn errno(&self) -> i32 {
         match self {
-            UploadError::Read { source, .. } | UploadError::Write { source, .. } => {
-                io_errno(source)
+            UploadError::Read { source, .. } => io_errno(source),
+            UploadError::NotRegular { kind, .. } => {
+                if *kind == "directory" {
+                    libc::EISDIR
+                } else {
+                    libc::EINVAL
+                }
             }
+            UploadError::Stopped { cause, .. } => cause.io().map_or(libc::EINTR, io_errno),
             UploadError::Create(e) => e.errno(),
         }
     }
@@ -54,6 +61,9 @@ impl ErrorCode for StoreError {
     fn errno(&self) -> i32 {
         match self {
             StoreError::Delete { source, .. } => io_errno(source),
+            StoreError::NoName { .. } => libc::EINVAL,
+            StoreError::NotFound { .. } => libc::ENOENT,
+            StoreError::Open(e) => e.errno(),
         }
     }
 }

@@ -31,14 +31,17 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod dataset;
 mod errno;
 pub mod store;
 pub mod url;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+pub use dataset::{delete, list, DatasetInfo};
 pub use store::{OpenError, RedisCounters, RedisOptions, RedisStore, StoreError};
 pub use url::{StoreUrl, UrlError};
 
@@ -50,6 +53,43 @@ const UPLOAD_BATCH: usize = 256;
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 #[non_exhaustive]
 pub enum UploadError {
+    /// cannot read {path}: {source} (nothing was uploaded)
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// {path} is a {kind}, not a regular file: upload a regular file (nothing was uploaded)
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is (directory, FIFO, ...).
+        kind: &'static str,
+    },
+    /// {0}
+    Create(#[from] OpenError),
+    /// upload to {url} stopped after {done} of {total} bytes: {cause}; {left}
+    Stopped {
+        /// The dataset URL.
+        url: String,
+        /// Bytes uploaded.
+        done: u64,
+        /// Bytes of the file.
+        total: u64,
+        /// Why it stopped.
+        cause: StopCause,
+        /// What is left on the cluster.
+        left: String,
+    },
+}
+
+/// Why an upload stopped half-way.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+#[non_exhaustive]
+pub enum StopCause {
+    /// interrupted (the cancel flag was set: SIGINT, SIGTERM or SIGHUP in the CLI)
+    Interrupted,
     /// cannot read {path}: {source}
     Read {
         /// The file.
@@ -58,18 +98,18 @@ pub enum UploadError {
         source: std::io::Error,
     },
     /// {0}
-    Create(#[from] OpenError),
-    /// upload to {url} failed after {done} of {total} bytes: {source} (the partial dataset is left; delete it or upload again under another name)
-    Write {
-        /// The dataset URL.
-        url: String,
-        /// Bytes uploaded.
-        done: u64,
-        /// Bytes of the file.
-        total: u64,
-        /// Why.
-        source: std::io::Error,
-    },
+    Write(std::io::Error),
+}
+
+impl StopCause {
+    /// The I/O error under it, if any.
+    pub fn io(&self) -> Option<&std::io::Error> {
+        match self {
+            StopCause::Interrupted => None,
+            StopCause::Read { source, .. } => Some(source),
+            StopCause::Write(e) => Some(e),
+        }
+    }
 }
 
 /// A region could not be mapped from a store URL.
@@ -92,8 +132,9 @@ pub enum MapUrlError {
 /// Uploads the file at `path` as a new dataset named by `url` in chunks of
 /// `chunk` bytes; `progress(done, total)` is called after each batch.
 /// Chunks of zeros are not stored (a missing key reads as zeros). Every
-/// batch is acknowledged by `opts.replicas` replicas. Returns the bytes
-/// uploaded (the file's size).
+/// batch is acknowledged by the replicas `opts` asks for. Returns the bytes
+/// uploaded (the file's size). The dataset becomes visible only once
+/// complete; an upload that fails is removed (see the [`dataset`] module).
 pub fn upload(
     path: &Path,
     url: &StoreUrl,
@@ -101,36 +142,110 @@ pub fn upload(
     opts: &RedisOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64, UploadError> {
+    upload_cancellable(path, url, chunk, opts, progress, &AtomicBool::new(false))
+}
+
+/// [`upload`], stopped at the next batch once `cancel` is set: what was
+/// uploaded is then removed, and the error is [`UploadError::Stopped`] with
+/// [`StopCause::Interrupted`]. A directory, FIFO, device or socket is
+/// refused before anything is written.
+pub fn upload_cancellable(
+    path: &Path,
+    url: &StoreUrl,
+    chunk: u64,
+    opts: &RedisOptions,
+    progress: &mut dyn FnMut(u64, u64),
+    cancel: &AtomicBool,
+) -> Result<u64, UploadError> {
     let read_err = |source| UploadError::Read {
         path: path.to_path_buf(),
         source,
     };
+    // Not File::open first: opening a FIFO waits for a writer.
+    let kind = |ft: std::fs::FileType| -> Option<&'static str> {
+        use std::os::unix::fs::FileTypeExt;
+        Some(if ft.is_dir() {
+            "directory"
+        } else if ft.is_fifo() {
+            "FIFO"
+        } else if ft.is_socket() {
+            "socket"
+        } else if ft.is_block_device() {
+            "block device"
+        } else if ft.is_char_device() {
+            "character device"
+        } else {
+            return None;
+        })
+    };
+    let not_regular = |k| UploadError::NotRegular {
+        path: path.to_path_buf(),
+        kind: k,
+    };
+    if let Some(k) = kind(std::fs::metadata(path).map_err(read_err)?.file_type()) {
+        return Err(not_regular(k));
+    }
     let mut file = std::fs::File::open(path).map_err(read_err)?;
-    let total = file.metadata().map_err(read_err)?.len();
-    let st = RedisStore::create(url, total, chunk, opts)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if let Some(k) = kind(meta.file_type()) {
+        return Err(not_regular(k));
+    }
+    let total = meta.len();
+    let up = dataset::Upload::begin(url, total, chunk, opts)?;
     let mut done = 0u64;
+    let mut written = 0u64; // one past the highest chunk written
     let mut buf = vec![0u8; chunk as usize * UPLOAD_BATCH];
     progress(0, total);
-    while done < total {
-        let want = (buf.len() as u64).min(total - done) as usize;
-        file.read_exact(&mut buf[..want]).map_err(read_err)?;
-        let first = done / chunk;
-        let items: Vec<(u64, &[u8])> = buf[..want]
-            .chunks(chunk as usize)
-            .enumerate()
-            .filter(|(_, c)| c.iter().any(|&b| b != 0))
-            .map(|(k, c)| (first + k as u64, c))
-            .collect();
-        st.put_chunks(&items).map_err(|source| UploadError::Write {
-            url: url.to_string(),
-            done,
-            total,
-            source,
-        })?;
-        done += want as u64;
-        progress(done, total);
+    let res = (|| {
+        while done < total {
+            if cancel.load(Ordering::SeqCst) {
+                return Err(StopCause::Interrupted);
+            }
+            let want = (buf.len() as u64).min(total - done) as usize;
+            file.read_exact(&mut buf[..want])
+                .map_err(|source| StopCause::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            let first = done / chunk;
+            let items: Vec<(u64, &[u8])> = buf[..want]
+                .chunks(chunk as usize)
+                .enumerate()
+                .filter(|(_, c)| c.iter().any(|&b| b != 0))
+                .map(|(k, c)| (first + k as u64, c))
+                .collect();
+            if let Some(&(i, _)) = items.last() {
+                written = i + 1;
+            }
+            up.store.put_chunks(&items).map_err(StopCause::Write)?;
+            up.beat().map_err(StopCause::Write)?;
+            done += want as u64;
+            progress(done, total);
+        }
+        if cancel.load(Ordering::SeqCst) {
+            return Err(StopCause::Interrupted);
+        }
+        up.finish().map_err(StopCause::Write)
+    })();
+    match res {
+        Ok(()) => Ok(total),
+        Err(cause) => {
+            let left = match up.abandon(written) {
+                Ok(()) => "nothing of it is left on the cluster".to_string(),
+                Err(e) => format!(
+                    "its keys are left as an incomplete dataset that no one can open ({e}): \
+                     `upager delete {url}` removes it, `upager load` again replaces it"
+                ),
+            };
+            Err(UploadError::Stopped {
+                url: url.to_string(),
+                done,
+                total,
+                cause,
+                left,
+            })
+        }
     }
-    Ok(total)
 }
 
 /// Opens the dataset `url` names and maps it (writable if `opts` says so;

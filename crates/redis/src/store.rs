@@ -6,13 +6,33 @@
 //!    began, zeros where no chunk was ever written (a missing key), or an
 //!    error; a key holding a value of the wrong size is an error (EIO, the
 //!    fault gets SIGBUS), never silently padded.
-//! 2. A write is Ok only once the master has it AND `replicas` replicas
-//!    have acknowledged it: each node's share of a batch is one pipeline
-//!    `SET k1 v1, SET k2 v2, ..., WAIT replicas timeout` sent as one packed
-//!    request on ONE connection (WAIT counts only the calling connection's
-//!    writes, so the WAIT must travel with them; a retry resends the SETs
-//!    with their WAIT). A failover after the acknowledgement cannot lose
-//!    the write: the promoted replica has it.
+//! 2. A write is Ok only once the master has it AND the replicas the
+//!    policy asks for have acknowledged it: each node's share of a batch is
+//!    one pipeline `SET k1 v1, SET k2 v2, ..., WAIT n timeout` sent as one
+//!    packed request on ONE connection (WAIT counts only the calling
+//!    connection's writes, so the WAIT must travel with them; a retry
+//!    resends the SETs with their WAIT). A failover after a fully
+//!    replicated acknowledgement cannot lose the write: the promoted
+//!    replica has it.
+//!
+//!    The replica policy (issue 20, item 7), per master, as a degraded RAID
+//!    does: `n` is `replicas`, but no more than the replicas the master has
+//!    in sync (its `INFO replication`, read with the topology; a master
+//!    promoted by a failover has none until a replica rejoins) and no
+//!    fewer than `min_replicas`. A write acknowledged by `n` replicas, `n`
+//!    less than `replicas`, is *degraded*: Ok, counted in
+//!    `writes_degraded`, logged once per master and episode (a failover of
+//!    that master before a replica rejoins would lose it). A WAIT that
+//!    answers fewer than `n` (a slow replica, or one that just went away)
+//!    is a failure, retried with a fresh topology; fewer than
+//!    `min_replicas` (default 0) is an error naming the master, retried
+//!    (a replica may rejoin) until `retry_for`. Every WAIT is bounded by
+//!    `timeout`; a master without replicas is not waited on at all. While
+//!    a master is short of replicas the topology is read again every
+//!    second, so a rejoined replica is waited on again. Why this default: a
+//!    cluster that answers `cluster_state:ok` is up, and refusing writes
+//!    there made the engine refuse the program's writes (SIGBUS) after
+//!    every failover that was not followed by a revived node.
 //! 3. Failures retry with bounded exponential backoff (20 ms doubling to
 //!    500 ms; guesses) until `retry_for` has passed: a MOVED/ASK/CLUSTERDOWN
 //!    reply, a refused or dropped connection or a timeout drops the pooled
@@ -64,9 +84,20 @@ pub struct RedisOptions {
     /// Send a batch's chunks as one pipeline per node. Default true; false
     /// makes one round trip per chunk (the ablation of the benchmarks).
     pub pipelined: bool,
-    /// Replicas that must acknowledge every write (`WAIT`). Default 1; 0
+    /// Replicas asked to acknowledge every write (`WAIT`). Default 1; 0
     /// trusts the master alone (a failover may then lose the last writes).
+    /// A master with fewer replicas than this (after a failover) keeps
+    /// taking writes unless `min_replicas` forbids it: see the module doc.
     pub replicas: usize,
+    /// Fewest replicas that must acknowledge a write for it to succeed.
+    /// Default 0: a shard left without replicas keeps taking writes
+    /// (degraded, counted in `writes_degraded`, logged once per master).
+    /// N > 0: writes to a master with fewer than N replicas in sync fail
+    /// (after `retry_for`) with an error naming the master; the engine then
+    /// keeps the data dirty in memory and reports it from `flush()`. The
+    /// store URL's `?min_replicas=N` sets it too (and wins). `replicas` is
+    /// raised to at least this.
+    pub min_replicas: usize,
     /// How long an operation keeps retrying across failures (failover,
     /// refused connections) before it fails. Default 10 s.
     pub retry_for: Duration,
@@ -79,6 +110,7 @@ impl Default for RedisOptions {
         RedisOptions {
             pipelined: true,
             replicas: 1,
+            min_replicas: 0,
             retry_for: Duration::from_secs(10),
             timeout: Duration::from_secs(2),
         }
@@ -104,6 +136,28 @@ pub struct RedisCounters {
     pub replication_wait_ns: u64,
     /// Operations retried after a failure.
     pub retries: u64,
+    /// Chunk writes acknowledged by fewer replicas than `replicas` asks
+    /// (but at least `min_replicas`): kept by the master and the replicas
+    /// it has, after a failover left it without enough (`store_writes_degraded`).
+    pub writes_degraded: u64,
+}
+
+impl RedisCounters {
+    /// The counters with their stable names (`store_` + the field name),
+    /// as faces print them.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("store_round_trips", self.round_trips),
+            ("store_commands", self.commands),
+            ("store_bytes_sent", self.bytes_sent),
+            ("store_bytes_received", self.bytes_received),
+            ("store_replication_waits", self.replication_waits),
+            ("store_replication_wait_ns", self.replication_wait_ns),
+            ("store_retries", self.retries),
+            ("store_writes_degraded", self.writes_degraded),
+        ]
+        .into_iter()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +169,7 @@ struct Counters {
     replication_waits: AtomicU64,
     replication_wait_ns: AtomicU64,
     retries: AtomicU64,
+    writes_degraded: AtomicU64,
 }
 
 /// A Redis Cluster store could not be opened or created.
@@ -154,6 +209,22 @@ pub enum OpenError {
         /// What is wrong.
         detail: String,
     },
+    /// dataset '{name}' on the Redis Cluster at {addrs} is an incomplete upload (interrupted, killed, or still running): `upager delete` removes it, `upager load` again replaces it
+    Incomplete {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+    },
+    /// dataset '{name}' on the Redis Cluster at {addrs} is being uploaded (last progress {age} s ago): wait for it, or `upager delete` it first (an upload killed outright is replaced by a new load after 60 s)
+    Busy {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+        /// Seconds since the upload's last progress.
+        age: String,
+    },
     /// chunk size {0} is not a power of two from 4 KiB to 2 MiB
     Chunk(u64),
     /// Redis Cluster at {addrs} failed: {source}
@@ -169,6 +240,20 @@ pub enum OpenError {
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// the store URL {url} names no dataset: add /NAME (upager list shows the names)
+    NoName {
+        /// The URL.
+        url: String,
+    },
+    /// no dataset '{name}' on the Redis Cluster at {addrs} (complete or not): upager list shows the names
+    NotFound {
+        /// The dataset.
+        name: String,
+        /// The seed addresses.
+        addrs: String,
+    },
+    /// {0}
+    Open(OpenError),
     /// deleting dataset '{name}' failed: {source} (run it again; keys already deleted stay deleted)
     Delete {
         /// The dataset.
@@ -190,7 +275,17 @@ struct Topology {
     all: Vec<(String, u16)>,
     /// `owner[slot]`: index into `masters`, or `u16::MAX` if unassigned.
     owner: Vec<u16>,
+    /// `replicas[m]`: replicas master `m` has in sync, from its own `INFO
+    /// replication` (else those CLUSTER SLOTS lists for it).
+    replicas: Vec<usize>,
+    /// When it was fetched (a topology with a master short of replicas is
+    /// fetched again after [`DEGRADED_REFRESH`], to see a replica rejoin).
+    fetched: Instant,
 }
+
+/// How long a topology with a master short of replicas is trusted (a
+/// guess: a rejoined replica is waited on again within a second).
+const DEGRADED_REFRESH: Duration = Duration::from_secs(1);
 
 /// A dataset (or a swap space) on a Redis Cluster, as an `upager::Store`.
 pub struct RedisStore {
@@ -212,6 +307,8 @@ pub struct RedisStore {
     /// One past the highest chunk ever written (what delete must remove).
     high: AtomicU64,
     deleted: AtomicBool,
+    /// Masters whose writes are degraded now (logged once per episode).
+    degraded: Mutex<Vec<Node>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -323,6 +420,12 @@ impl RedisStore {
         opts: &RedisOptions,
     ) -> Result<RedisStore, OpenError> {
         let addrs = url.addresses();
+        let mut opts = opts.clone();
+        if let Some(m) = url.min_replicas {
+            opts.min_replicas = m;
+        }
+        opts.replicas = opts.replicas.max(opts.min_replicas);
+        let opts = &opts;
         let client =
             Self::client_for(&url.nodes, opts).map_err(|source| OpenError::Unreachable {
                 addrs: addrs.clone(),
@@ -364,6 +467,7 @@ impl RedisStore {
             counters: Counters::default(),
             high: AtomicU64::new(0),
             deleted: AtomicBool::new(false),
+            degraded: Mutex::new(Vec::new()),
         })
     }
 
@@ -398,10 +502,22 @@ impl RedisStore {
         };
         let (len, chunk) = match meta.as_slice() {
             [None, None] => {
+                let partial = st
+                    .command(redis::cmd("EXISTS").arg(crate::dataset::upload_key(&name)))
+                    .map_err(|source| OpenError::Redis {
+                        addrs: url.addresses(),
+                        source,
+                    })?;
+                if partial == Value::Int(1) {
+                    return Err(OpenError::Incomplete {
+                        name,
+                        addrs: url.addresses(),
+                    });
+                }
                 return Err(OpenError::NotFound {
                     name,
                     addrs: url.addresses(),
-                })
+                });
             }
             [Some(l), Some(c)] => (
                 l.parse::<u64>()
@@ -419,36 +535,84 @@ impl RedisStore {
     }
 
     /// Creates the empty dataset (all zeros) of `len` bytes in chunks of
-    /// `chunk` bytes that the URL names; fails if it exists.
+    /// `chunk` bytes that the URL names; fails if it exists (or an upload
+    /// of it runs). Visible at once, complete: its metadata is published
+    /// as an upload's is (see the `dataset` module).
     pub fn create(
         url: &StoreUrl,
         len: u64,
         chunk: u64,
         opts: &RedisOptions,
     ) -> Result<Arc<RedisStore>, OpenError> {
+        let up = crate::dataset::Upload::begin(url, len, chunk, opts)?;
+        up.finish().map_err(|source| OpenError::Redis {
+            addrs: url.addresses(),
+            source,
+        })?;
+        Ok(Arc::clone(&up.store))
+    }
+
+    /// A writable store of the dataset `url` names (`len` bytes in chunks
+    /// of `chunk`), without looking at its metadata: for an upload or a
+    /// delete. Returns it and the name.
+    pub(crate) fn for_dataset(
+        url: &StoreUrl,
+        len: u64,
+        chunk: u64,
+        opts: &RedisOptions,
+    ) -> Result<(Arc<RedisStore>, String), OpenError> {
         let name = url.name.clone().ok_or_else(|| OpenError::NoName {
             url: url.to_string(),
         })?;
         check_chunk(chunk)?;
         let st = Self::connect(url, name.clone(), len, chunk, true, false, opts)?;
-        let redis_err = |source| OpenError::Redis {
-            addrs: url.addresses(),
-            source,
-        };
-        let key = meta_key(&name);
-        let fresh = st
-            .command(redis::cmd("HSETNX").arg(&key).arg("chunk").arg(chunk))
-            .map_err(redis_err)?;
-        if fresh != Value::Int(1) {
-            return Err(OpenError::Exists {
-                name,
-                addrs: url.addresses(),
-            });
-        }
-        st.command(redis::cmd("HSET").arg(&key).arg("len").arg(len))
-            .map_err(redis_err)?;
         st.high.store(len.div_ceil(chunk), Relaxed);
-        Ok(Arc::new(st))
+        Ok((Arc::new(st), name))
+    }
+
+    /// Removes chunk keys `[first, end)` (pipelined per node, retried).
+    pub(crate) fn unlink_chunks(&self, first: u64, end: u64) -> io::Result<()> {
+        let ops: Vec<(u64, Op<'_>)> = (first..end).map(|i| (i, Op::Del)).collect();
+        for r in self.run(&ops, false) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// The masters now.
+    pub(crate) fn masters(&self) -> io::Result<Vec<Node>> {
+        let mut conn = self.take_conn()?;
+        let t = self.topology(&mut conn)?;
+        self.put_conn(conn);
+        Ok(t.masters.clone())
+    }
+
+    /// One command sent where `route` says, retried until `deadline`.
+    pub(crate) fn routed(
+        &self,
+        cmd: &redis::Cmd,
+        route: RoutingInfo,
+        deadline: Instant,
+    ) -> io::Result<Value> {
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let r = self.take_conn().and_then(|mut c| {
+                let v = c.route_command(cmd, route.clone()).map_err(io_err)?;
+                self.put_conn(c);
+                Ok(v)
+            });
+            self.counters.round_trips.fetch_add(1, Relaxed);
+            self.counters.commands.fetch_add(1, Relaxed);
+            let retry = match &r {
+                Ok(Value::ServerError(e)) => retryable_server_error(e.code()),
+                Ok(_) => false,
+                Err(_) => true,
+            };
+            if !retry || Instant::now() >= deadline {
+                return r.and_then(server_error);
+            }
+            self.retry_pause(&mut backoff, deadline);
+        }
     }
 
     /// Anonymous swap space on the cluster (far memory): a unique name, no
@@ -499,15 +663,21 @@ impl RedisStore {
             replication_waits: c.replication_waits.load(Relaxed),
             replication_wait_ns: c.replication_wait_ns.load(Relaxed),
             retries: c.retries.load(Relaxed),
+            writes_degraded: c.writes_degraded.load(Relaxed),
         }
     }
 
-    /// Removes the dataset: every chunk key and the metadata.
+    /// Removes the dataset: hidden first, then every chunk key, then its
+    /// metadata (see [`crate::delete`]); swap space: its keys.
     pub fn delete(self: &Arc<Self>) -> Result<(), StoreError> {
-        self.delete_keys().map_err(|source| StoreError::Delete {
-            name: self.name.clone(),
-            source,
-        })
+        if self.swap {
+            return self.delete_keys().map_err(|source| StoreError::Delete {
+                name: self.name.clone(),
+                source,
+            });
+        }
+        crate::dataset::delete(&self.url.with_name(&self.name), &self.opts, &mut |_, _| {})
+            .map(|_| ())
     }
 
     fn delete_keys(&self) -> io::Result<()> {
@@ -563,7 +733,10 @@ impl RedisStore {
 
     fn topology(&self, conn: &mut ClusterConnection) -> io::Result<Arc<Topology>> {
         if let Some(t) = &*self.topo.lock().unwrap_or_else(|e| e.into_inner()) {
-            return Ok(Arc::clone(t));
+            let short = t.replicas.iter().any(|&n| n < self.opts.replicas);
+            if !short || t.fetched.elapsed() < DEGRADED_REFRESH {
+                return Ok(Arc::clone(t));
+            }
         }
         let t = Arc::new(fetch_topology(conn).map_err(io_err)?);
         self.counters.round_trips.fetch_add(1, Relaxed);
@@ -587,7 +760,7 @@ impl RedisStore {
     }
 
     /// One command routed by its key, with the retry policy.
-    fn command(&self, cmd: &redis::Cmd) -> io::Result<Value> {
+    pub(crate) fn command(&self, cmd: &redis::Cmd) -> io::Result<Value> {
         let deadline = Instant::now() + self.opts.retry_for;
         let mut backoff = Duration::from_millis(20);
         loop {
@@ -688,7 +861,8 @@ impl RedisStore {
         };
         let mut first_err = None;
         for g in groups {
-            match self.round(&mut conn, ops, keys, &g, wait, results) {
+            let m = topo.owner[slot(keys[g[0]].as_bytes()) as usize];
+            match self.round(&mut conn, &topo, m, ops, keys, &g, wait, results) {
                 Ok(()) => {}
                 Err(e) => {
                     // The connection may be out of step: a new one.
@@ -703,11 +877,15 @@ impl RedisStore {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// One packed request for the operations `g` (all on one master, or a
-    /// single one), plus a WAIT if it writes and `wait`.
+    /// One packed request for the operations `g` (all on master `m` of
+    /// `topo`, `u16::MAX` if unknown), plus a WAIT if it writes and `wait`
+    /// (as the replica policy says, see the module doc).
+    #[allow(clippy::too_many_arguments)]
     fn round(
         &self,
         conn: &mut ClusterConnection,
+        topo: &Topology,
+        m: u16,
         ops: &[(u64, Op<'_>)],
         keys: &[String],
         g: &[usize],
@@ -731,10 +909,12 @@ impl RedisStore {
             c.arg(&keys[k]);
             c.write_packed_command(&mut packed);
         }
-        let waits = writes && wait && self.opts.replicas > 0;
+        let node = topo.masters.get(usize::from(m));
+        let target = self.wait_target(topo, m);
+        let waits = writes && wait && target > 0;
         if waits {
             redis::cmd("WAIT")
-                .arg(self.opts.replicas)
+                .arg(target)
                 .arg(self.opts.timeout.as_millis() as u64)
                 .write_packed_command(&mut packed);
         }
@@ -746,9 +926,13 @@ impl RedisStore {
         c.bytes_sent.fetch_add(packed.len() as u64, Relaxed);
         // Routed by its first command's key: every key of `g` is on that
         // master (or the reply says MOVED and the group is retried).
+        let at = |e: io::Error| match node {
+            Some((h, p)) => io::Error::new(e.kind(), format!("master {h}:{p}: {e}")),
+            None => e,
+        };
         let vals = conn
             .req_packed_commands(&packed, 0, count)
-            .map_err(io_err)?;
+            .map_err(|e| at(io_err(e)))?;
         if waits {
             c.replication_waits.fetch_add(1, Relaxed);
             c.replication_wait_ns
@@ -760,19 +944,22 @@ impl RedisStore {
                 vals.len()
             )));
         }
-        if waits {
-            match &vals[count - 1] {
-                Value::Int(n) if *n >= self.opts.replicas as i64 => {}
-                Value::Int(n) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "only {n} of {} replicas acknowledged the writes within {:?} (WAIT)",
-                            self.opts.replicas, self.opts.timeout
-                        ),
-                    ))
+        if writes && wait && self.opts.replicas > 0 {
+            let sets = g
+                .iter()
+                .filter(|&&k| matches!(ops[k].1, Op::Set(_)))
+                .count();
+            let acked = if waits {
+                match &vals[count - 1] {
+                    Value::Int(n) => *n,
+                    v => return Err(at(io::Error::other(format!("redis: WAIT replied {v:?}")))),
                 }
-                v => return Err(io::Error::other(format!("redis: WAIT replied {v:?}"))),
+            } else {
+                0 // a master without replicas: nothing to wait for
+            };
+            // An unknown master (unassigned slot): the SETs' replies say why.
+            if let Some(node) = node {
+                self.judge_acks(node, acked, target, sets as u64)?;
             }
         }
         let mut err = None;
@@ -920,6 +1107,74 @@ impl RedisStore {
         Ok(())
     }
 
+    /// The replicas a write to master `m` waits for: `replicas`, but no
+    /// more than the master has listed, and no fewer than `min_replicas`
+    /// (an unknown master: `replicas`).
+    fn wait_target(&self, topo: &Topology, m: u16) -> usize {
+        let Some(&listed) = topo.replicas.get(usize::from(m)) else {
+            // An unknown master: ask for all; the SETs' replies say why.
+            return self.opts.replicas;
+        };
+        self.opts.replicas.min(listed).max(self.opts.min_replicas)
+    }
+
+    /// Applies the replica policy to a WAIT for `target` replicas that
+    /// answered `acked`, from master `node` after `sets` chunk writes: Ok
+    /// (full, or degraded: counted and logged once per episode) or the
+    /// error that refuses the writes (retried: a replica that is slow, or
+    /// went away since the topology was read, is seen anew).
+    fn judge_acks(&self, node: &Node, acked: i64, target: usize, sets: u64) -> io::Result<()> {
+        let (host, port) = node;
+        let o = &self.opts;
+        if acked < target as i64 && acked >= o.min_replicas as i64 {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "Redis Cluster master {host}:{port}: {acked} of its {target} replica(s) in sync \
+                     acknowledged the writes within {:?} (WAIT)",
+                    o.timeout
+                ),
+            ));
+        }
+        let mut degraded = self.degraded.lock().unwrap_or_else(|e| e.into_inner());
+        if acked >= o.replicas as i64 {
+            if let Some(i) = degraded.iter().position(|n| n == node) {
+                degraded.swap_remove(i);
+                log::warn!(
+                    "Redis Cluster master {host}:{port} ({}) has {acked} replica(s) in sync again: \
+                     its writes are replicated again",
+                    self.url.addresses()
+                );
+            }
+            return Ok(());
+        }
+        if acked >= o.min_replicas as i64 {
+            self.counters.writes_degraded.fetch_add(sets, Relaxed);
+            if !degraded.contains(node) {
+                degraded.push(node.clone());
+                log::warn!(
+                    "Redis Cluster master {host}:{port} ({}) has {acked} of the {} replica(s) asked \
+                     for in sync (a failover left it without): its writes are kept by it alone \
+                     until a replica rejoins (degraded, counted in store_writes_degraded); a \
+                     failover of it now would lose them. Add ?min_replicas=N to the store URL to \
+                     refuse such writes instead",
+                    self.url.addresses(),
+                    o.replicas
+                );
+            }
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "Redis Cluster master {host}:{port} has {acked} replica(s) in sync, fewer than the \
+                 {} the store requires (min_replicas): its writes are refused until a replica \
+                 rejoins (scripts/redis-cluster.sh revive PORT), or lower min_replicas",
+                o.min_replicas
+            ),
+        ))
+    }
+
     /// WAIT on every master (through one connection each).
     fn wait_all(&self) -> io::Result<()> {
         if self.opts.replicas == 0 {
@@ -931,19 +1186,28 @@ impl RedisStore {
             let r = (|| {
                 let mut conn = self.take_conn()?;
                 let topo = self.topology(&mut conn)?;
-                for (host, port) in &topo.masters {
+                for (m, node) in topo.masters.iter().enumerate() {
+                    let (host, port) = node;
+                    let target = self.wait_target(&topo, m as u16);
+                    if target == 0 {
+                        self.judge_acks(node, 0, 0, 0)?;
+                        continue;
+                    }
                     let t0 = Instant::now();
                     let v = conn
                         .route_command(
                             redis::cmd("WAIT")
-                                .arg(self.opts.replicas)
+                                .arg(target)
                                 .arg(self.opts.timeout.as_millis() as u64),
                             RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                                 host: host.clone(),
                                 port: *port,
                             }),
                         )
-                        .map_err(io_err)?;
+                        .map_err(|e| {
+                            let e = io_err(e);
+                            io::Error::new(e.kind(), format!("master {host}:{port}: {e}"))
+                        })?;
                     let c = &self.counters;
                     c.round_trips.fetch_add(1, Relaxed);
                     c.commands.fetch_add(1, Relaxed);
@@ -951,15 +1215,11 @@ impl RedisStore {
                     c.replication_wait_ns
                         .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
                     match v {
-                        Value::Int(n) if n >= self.opts.replicas as i64 => {}
+                        Value::Int(n) => self.judge_acks(node, n, target, 0)?,
                         v => {
-                            return Err(io::Error::new(
-                                io::ErrorKind::TimedOut,
-                                format!(
-                                    "master {host}:{port} has {v:?} of the {} replicas asked for in sync (WAIT)",
-                                    self.opts.replicas
-                                ),
-                            ))
+                            return Err(io::Error::other(format!(
+                                "master {host}:{port} answered WAIT with {v:?}"
+                            )))
                         }
                     }
                 }
@@ -993,6 +1253,14 @@ fn server_error(v: Value) -> io::Result<Value> {
     }
 }
 
+/// Replicas in sync in an `INFO replication` reply: the `slaveN:` lines
+/// with `state=online` (not those still in their first sync).
+fn online_replicas(info: &str) -> usize {
+    info.lines()
+        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+        .count()
+}
+
 fn check_chunk(chunk: u64) -> Result<(), OpenError> {
     if chunk.is_power_of_two() && (4096..=2 << 20).contains(&chunk) {
         Ok(())
@@ -1013,6 +1281,8 @@ fn fetch_topology(conn: &mut ClusterConnection) -> redis::RedisResult<Topology> 
         masters: Vec::new(),
         all: Vec::new(),
         owner: vec![u16::MAX; SLOTS],
+        replicas: Vec::new(),
+        fetched: Instant::now(),
     };
     let Value::Array(ranges) = v else {
         return Err(bad());
@@ -1041,9 +1311,12 @@ fn fetch_topology(conn: &mut ClusterConnection) -> redis::RedisResult<Topology> 
             Some(i) => i,
             None => {
                 t.masters.push(master.clone());
+                t.replicas.push(0);
                 t.masters.len() - 1
             }
         };
+        let listed = r.iter().skip(3).filter_map(node).count();
+        t.replicas[idx] = t.replicas[idx].max(listed);
         for s in (*a as usize)..=(*b as usize).min(SLOTS - 1) {
             t.owner[s] = idx as u16;
         }
@@ -1051,6 +1324,22 @@ fn fetch_topology(conn: &mut ClusterConnection) -> redis::RedisResult<Topology> 
             if !t.all.contains(&n) {
                 t.all.push(n);
             }
+        }
+    }
+    // The replicas each master has connected and in sync now (INFO
+    // replication, `state=online`): a replica that died is gone from there
+    // at once, while CLUSTER SLOTS lists it until the cluster marks it
+    // failed (cluster-node-timeout). A master that does not answer keeps
+    // the count CLUSTER SLOTS gave.
+    for (m, (host, port)) in t.masters.iter().enumerate() {
+        if let Ok(Value::BulkString(text)) = conn.route_command(
+            &redis::cmd("INFO").arg("replication").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            }),
+        ) {
+            t.replicas[m] = online_replicas(&String::from_utf8_lossy(&text));
         }
     }
     // CLUSTER SLOTS may not list a replica yet that CLUSTER NODES knows
@@ -1191,6 +1480,16 @@ impl Drop for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_replicas_in_sync_count() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+                    slave0:ip=127.0.0.1,port=7003,state=online,offset=42,lag=0\r\n\
+                    slave1:ip=127.0.0.1,port=7004,state=wait_bgsave,offset=0,lag=0\r\n\
+                    master_failover_state:no-failover\r\n";
+        assert_eq!(online_replicas(info), 1);
+        assert_eq!(online_replicas("role:master\r\nconnected_slaves:0\r\n"), 0);
+    }
 
     #[test]
     fn slots_match_redis_cluster() {

@@ -1,4 +1,9 @@
-//! Store URLs: `redis-cluster://HOST:PORT[,HOST:PORT...][/NAME]`.
+//! Store URLs: `redis-cluster://HOST:PORT[,HOST:PORT...][/NAME][?min_replicas=N]`.
+//!
+//! Query parameters (the only one so far):
+//! - `min_replicas=N`: writes fail unless N replicas of the master
+//!   acknowledge them (default 0: a master a failover left without replicas
+//!   keeps taking writes, degraded; see `RedisOptions::min_replicas`).
 //!
 //! The nodes are seeds: any one that answers tells the client the whole
 //! cluster. NAME is a dataset's name (letters, digits, `.`, `_`, `-`; at
@@ -21,6 +26,8 @@ pub struct StoreUrl {
     pub nodes: Vec<(String, u16)>,
     /// The dataset name, if the URL has one.
     pub name: Option<String>,
+    /// `?min_replicas=N`, if given (overrides `RedisOptions::min_replicas`).
+    pub min_replicas: Option<usize>,
 }
 
 /// A store URL that cannot be used.
@@ -48,6 +55,11 @@ pub enum UrlError {
     Name {
         /// The bad part.
         name: String,
+    },
+    /// '{param}' in the store URL is not a known parameter: the only one is ?min_replicas=N (N a number of replicas)
+    Param {
+        /// The bad part.
+        param: String,
     },
 }
 
@@ -96,6 +108,23 @@ impl FromStr for StoreUrl {
         let rest = url.strip_prefix(SCHEME).ok_or_else(|| UrlError::Scheme {
             url: url.to_string(),
         })?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let mut min_replicas = None;
+        for param in query.into_iter().flat_map(|q| q.split('&')) {
+            match param.split_once('=') {
+                Some(("min_replicas", n)) if n.parse::<usize>().is_ok() => {
+                    min_replicas = n.parse().ok();
+                }
+                _ => {
+                    return Err(UrlError::Param {
+                        param: param.to_string(),
+                    })
+                }
+            }
+        }
         let (nodes, name) = match rest.split_once('/') {
             Some((n, name)) => (n, Some(name)),
             None => (rest, None),
@@ -118,7 +147,11 @@ impl FromStr for StoreUrl {
                 })
             }
         };
-        Ok(StoreUrl { nodes, name })
+        Ok(StoreUrl {
+            nodes,
+            name,
+            min_replicas,
+        })
     }
 }
 
@@ -138,6 +171,9 @@ impl fmt::Display for StoreUrl {
         if let Some(n) = &self.name {
             write!(f, "/{n}")?;
         }
+        if let Some(m) = self.min_replicas {
+            write!(f, "?min_replicas={m}")?;
+        }
         Ok(())
     }
 }
@@ -147,6 +183,7 @@ impl StoreUrl {
     pub fn addresses(&self) -> String {
         let mut u = self.clone();
         u.name = None;
+        u.min_replicas = None;
         u.to_string()[SCHEME.len()..].replace(',', ", ")
     }
 
@@ -155,6 +192,7 @@ impl StoreUrl {
         StoreUrl {
             nodes: self.nodes.clone(),
             name: Some(name.to_string()),
+            min_replicas: self.min_replicas,
         }
     }
 }
@@ -210,5 +248,21 @@ mod tests {
              digits, '.', '_' or '-'"
         );
         assert!(err("redis-cluster://a:1/a/b").contains("'a/b'"));
+        assert!(err("redis-cluster://a:1/d?replicas=2").contains("'replicas=2'"));
+        assert!(err("redis-cluster://a:1/d?min_replicas=x").contains("min_replicas=N"));
+    }
+
+    #[test]
+    fn min_replicas_parameter_round_trips() {
+        let u: StoreUrl = "redis-cluster://h:1/d?min_replicas=2".parse().unwrap();
+        assert_eq!(u.name.as_deref(), Some("d"));
+        assert_eq!(u.min_replicas, Some(2));
+        assert_eq!(u.to_string(), "redis-cluster://h:1/d?min_replicas=2");
+        let u: StoreUrl = "redis-cluster://h:1?min_replicas=0".parse().unwrap();
+        assert_eq!((u.name.as_deref(), u.min_replicas), (None, Some(0)));
+        assert_eq!(
+            u.with_name("x").to_string(),
+            "redis-cluster://h:1/x?min_replicas=0"
+        );
     }
 }

@@ -180,6 +180,191 @@ fn a_master_killed_mid_write_loses_no_acknowledged_word() {
     }
 }
 
+/// Issue 20, item 7: a master killed with SIGKILL and NOT revived while a
+/// writer writes and flushes. The cluster fails over (the promoted replica
+/// has no replica of its own), and the store keeps serving under the
+/// default replica policy: flushes succeed again once the cluster is ok,
+/// the writes to the promoted master are counted as degraded, and every
+/// word of the last flushed round reads back from the region and straight
+/// from Redis. Then a store that requires a replica (`?min_replicas=1`)
+/// refuses writes to that shard with an error naming the master, and a
+/// flush reports it (the data stays dirty in memory).
+#[test]
+fn r20_a_master_killed_and_not_revived_keeps_taking_writes() {
+    let Some(c) = Cluster::start(21300) else {
+        return;
+    };
+    let (len, budget) = (16 * MIB, 4 * MIB);
+    let ropts = RedisOptions {
+        retry_for: Duration::from_secs(30),
+        ..RedisOptions::default()
+    };
+    let (st, _pager, r) = writable_dataset(&c, "nr", len, CHUNK, budget, &ropts);
+    let words = (len / 8) as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let flushed = Arc::new(AtomicU64::new(0));
+    let flush_errors = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    // Milliseconds since t0 of the last Ok flush.
+    let flushed_at = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (r, stop, rounds, flushed, flush_errors, flushed_at) = (
+            Arc::clone(&r),
+            Arc::clone(&stop),
+            Arc::clone(&rounds),
+            Arc::clone(&flushed),
+            Arc::clone(&flush_errors),
+            Arc::clone(&flushed_at),
+        );
+        std::thread::spawn(move || {
+            let mut round = 0u64;
+            while !stop.load(SeqCst) && round < 500 {
+                round += 1;
+                for w in (0..words).step_by(16) {
+                    r.words()[w].store((round << 32) | w as u64, Relaxed);
+                }
+                rounds.store(round, SeqCst);
+                match r.flush() {
+                    Ok(()) => {
+                        flushed.store(round, SeqCst);
+                        flushed_at.store(t0.elapsed().as_millis() as u64, SeqCst);
+                    }
+                    Err(e) => {
+                        eprintln!("flush of round {round}: {}", upager::error_chain(&e));
+                        flush_errors.fetch_add(1, SeqCst);
+                    }
+                }
+            }
+            round
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while flushed.load(SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "no flush before the kill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = *c.masters().iter().find(|&&p| p != c.base).unwrap();
+    let killed_at = Instant::now();
+    let killed_ms = t0.elapsed().as_millis() as u64;
+    let out = c.run(&["kill", &victim.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut failover = None;
+    while killed_at.elapsed() < Duration::from_secs(30) {
+        let s = c.run(&["status"]);
+        let s = String::from_utf8_lossy(&s.stdout);
+        if s.contains("cluster_state:ok")
+            && s.lines().filter(|l| l.contains(" master")).count() == 3
+        {
+            failover = Some(killed_at.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let failover = failover.expect("the cluster failed over within 30 s");
+    // Not revived: three rounds begun after the failover are flushed.
+    let round_at_ok = rounds.load(SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while flushed.load(SeqCst) < round_at_ok + 3 {
+        assert!(
+            Instant::now() < deadline,
+            "flushes did not resume within 60 s of the failover with the master left dead \
+             (flushed round {}, {} failed flushes)",
+            flushed.load(SeqCst),
+            flush_errors.load(SeqCst)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // First Ok flush after the kill: how long the writer saw no progress.
+    let mut resumed_ms = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let at = flushed_at.load(SeqCst);
+        if at > killed_ms {
+            resumed_ms = Some(at - killed_ms);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, SeqCst);
+    let last = writer.join().unwrap();
+    r.flush().unwrap();
+    let status = String::from_utf8_lossy(&c.run(&["status"]).stdout).into_owned();
+    assert!(
+        status.contains(&format!("127.0.0.1:{victim} down")),
+        "the killed master stayed down: {status}"
+    );
+    let counters = st.counters();
+    let mut verified = 0u64;
+    for w in 0..words {
+        let want = if w % 16 == 0 {
+            (last << 32) | w as u64
+        } else {
+            0
+        };
+        assert_eq!(r.words()[w].load(Relaxed), want, "word {w} in the region");
+    }
+    let mut raw = c.client();
+    for (w, v) in raw_words(&mut raw, "nr", len, CHUNK)
+        .into_iter()
+        .enumerate()
+    {
+        let want = if w % 16 == 0 {
+            (last << 32) | w as u64
+        } else {
+            0
+        };
+        assert_eq!(v, want, "word {w} in Redis");
+        verified += u64::from(w % 16 == 0);
+    }
+    eprintln!(
+        "failover without revive: master {victim} killed, cluster ok again after {failover:?}, \
+         first flush Ok {resumed_ms:?} ms after the kill; {last} rounds, {} failed flushes, \
+         {} chunk writes degraded, {verified} flushed words verified in Redis (and all {words} \
+         words in the region); {counters:?}",
+        flush_errors.load(SeqCst),
+        counters.writes_degraded
+    );
+    assert!(
+        counters.writes_degraded > 0,
+        "writes to the promoted master are counted as degraded: {counters:?}"
+    );
+    assert!(
+        counters.retries > 0,
+        "the store retried across the failover"
+    );
+    assert!(counters
+        .iter()
+        .any(|(n, v)| n == "store_writes_degraded" && v == counters.writes_degraded));
+
+    // The same shard under ?min_replicas=1: its writes are refused, with a
+    // message naming the master and the policy; flush reports it.
+    let strict = RedisOptions {
+        retry_for: Duration::from_millis(1500),
+        timeout: Duration::from_millis(300),
+        ..RedisOptions::default()
+    };
+    let url: upager_redis::StoreUrl = format!("{}?min_replicas=1", c.named("nr")).parse().unwrap();
+    let pager = Pager::new(32 * MIB).unwrap();
+    let w = upager_redis::map(&pager, &url, &MapOptions::new().writable(true), &strict).unwrap();
+    for p in 0..(len / CHUNK) as usize {
+        w.words()[p * (CHUNK / 8) as usize + 1].store(0xABCD, Relaxed);
+    }
+    let e = upager::error_chain(&w.flush().unwrap_err());
+    eprintln!("flush under min_replicas=1 with a master short of replicas: {e}");
+    assert!(e.contains("min_replicas"), "{e}");
+    assert!(e.contains("127.0.0.1:"), "{e}");
+    assert_eq!(
+        w.words()[1].load(Relaxed),
+        0xABCD,
+        "the dirty data stays in memory"
+    );
+}
+
 /// Child process: maps dataset NAME at the cluster on UPAGER_CHILD_PORT,
 /// reads folio 0, says READY, waits for a line, checks folio 0 (resident)
 /// still reads, then touches a folio never read (SIGBUS expected).

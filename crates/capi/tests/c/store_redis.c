@@ -3,7 +3,9 @@
  * name (read-write under a budget a quarter of its size: every word right,
  * writes back on the cluster after flush + unmap, seen by a second mapping),
  * upager_map_anonymous with opts.store swaps to the cluster (far memory), and
- * each misuse is a clear negative errno with a message.
+ * each misuse is a clear negative errno with a message; upager_store_list
+ * shows the dataset (complete, its size) and upager_store_delete removes it
+ * (issue 20, item 8); loading a directory writes nothing.
  *   store_redis redis-cluster://127.0.0.1:PORT */
 #include "common.h"
 #include <upager.h>
@@ -101,7 +103,44 @@ int main(int argc, char **argv) {
     check_rc(upager_map_file(pg, NULL, &mo, &r), -ENOENT, "missing dataset");
     check_rc(upager_map_fd(pg, 0, &mo, &r), -EINVAL, "fd and store");
 
+    /* list / delete (issue 20, item 8). */
+    char name[64];
+    snprintf(name, sizeof name, "c-test-%d", (int)getpid());
+    int n = upager_store_list(argv[1], NULL, 0);
+    CHECK(n >= 1, "upager_store_list returned %d: %s", n, upager_last_error());
+    struct upager_dataset *ds = calloc((size_t)n, sizeof *ds);
+    CHECK(ds != NULL, "calloc");
+    check_rc(upager_store_list(argv[1], ds, (size_t)n), n, "upager_store_list");
+    int found = 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(ds[i].name, name) == 0) {
+            found = 1;
+            CHECK(ds[i].length == LEN && ds[i].chunk == 65536 && ds[i].complete == 1,
+                  "listed %s: length %" PRIu64 " chunk %" PRIu64 " complete %d",
+                  ds[i].name, ds[i].length, ds[i].chunk, ds[i].complete);
+        }
+    CHECK(found, "%s is not listed", name);
+    free(ds);
+    check_rc(upager_store_delete(url), 0, "upager_store_delete");
+    check_rc(upager_store_delete(url), -ENOENT, "second delete");
+    CHECK(strstr(upager_last_error(), name) != NULL, "%s", upager_last_error());
+    mo.store = url;
+    mo.flags = 0;
+    check_rc(upager_map_file(pg, NULL, &mo, &r), -ENOENT, "map deleted dataset");
+    check_rc(upager_store_list("redis://x:1", NULL, 0), -EINVAL, "list bad URL");
+    /* A directory: refused, nothing written, the name stays free. */
+    check_rc(upager_store_load(dir, url, 65536), -EISDIR, "load a directory");
+    CHECK(strstr(upager_last_error(), "directory") != NULL, "%s",
+          upager_last_error());
+    n = upager_store_list(argv[1], NULL, 0);
+    ds = calloc((size_t)n + 1, sizeof *ds);
+    CHECK(ds != NULL, "calloc");
+    check_rc(upager_store_list(argv[1], ds, (size_t)n), n, "list after");
+    for (int i = 0; i < n; i++)
+        CHECK(strcmp(ds[i].name, name) != 0, "%s is still listed", name);
+    free(ds);
+
     upager_destroy(pg);
-    printf("store_redis: dataset, far memory and errors OK\n");
+    printf("store_redis: dataset, far memory, errors, list and delete OK\n");
     return 0;
 }

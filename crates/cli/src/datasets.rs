@@ -1,0 +1,84 @@
+//! `upager list URL` and `upager delete URL/NAME`: what datasets a Redis
+//! Cluster holds (complete, or incomplete uploads), and removing one
+//! (issue 20, item 8).
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use upager::format_size;
+use upager_redis::{RedisOptions, StoreUrl};
+
+/// Arguments of `upager list`.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// The cluster: redis-cluster://HOST:PORT[,HOST:PORT...] (a /NAME is
+    /// ignored).
+    pub url: StoreUrl,
+}
+
+/// Arguments of `upager delete`.
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    /// The dataset: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME. An
+    /// incomplete one (an interrupted or killed upload) is deleted too; a
+    /// running upload of it stops at its next batch.
+    pub url: StoreUrl,
+}
+
+/// Runs `upager list`.
+pub fn list(a: &ListArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let all = upager_redis::list(&a.url, &RedisOptions::default())?;
+    if all.is_empty() {
+        println!("no datasets on {}", a.url.addresses());
+        return Ok(());
+    }
+    let width = all.iter().map(|d| d.name.len()).max().unwrap_or(4).max(4);
+    println!("{:<width$}  {:>10}  {:>8}  STATE", "NAME", "SIZE", "CHUNK");
+    for d in &all {
+        let state = if d.complete {
+            "complete".to_string()
+        } else {
+            let idle = d
+                .idle_secs
+                .map_or(String::new(), |s| format!(", no progress for {s} s"));
+            format!("incomplete (an upload running, interrupted or killed{idle}: upager delete removes it)")
+        };
+        println!(
+            "{:<width$}  {:>10}  {:>8}  {state}",
+            d.name,
+            format_size(d.len),
+            format_size(d.chunk)
+        );
+    }
+    Ok(())
+}
+
+/// Runs `upager delete`.
+pub fn delete(a: &DeleteArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if a.url.name.is_none() {
+        return Err(format!(
+            "the URL names no dataset: add /NAME, e.g. {}/mydata (upager list shows the names)",
+            a.url
+        )
+        .into());
+    }
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("delete [{bar:40}] {pos}/{len} chunks eta {eta}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    let d = upager_redis::delete(&a.url, &RedisOptions::default(), &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    });
+    pb.finish_and_clear();
+    let d = d?;
+    println!(
+        "deleted {} ({}, {}, chunks of {})",
+        a.url,
+        format_size(d.len),
+        if d.complete { "complete" } else { "incomplete" },
+        format_size(d.chunk)
+    );
+    Ok(())
+}
