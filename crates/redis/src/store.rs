@@ -1371,6 +1371,18 @@ impl Store for RedisStore {
     fn len(&self) -> u64 {
         self.len
     }
+    fn describe(&self) -> String {
+        let (host, port) = self
+            .url
+            .nodes
+            .first()
+            .map_or(("?", 0), |(h, p)| (h.as_str(), *p));
+        if self.swap {
+            format!("Redis Cluster swap space at {host}:{port}")
+        } else {
+            format!("Redis Cluster dataset {} at {host}:{port}", self.name)
+        }
+    }
     fn writable(&self) -> bool {
         self.writable
     }
