@@ -332,7 +332,11 @@ impl World {
     /// UFFDIO_COPY (DONTWAKE): installs `data`, write-protected if `wp`.
     fn k_copy(&self, i: usize, data: u64, wp: bool) {
         let mut k = self.kernel.lock().unwrap();
-        check!(self, !k.pages[i].present, "UFFDIO_COPY over a present page (folio {i})");
+        check!(
+            self,
+            !k.pages[i].present,
+            "UFFDIO_COPY over a present page (folio {i})"
+        );
         k.pages[i] = Page {
             present: true,
             wp,
@@ -414,7 +418,11 @@ impl World {
         }
         let mut k = self.kernel.lock().unwrap();
         let p = k.pages[i];
-        check!(self, p.present, "write-back of folio {i}, which is not present");
+        check!(
+            self,
+            p.present,
+            "write-back of folio {i}, which is not present"
+        );
         check!(
             self,
             p.wp,
@@ -453,12 +461,25 @@ impl World {
             let p = k.pages[i];
             match new.kind() {
                 Kind::Clean => {
-                    check!(self, p.present && p.wp, "{who}: CLEAN folio {i} not write-protected: {p:?}");
-                    check!(self, !p.unsaved, "{who}: folio {i} published CLEAN with an unsaved store: {p:?}");
+                    check!(
+                        self,
+                        p.present && p.wp,
+                        "{who}: CLEAN folio {i} not write-protected: {p:?}"
+                    );
+                    check!(
+                        self,
+                        !p.unsaved,
+                        "{who}: folio {i} published CLEAN with an unsaved store: {p:?}"
+                    );
                 }
                 Kind::Dirty => check!(self, p.present, "{who}: DIRTY folio {i} not present"),
                 Kind::Never | Kind::Evicted => {
-                    check!(self, !p.present, "{who}: folio {i} released {:?} but mapped", new.kind())
+                    check!(
+                        self,
+                        !p.present,
+                        "{who}: folio {i} released {:?} but mapped",
+                        new.kind()
+                    )
                 }
                 k => self.fail(&format!("{who}: released to {k:?}")),
             }
@@ -492,7 +513,12 @@ impl World {
                     return Err(false);
                 }
                 let want = k.landed[i].unwrap_or(INITIAL);
-                check!(self, p.data == want, "load of folio {i} read {} after store {want} landed", p.data);
+                check!(
+                    self,
+                    p.data == want,
+                    "load of folio {i} read {} after store {want} landed",
+                    p.data
+                );
                 Ok(())
             }
             Op::Store(i, v) => {
@@ -532,7 +558,11 @@ impl World {
             // since the access).
             let mut k = self.kernel.lock().unwrap();
             let p = k.pages[i];
-            let still = if write { !p.present || p.wp } else { !p.present };
+            let still = if write {
+                !p.present || p.wp
+            } else {
+                !p.present
+            };
             if !still {
                 continue;
             }
@@ -904,7 +934,11 @@ fn run_model(cfg: &Cfg) {
     // (d) nothing BUSY, nobody registered as waiting.
     for i in 0..cfg.folios {
         let s = w.state(i);
-        check!(w, s.kind() != Kind::Busy && !s.has(WAITER), "folio {i} left {s:?}");
+        check!(
+            w,
+            s.kind() != Kind::Busy && !s.has(WAITER),
+            "folio {i} left {s:?}"
+        );
     }
     // (c) a final flush (retried past injected failures) leaves the last
     // landed store in the store, and the view agrees.
@@ -917,9 +951,18 @@ fn run_model(cfg: &Cfg) {
     let st = w.store.lock().unwrap();
     for i in 0..cfg.folios {
         let want = k.landed[i].unwrap_or(INITIAL);
-        check!(w, st.data[i] == want, "folio {i}: store has {} after flush, last store {want}", st.data[i]);
+        check!(
+            w,
+            st.data[i] == want,
+            "folio {i}: store has {} after flush, last store {want}",
+            st.data[i]
+        );
         let p = k.pages[i];
-        check!(w, !p.present || (p.data == want && !p.unsaved), "folio {i}: view {p:?}, last store {want}");
+        check!(
+            w,
+            !p.present || (p.data == want && !p.unsaved),
+            "folio {i}: view {p:?}, last store {want}"
+        );
         let s = w.state(i);
         check!(w, s.kind() != Kind::Dirty, "folio {i} DIRTY after a flush");
     }
@@ -953,13 +996,16 @@ fn check_model(name: &str, cfg: Cfg, n: usize) -> usize {
         let cfg = cfg.clone();
         total += Runner::new(s, quiet()).run(move || run_model(&cfg));
     }
-    eprintln!("model {name}: {total} schedules, {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "model {name}: {total} schedules, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     total
 }
 
-/// Runs `cfg` under PCT until a schedule fails: the failure's message and
-/// the schedules it took, or None.
-fn find_violation(cfg: Cfg, n: usize) -> Option<(String, usize)> {
+/// Runs `f` under PCT (depth 3) until a schedule fails, at most `n`
+/// schedules: the failure's message and the schedules it took, or None.
+fn find_failure(n: usize, f: impl Fn() + Send + Sync + 'static) -> Option<(String, usize)> {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     let t = Instant::now();
     let counter = std::sync::Arc::new(AtomicUsize::new(0));
@@ -967,13 +1013,18 @@ fn find_violation(cfg: Cfg, n: usize) -> Option<(String, usize)> {
     let res = catch_unwind(AssertUnwindSafe(move || {
         Runner::new(PctScheduler::new_from_seed(seed(), 3, n), quiet()).run(move || {
             c2.fetch_add(1, Relaxed);
-            run_model(&cfg);
+            f();
         })
     }));
     let ran = counter.load(Relaxed);
-    eprintln!("violation search: {ran} schedules, {:.1} s", t.elapsed().as_secs_f64());
     let e = res.err()?;
-    Some((panic_message(&*e), ran))
+    let msg = panic_message(&*e);
+    eprintln!(
+        "failure found after {ran} schedules, {:.1} s: {}",
+        t.elapsed().as_secs_f64(),
+        msg.lines().next().unwrap_or("")
+    );
+    Some((msg, ran))
 }
 
 /// Shuttle's configuration, without its warning that it runs every
@@ -1007,11 +1058,7 @@ fn base(mode: Mode) -> Cfg {
 #[test]
 fn state_word_claims_are_exclusive_and_keep_flags() {
     let t = Instant::now();
-    let n = Runner::new(
-        shuttle::scheduler::DfsScheduler::new(None, false),
-        quiet(),
-    )
-    .run(|| {
+    let n = Runner::new(shuttle::scheduler::DfsScheduler::new(None, false), quiet()).run(|| {
         let w = Arc::new(World::new(base(Mode::Handlers)));
         w.states[0].fetch_or(State(0).with_kind(Kind::Clean).0, sync::Ordering::AcqRel);
         let won = Arc::new(Mutex::new(0));
@@ -1037,66 +1084,69 @@ fn state_word_claims_are_exclusive_and_keep_flags() {
         let s = w.state(0);
         assert_eq!(*won.lock().unwrap(), 1, "claims that won");
         assert_eq!(s.kind(), Kind::Dirty);
-        assert!(s.has(folio::ACTIVE), "release lost a flag set while BUSY: {s:?}");
+        assert!(
+            s.has(folio::ACTIVE),
+            "release lost a flag set while BUSY: {s:?}"
+        );
     });
-    eprintln!("state word claims: {n} schedules (all), {:.1} s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "state word claims: {n} schedules (all), {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     assert!(n > 100, "DFS explored only {n} schedules");
 }
 
-/// One waiter, the BUSY owner and a second claimer, `n` PCT schedules.
-/// The waiter runs fault.rs `resolve`'s `Kind::Busy if in_thread` arm (in
-/// a signal handler, waiting as `rule` says) until the folio is not BUSY;
-/// the owner releases it CLEAN and, if `wake`, wakes the waiters its
-/// release reports; the claimer (a write-protect fault) claims it CLEAN,
-/// releases it DIRTY and wakes likewise. Returns the schedules run.
-fn waiter_model(rule: BusyWait, wake: bool, n: usize) -> usize {
-    let s = PctScheduler::new_from_seed(seed(), 3, n);
-    Runner::new(s, quiet()).run(move || {
-        let w = Arc::new(World::new(base(Mode::InThread)));
-        let claimed = folio::try_claim(&w.states[0], |s| s.kind() == Kind::Never);
-        assert!(claimed.is_some());
-        let waiter = {
-            let w = Arc::clone(&w);
-            thread::spawn(move || loop {
-                if !folio::add_waiter(&w.states[0]) {
-                    break;
-                }
-                let v = folio::load(&w.states[0]);
-                let wait = match rule {
-                    BusyWait::AnyBusy => v.kind() == Kind::Busy,
-                    BusyWait::OwnWaiter => v.kind() == Kind::Busy && v.has(WAITER),
-                };
-                if wait {
-                    w.futex_wait(0, v.0 as u32);
-                }
-            })
-        };
-        let owner = {
-            let w = Arc::clone(&w);
-            thread::spawn(move || {
-                let prev = folio::release(&w.states[0], |s| s.with_kind(Kind::Clean));
+/// One waiter, the BUSY owner and a second claimer. The waiter runs
+/// fault.rs `resolve`'s `Kind::Busy if in_thread` arm (in a signal handler,
+/// waiting as `rule` says) until the folio is not BUSY; the owner releases
+/// it CLEAN and, if `wake`, wakes the waiters its release reports; the
+/// claimer (a write-protect fault) claims it CLEAN, releases it DIRTY and
+/// wakes likewise.
+fn waiter_model(rule: BusyWait, wake: bool) {
+    let w = Arc::new(World::new(base(Mode::InThread)));
+    let claimed = folio::try_claim(&w.states[0], |s| s.kind() == Kind::Never);
+    assert!(claimed.is_some());
+    let waiter = {
+        let w = Arc::clone(&w);
+        thread::spawn(move || loop {
+            if !folio::add_waiter(&w.states[0]) {
+                break;
+            }
+            let v = folio::load(&w.states[0]);
+            let wait = match rule {
+                BusyWait::AnyBusy => v.kind() == Kind::Busy,
+                BusyWait::OwnWaiter => v.kind() == Kind::Busy && v.has(WAITER),
+            };
+            if wait {
+                w.futex_wait(0, v.0 as u32);
+            }
+        })
+    };
+    let owner = {
+        let w = Arc::clone(&w);
+        thread::spawn(move || {
+            let prev = folio::release(&w.states[0], |s| s.with_kind(Kind::Clean));
+            if wake {
+                w.wake_if_waiter(0, prev);
+            }
+        })
+    };
+    let claimer = {
+        let w = Arc::clone(&w);
+        thread::spawn(move || {
+            if folio::try_claim(&w.states[0], |s| s.kind() == Kind::Clean).is_some() {
+                let prev = folio::release(&w.states[0], |s| s.with_kind(Kind::Dirty));
                 if wake {
                     w.wake_if_waiter(0, prev);
                 }
-            })
-        };
-        let claimer = {
-            let w = Arc::clone(&w);
-            thread::spawn(move || {
-                if folio::try_claim(&w.states[0], |s| s.kind() == Kind::Clean).is_some() {
-                    let prev = folio::release(&w.states[0], |s| s.with_kind(Kind::Dirty));
-                    if wake {
-                        w.wake_if_waiter(0, prev);
-                    }
-                }
-            })
-        };
-        for t in [waiter, owner, claimer] {
-            t.join().unwrap();
-        }
-        assert!(!w.state(0).has(WAITER));
-        assert_ne!(w.state(0).kind(), Kind::Busy);
-    })
+            }
+        })
+    };
+    for t in [waiter, owner, claimer] {
+        t.join().unwrap();
+    }
+    assert!(!w.state(0).has(WAITER));
+    assert_ne!(w.state(0).kind(), Kind::Busy);
 }
 
 fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
@@ -1113,17 +1163,21 @@ fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
 #[test]
 fn state_word_waiter_is_always_woken() {
     let t = Instant::now();
-    let n = waiter_model(BusyWait::OwnWaiter, true, iters(3000) * 4);
-    eprintln!("state word waiter: {n} schedules, {:.1} s", t.elapsed().as_secs_f64());
+    let n = iters(3000) * 4;
+    let s = PctScheduler::new_from_seed(seed(), 3, n);
+    let ran = Runner::new(s, quiet()).run(|| waiter_model(BusyWait::OwnWaiter, true));
+    eprintln!(
+        "state word waiter: {ran} schedules, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// The model stays honest about (e): owners that forget the wake leave the
 /// waiter asleep in some schedule, and the checker reports the hang.
 #[test]
 fn state_word_missed_wake_is_found() {
-    let res = catch_unwind(AssertUnwindSafe(|| waiter_model(BusyWait::OwnWaiter, false, 20_000)));
-    let e = res.expect_err("the checker did not find the missed wake");
-    let msg = panic_message(&*e);
+    let found = find_failure(20_000, || waiter_model(BusyWait::OwnWaiter, false));
+    let (msg, _) = found.expect("the checker did not find the missed wake");
     assert!(msg.contains("deadlock"), "unexpected failure: {msg}");
 }
 
@@ -1133,9 +1187,8 @@ fn state_word_missed_wake_is_found() {
 /// (`BUSY_WAIT`, 20 ms) ends the sleep. The checker must find that.
 #[test]
 fn state_word_in_thread_busy_wait_misses_a_wake() {
-    let res = catch_unwind(AssertUnwindSafe(|| waiter_model(BusyWait::AnyBusy, true, 20_000)));
-    let e = res.expect_err("the checker did not find the missed wake of AnyBusy");
-    let msg = panic_message(&*e);
+    let found = find_failure(20_000, || waiter_model(BusyWait::AnyBusy, true));
+    let (msg, _) = found.expect("the checker did not find the missed wake of AnyBusy");
     assert!(msg.contains("deadlock"), "unexpected failure: {msg}");
 }
 
@@ -1229,10 +1282,7 @@ fn in_thread_two_folios_writeback_failure() {
 #[test]
 fn in_thread_copy_then_queue_loses_a_write() {
     let cfg = in_thread_writers(InThreadFill::CopyThenQueue);
-    let found = find_violation(cfg, iters(3000).max(20_000));
-    let Some((msg, ran)) = found else {
-        panic!("the checker did not find the lost write of the copy-then-queue fill");
-    };
-    eprintln!("found after {ran} schedules: {msg}");
+    let found = find_failure(iters(3000).max(20_000), move || run_model(&cfg));
+    let (msg, _) = found.expect("the checker did not find the lost write of copy-then-queue");
     assert!(msg.contains("lost write"), "unexpected failure: {msg}");
 }
