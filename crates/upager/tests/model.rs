@@ -182,6 +182,11 @@ struct Cfg {
     mode: Mode,
     fill: InThreadFill,
     busy_wait: BusyWait,
+    /// Read fills go as fault.rs `install_huge` does for a 2 MiB folio:
+    /// UFFDIO_MOVE installs it writable, then it is write-protected, then
+    /// a digest of the view against the staged data tells whether a write
+    /// landed in between (the folio is then published DIRTY).
+    huge: bool,
     folios: usize,
     /// Per application thread, its accesses in order.
     apps: Vec<Vec<Op>>,
@@ -741,13 +746,24 @@ impl World {
             return self.fill_undo(i, old);
         }
         // Write faults install writable (DIRTY), read faults protected.
-        self.k_copy(i, data, !write);
+        let mut raced = false;
+        if self.cfg.huge && !write {
+            self.k_copy(i, data, false); // UFFDIO_MOVE: writable
+            self.k_writeprotect(i, true);
+            raced = self.kernel.lock().unwrap().pages[i].data != data;
+        } else {
+            self.k_copy(i, data, !write);
+        }
         if in_signal && self.cfg.fill == InThreadFill::CopyThenQueue && !try_queue() {
             self.note(format!("fill f{i}: LRU try-lock failed after the copy"));
             self.k_dontneed(i, "in-thread fill undo");
             return self.fill_undo(i, old);
         }
-        let kind = if write { Kind::Dirty } else { Kind::Clean };
+        let kind = if write || raced {
+            Kind::Dirty
+        } else {
+            Kind::Clean
+        };
         let prev = self.publish(i, |s| s.with_kind(kind).set(QUEUED, true), "fill");
         match self.cfg.mode {
             Mode::InThread => {
@@ -1003,28 +1019,38 @@ fn check_model(name: &str, cfg: Cfg, n: usize) -> usize {
     total
 }
 
-/// Runs `f` under PCT (depth 3) until a schedule fails, at most `n`
-/// schedules: the failure's message and the schedules it took, or None.
+/// Runs `f` until a schedule fails, at most `n` schedules under PCT
+/// (depth 3), then `n` under the random scheduler: the failure's message
+/// and the schedules it took, or None.
 fn find_failure(n: usize, f: impl Fn() + Send + Sync + 'static) -> Option<(String, usize)> {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     let t = Instant::now();
     let counter = std::sync::Arc::new(AtomicUsize::new(0));
-    let c2 = std::sync::Arc::clone(&counter);
-    let res = catch_unwind(AssertUnwindSafe(move || {
-        Runner::new(PctScheduler::new_from_seed(seed(), 3, n), quiet()).run(move || {
-            c2.fetch_add(1, Relaxed);
-            f();
-        })
-    }));
-    let ran = counter.load(Relaxed);
-    let e = res.err()?;
-    let msg = panic_message(&*e);
-    eprintln!(
-        "failure found after {ran} schedules, {:.1} s: {}",
-        t.elapsed().as_secs_f64(),
-        msg.lines().next().unwrap_or("")
-    );
-    Some((msg, ran))
+    let f = std::sync::Arc::new(f);
+    let schedulers: Vec<Box<dyn Scheduler + Send>> = vec![
+        Box::new(PctScheduler::new_from_seed(seed(), 3, n)),
+        Box::new(RandomScheduler::new_from_seed(seed() ^ 1, n)),
+    ];
+    for s in schedulers {
+        let (c2, f2) = (std::sync::Arc::clone(&counter), std::sync::Arc::clone(&f));
+        let res = catch_unwind(AssertUnwindSafe(move || {
+            Runner::new(s, quiet()).run(move || {
+                c2.fetch_add(1, Relaxed);
+                f2();
+            })
+        }));
+        if let Err(e) = res {
+            let ran = counter.load(Relaxed);
+            let msg = panic_message(&*e);
+            eprintln!(
+                "failure found after {ran} schedules, {:.1} s: {}",
+                t.elapsed().as_secs_f64(),
+                msg.lines().next().unwrap_or("")
+            );
+            return Some((msg, ran));
+        }
+    }
+    None
 }
 
 /// Shuttle's configuration, without its warning that it runs every
@@ -1040,6 +1066,7 @@ fn base(mode: Mode) -> Cfg {
         mode,
         fill: InThreadFill::CopyThenQueue,
         busy_wait: BusyWait::OwnWaiter,
+        huge: false,
         folios: 1,
         apps: vec![],
         resolvers: 1,
@@ -1228,6 +1255,26 @@ fn handlers_two_folios_writeback_failure() {
     check_model("handlers_two_folios_writeback_failure", cfg, iters(3000));
 }
 
+/// Handlers mode, huge-folio read fills (installed writable by the move,
+/// then protected, a write in between caught by the digest): a reader and
+/// two writers race the fill, with an evictor and a flush.
+#[test]
+fn handlers_huge_read_fill_window() {
+    let cfg = Cfg {
+        huge: true,
+        apps: vec![
+            vec![Op::Load(0), Op::Store(0, 11)],
+            vec![Op::Store(0, 21), Op::Load(0)],
+            vec![Op::Load(0)],
+        ],
+        resolvers: 2,
+        evictions: 1,
+        flushes: 1,
+        ..base(Mode::Handlers)
+    };
+    check_model("handlers_huge_read_fill_window", cfg, iters(3000));
+}
+
 /// The in-thread configuration shared by the fill-order models: two
 /// writers of one folio, a resolver, an evictor whose isolation holds the
 /// LRU lock (so a SIGBUS handler's try-lock can fail) and a flush.
@@ -1254,6 +1301,20 @@ fn in_thread_queue_then_copy_loses_nothing() {
         in_thread_writers(InThreadFill::QueueThenCopy),
         iters(3000),
     );
+}
+
+/// Found by this model: in the full in-thread protocol too, the BUSY wait
+/// as fault.rs has it sleeps through a wake (here without the futex
+/// timeout that bounds it in the engine).
+#[test]
+fn in_thread_any_busy_wait_misses_a_wake() {
+    let cfg = Cfg {
+        busy_wait: BusyWait::AnyBusy,
+        ..in_thread_writers(InThreadFill::QueueThenCopy)
+    };
+    let found = find_failure(iters(3000).max(20_000), move || run_model(&cfg));
+    let (msg, _) = found.expect("the checker did not find the missed wake of AnyBusy");
+    assert!(msg.contains("deadlock"), "unexpected failure: {msg}");
 }
 
 /// In-thread mode, two folios and a failing write-back, fill queued first.
