@@ -187,6 +187,9 @@ struct Cfg {
     /// a digest of the view against the staged data tells whether a write
     /// landed in between (the folio is then published DIRTY).
     huge: bool,
+    /// A deliberately broken batch: write back before the protect step
+    /// (the model must catch the store that lands in between).
+    writeback_before_protect: bool,
     folios: usize,
     /// Per application thread, its accesses in order.
     apps: Vec<Vec<Op>>,
@@ -414,6 +417,16 @@ impl World {
     /// Writes the folio's page to the store (the view is read while the
     /// page is write-protected: checked).
     fn store_write(&self, i: usize) -> bool {
+        self.store_write_as(i, true)
+    }
+
+    /// `store_write` without the protection check, for the broken batch
+    /// (its loss must be caught where the data goes).
+    fn store_write_unchecked(&self, i: usize) -> bool {
+        self.store_write_as(i, false)
+    }
+
+    fn store_write_as(&self, i: usize, protected: bool) -> bool {
         let mut s = self.store.lock().unwrap();
         if s.failures_left > 0 {
             s.failures_left -= 1;
@@ -430,7 +443,7 @@ impl World {
         );
         check!(
             self,
-            p.wp,
+            p.wp || !protected,
             "write-back of folio {i} while it is writable: a store may land after it"
         );
         s.data[i] = p.data;
@@ -849,14 +862,21 @@ impl World {
     /// (eviction) drop all and release EVICTED, or (write-back) release
     /// CLEAN; a failed write-back leaves its folio DIRTY and queued.
     fn finish_batch(&self, victims: Vec<(usize, State)>, writeback: bool) -> usize {
+        let early = self.cfg.writeback_before_protect;
+        let mut ok = vec![true; victims.len()];
+        for (k, &(i, old)) in victims.iter().enumerate() {
+            if old.kind() == Kind::Dirty && early {
+                ok[k] = self.store_write_unchecked(i);
+            }
+        }
         for &(i, old) in &victims {
             if old.kind() == Kind::Dirty {
                 self.k_writeprotect(i, true);
             }
         }
         let mut kept = Vec::new();
-        for (i, old) in victims {
-            let ok = old.kind() != Kind::Dirty || self.store_write(i);
+        for (k, (i, old)) in victims.into_iter().enumerate() {
+            let ok = old.kind() != Kind::Dirty || if early { ok[k] } else { self.store_write(i) };
             if ok {
                 kept.push((i, old));
                 continue;
@@ -1067,6 +1087,7 @@ fn base(mode: Mode) -> Cfg {
         fill: InThreadFill::CopyThenQueue,
         busy_wait: BusyWait::OwnWaiter,
         huge: false,
+        writeback_before_protect: false,
         folios: 1,
         apps: vec![],
         resolvers: 1,
@@ -1273,6 +1294,29 @@ fn handlers_huge_read_fill_window() {
         ..base(Mode::Handlers)
     };
     check_model("handlers_huge_read_fill_window", cfg, iters(3000));
+}
+
+/// The model stays honest about (a) and (b): a batch that writes back
+/// before it write-protects lets a store land after the write-back, and the
+/// eviction that follows drops it; the checker must find that.
+#[test]
+fn handlers_writeback_before_protect_loses_a_write() {
+    let cfg = Cfg {
+        writeback_before_protect: true,
+        apps: vec![
+            vec![Op::Store(0, 11), Op::Store(0, 12)],
+            vec![Op::Store(0, 21)],
+        ],
+        resolvers: 1,
+        evictions: 2,
+        ..base(Mode::Handlers)
+    };
+    let found = find_failure(iters(3000).max(20_000), move || run_model(&cfg));
+    let (msg, _) = found.expect("the checker did not find the write-back-first loss");
+    assert!(
+        msg.contains("lost write") || msg.contains("unsaved"),
+        "unexpected failure: {msg}"
+    );
 }
 
 /// The in-thread configuration shared by the fill-order models: two
