@@ -190,6 +190,11 @@ struct Cfg {
     /// A deliberately broken batch: write back before the protect step
     /// (the model must catch the store that lands in between).
     writeback_before_protect: bool,
+    /// Resident folios the budget allows (0: no limit). A fill charges
+    /// one (handler or resolver: reclaiming directly while it is full,
+    /// `Shared::reserve`; a SIGBUS handler: only tries, else undoes and
+    /// hands off), an eviction returns them.
+    budget: usize,
     folios: usize,
     /// Per application thread, its accesses in order.
     apps: Vec<Vec<Op>>,
@@ -255,6 +260,8 @@ struct World {
     kcv: Condvar,
     store: Mutex<Store>,
     lru: Mutex<VecDeque<usize>>,
+    /// Resident folios charged.
+    budget: Mutex<usize>,
     futex: Mutex<Vec<u64>>,
     fcv: Condvar,
     handoff: Mutex<Handoff>,
@@ -300,6 +307,7 @@ impl World {
                 failures_left,
             }),
             lru: Mutex::new(VecDeque::new()),
+            budget: Mutex::new(0),
             futex: Mutex::new(vec![0; n]),
             fcv: Condvar::new(),
             handoff: Mutex::new(Handoff {
@@ -740,6 +748,14 @@ impl World {
 
     /// `fill` + `fill_claimed` for one folio (no readahead, no budget).
     fn fill(&self, in_signal: bool, i: usize, old: State, write: bool) -> Outcome {
+        if in_signal {
+            if !self.try_charge() {
+                self.note(format!("fill f{i}: no budget in the handler"));
+                return self.fill_undo(i, old, false);
+            }
+        } else {
+            self.reserve(i);
+        }
         let data = self.store_read(i);
         let queue = !self.state(i).has(QUEUED);
         let try_queue = || -> bool {
@@ -756,7 +772,7 @@ impl World {
         };
         if in_signal && self.cfg.fill == InThreadFill::QueueThenCopy && !try_queue() {
             self.note(format!("fill f{i}: LRU try-lock failed before the copy"));
-            return self.fill_undo(i, old);
+            return self.fill_undo(i, old, true);
         }
         // Write faults install writable (DIRTY), read faults protected.
         let mut raced = false;
@@ -770,7 +786,7 @@ impl World {
         if in_signal && self.cfg.fill == InThreadFill::CopyThenQueue && !try_queue() {
             self.note(format!("fill f{i}: LRU try-lock failed after the copy"));
             self.k_dontneed(i, "in-thread fill undo");
-            return self.fill_undo(i, old);
+            return self.fill_undo(i, old, true);
         }
         let kind = if write || raced {
             Kind::Dirty
@@ -793,10 +809,58 @@ impl World {
     }
 
     /// `fill_undo`: the folio goes back to its old state.
-    fn fill_undo(&self, i: usize, old: State) -> Outcome {
+    fn fill_undo(&self, i: usize, old: State, charged: bool) -> Outcome {
+        if charged {
+            self.uncharge(1);
+        }
         let prev = self.publish(i, |_| old, "fill_undo");
         self.wake_if_waiter(i, prev);
         Outcome::HandOff
+    }
+
+    // -- budget.rs and reclaim.rs --
+
+    fn try_charge(&self) -> bool {
+        let mut b = self.budget.lock().unwrap();
+        if self.cfg.budget > 0 && *b >= self.cfg.budget {
+            return false;
+        }
+        *b += 1;
+        true
+    }
+
+    fn uncharge(&self, n: usize) {
+        let mut b = self.budget.lock().unwrap();
+        check!(self, *b >= n, "budget returned more than charged");
+        *b -= n;
+    }
+
+    /// `Shared::reserve` + `Budget::charge`: direct reclaim while the
+    /// budget is full. The engine gives up (SIGBUS) after 5 s without
+    /// progress; here 200 rounds in which nothing could be evicted are a
+    /// failure (the model has no time, and nothing in it is slow).
+    fn reserve(&self, i: usize) {
+        if self.try_charge() {
+            return;
+        }
+        let mut idle = 0;
+        loop {
+            let progressed = self.evict_batch() > 0;
+            if self.try_charge() {
+                return;
+            }
+            if progressed {
+                idle = 0;
+            } else {
+                idle += 1;
+                check!(
+                    self,
+                    idle < 200,
+                    "fill of folio {i}: no budget and nothing to evict"
+                );
+                thread::yield_now();
+            }
+        }
     }
 
     // -- reclaim.rs and gather.rs --
@@ -906,6 +970,7 @@ impl World {
             let prev = self.publish(i, |s| s.with_kind(Kind::Evicted), "evict");
             self.wake_if_waiter(i, prev);
         }
+        self.uncharge(n);
         n
     }
 }
@@ -985,6 +1050,13 @@ fn run_model(cfg: &Cfg) {
     }
     let k = w.kernel.lock().unwrap();
     let st = w.store.lock().unwrap();
+    let resident = k.pages.iter().filter(|p| p.present).count();
+    let charged = *w.budget.lock().unwrap();
+    check!(
+        w,
+        charged == resident,
+        "budget holds {charged} folios, {resident} resident"
+    );
     for i in 0..cfg.folios {
         let want = k.landed[i].unwrap_or(INITIAL);
         check!(
@@ -1088,6 +1160,7 @@ fn base(mode: Mode) -> Cfg {
         busy_wait: BusyWait::OwnWaiter,
         huge: false,
         writeback_before_protect: false,
+        budget: 0,
         folios: 1,
         apps: vec![],
         resolvers: 1,
@@ -1317,6 +1390,44 @@ fn handlers_writeback_before_protect_loses_a_write() {
         msg.contains("lost write") || msg.contains("unsaved"),
         "unexpected failure: {msg}"
     );
+}
+
+/// Handlers mode, a budget of one folio for two, no background evictor:
+/// every fill of the second folio reclaims the first directly, while a
+/// flush holds claims (it runs them before it waits on a BUSY folio).
+#[test]
+fn handlers_direct_reclaim_budget_of_one() {
+    let cfg = Cfg {
+        folios: 2,
+        budget: 1,
+        apps: vec![
+            vec![Op::Store(0, 11), Op::Store(1, 12), Op::Load(0)],
+            vec![Op::Load(1), Op::Store(0, 21)],
+        ],
+        resolvers: 2,
+        flushes: 2,
+        ..base(Mode::Handlers)
+    };
+    check_model("handlers_direct_reclaim_budget_of_one", cfg, iters(3000));
+}
+
+/// In-thread mode, a budget of one folio for two: a SIGBUS handler finding
+/// it full undoes the fill and hands off to the resolver, which reclaims.
+#[test]
+fn in_thread_direct_reclaim_budget_of_one() {
+    let cfg = Cfg {
+        fill: InThreadFill::QueueThenCopy,
+        folios: 2,
+        budget: 1,
+        apps: vec![
+            vec![Op::Store(0, 11), Op::Store(1, 12), Op::Load(0)],
+            vec![Op::Load(1), Op::Store(0, 21)],
+        ],
+        resolvers: 1,
+        flushes: 2,
+        ..base(Mode::InThread)
+    };
+    check_model("in_thread_direct_reclaim_budget_of_one", cfg, iters(3000));
 }
 
 /// The in-thread configuration shared by the fill-order models: two
