@@ -1284,7 +1284,7 @@ fn panic_message(e: &(dyn std::any::Any + Send)) -> String {
 #[test]
 fn state_word_waiter_is_always_woken() {
     let t = Instant::now();
-    let n = iters(3000) * 4;
+    let n = iters(2000) * 4;
     let s = PctScheduler::new_from_seed(seed(), 3, n);
     let ran = Runner::new(s, quiet()).run(|| waiter_model(BusyWait::OwnWaiter, true));
     eprintln!(
@@ -1327,7 +1327,7 @@ fn handlers_faults_evict_flush() {
         flushes: 1,
         ..base(Mode::Handlers)
     };
-    check_model("handlers_faults_evict_flush", cfg, iters(3000));
+    check_model("handlers_faults_evict_flush", cfg, iters(2000));
 }
 
 /// Handlers mode, two folios, the store failing its first write-back (the
@@ -1346,7 +1346,7 @@ fn handlers_two_folios_writeback_failure() {
         write_failures: 1,
         ..base(Mode::Handlers)
     };
-    check_model("handlers_two_folios_writeback_failure", cfg, iters(3000));
+    check_model("handlers_two_folios_writeback_failure", cfg, iters(2000));
 }
 
 /// Handlers mode, huge-folio read fills (installed writable by the move,
@@ -1366,7 +1366,7 @@ fn handlers_huge_read_fill_window() {
         flushes: 1,
         ..base(Mode::Handlers)
     };
-    check_model("handlers_huge_read_fill_window", cfg, iters(3000));
+    check_model("handlers_huge_read_fill_window", cfg, iters(2000));
 }
 
 /// The model stays honest about (a) and (b): a batch that writes back
@@ -1384,7 +1384,7 @@ fn handlers_writeback_before_protect_loses_a_write() {
         evictions: 2,
         ..base(Mode::Handlers)
     };
-    let found = find_failure(iters(3000).max(20_000), move || run_model(&cfg));
+    let found = find_failure(iters(2000).max(20_000), move || run_model(&cfg));
     let (msg, _) = found.expect("the checker did not find the write-back-first loss");
     assert!(
         msg.contains("lost write") || msg.contains("unsaved"),
@@ -1408,7 +1408,7 @@ fn handlers_direct_reclaim_budget_of_one() {
         flushes: 2,
         ..base(Mode::Handlers)
     };
-    check_model("handlers_direct_reclaim_budget_of_one", cfg, iters(3000));
+    check_model("handlers_direct_reclaim_budget_of_one", cfg, iters(2000));
 }
 
 /// In-thread mode, a budget of one folio for two: a SIGBUS handler finding
@@ -1427,7 +1427,7 @@ fn in_thread_direct_reclaim_budget_of_one() {
         flushes: 2,
         ..base(Mode::InThread)
     };
-    check_model("in_thread_direct_reclaim_budget_of_one", cfg, iters(3000));
+    check_model("in_thread_direct_reclaim_budget_of_one", cfg, iters(2000));
 }
 
 /// The in-thread configuration shared by the fill-order models: two
@@ -1454,7 +1454,7 @@ fn in_thread_queue_then_copy_loses_nothing() {
     check_model(
         "in_thread_queue_then_copy",
         in_thread_writers(InThreadFill::QueueThenCopy),
-        iters(3000),
+        iters(2000),
     );
 }
 
@@ -1467,7 +1467,7 @@ fn in_thread_any_busy_wait_misses_a_wake() {
         busy_wait: BusyWait::AnyBusy,
         ..in_thread_writers(InThreadFill::QueueThenCopy)
     };
-    let found = find_failure(iters(3000).max(20_000), move || run_model(&cfg));
+    let found = find_failure(iters(2000).max(20_000), move || run_model(&cfg));
     let (msg, _) = found.expect("the checker did not find the missed wake of AnyBusy");
     assert!(msg.contains("deadlock"), "unexpected failure: {msg}");
 }
@@ -1488,7 +1488,7 @@ fn in_thread_two_folios_writeback_failure() {
         write_failures: 1,
         ..base(Mode::InThread)
     };
-    check_model("in_thread_two_folios_writeback_failure", cfg, iters(3000));
+    check_model("in_thread_two_folios_writeback_failure", cfg, iters(2000));
 }
 
 /// The model stays honest: the in-thread fill as fault.rs has it (install
@@ -1498,7 +1498,7 @@ fn in_thread_two_folios_writeback_failure() {
 #[test]
 fn in_thread_copy_then_queue_loses_a_write() {
     let cfg = in_thread_writers(InThreadFill::CopyThenQueue);
-    let found = find_failure(iters(3000).max(20_000), move || run_model(&cfg));
+    let found = find_failure(iters(2000).max(20_000), move || run_model(&cfg));
     let (msg, _) = found.expect("the checker did not find the lost write of copy-then-queue");
     assert!(msg.contains("lost write"), "unexpected failure: {msg}");
 }
