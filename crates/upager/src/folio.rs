@@ -34,7 +34,9 @@
 //! - Leaving BUSY clears WAITER; whoever sees WAITER in the value it replaced
 //!   issues `UFFDIO_WAKE` for the folio (the waiters' faults retry).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+// Through `crate::sync` (std here): tests/model.rs builds this file against
+// the model checker's atomics and scheduling points.
+use crate::sync::{sleep, yield_now, AtomicU64, Ordering};
 
 /// What a folio is doing, from its state word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -197,9 +199,9 @@ pub(crate) fn claim_when_idle(
         }
         spins += 1;
         if spins < 64 {
-            std::thread::yield_now();
+            yield_now();
         } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
+            sleep(std::time::Duration::from_micros(50));
         }
     }
 }

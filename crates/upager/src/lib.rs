@@ -68,6 +68,7 @@ mod region;
 mod shared;
 mod stats;
 mod store;
+mod sync;
 mod table;
 mod thp;
 mod trace;
