@@ -391,6 +391,15 @@ impl Shared {
                     if folio::add_waiter(w) {
                         self.counters.faults_deferred.inc();
                         let v = folio::load(w);
+                        if v.kind() == Kind::Busy && !v.has(folio::WAITER) {
+                            // The BUSY period we registered in ended and a
+                            // new one began (a wp fault, an eviction) that
+                            // knows of no waiter: its owner would wake
+                            // nobody. Register again. (Found by the shuttle
+                            // model, tests/model.rs: a 20 ms stall per
+                            // occurrence, the BUSY_WAIT timeout.)
+                            continue;
+                        }
                         if v.kind() == Kind::Busy {
                             futex::wait_low(w, v.0 as u32, Some(BUSY_WAIT));
                         }
