@@ -4,8 +4,10 @@
 #                                 never the system unless you say so)
 #   make test-c                   install into a scratch prefix, build the C tests
 #                                 against it with gcc, run them
-#   make python                   pip install the Python package (maturin) with
-#                                 numpy and pytest
+#   make python                   build the Python package's wheel (maturin, into
+#                                 $(CARGO_TARGET_DIR)/wheels) and pip install it,
+#                                 with its test tools, into whichever python3 is
+#                                 first on PATH (PYTHON=... for another)
 #   make test-python              run its pytest suite
 #
 # Cargo builds go to $(CARGO_TARGET_DIR) (default ./target).
@@ -50,9 +52,14 @@ test-c:
 	$(MAKE) --no-print-directory install-c PREFIX="$(TEST_PREFIX)"
 	sh crates/capi/tests/run.sh "$(TEST_PREFIX)"
 
+WHEEL_DIR := $(CARGO_TARGET_DIR)/wheels
+
+# The wheel is kept: python/tests/test_packaging.py checks its contents.
 python:
 	$(PYTHON) -m pip install -r python/requirements-dev.txt
-	$(PYTHON) -m pip install ./python
+	rm -f "$(WHEEL_DIR)"/upager-*.whl
+	$(PYTHON) -m pip wheel --no-deps -w "$(WHEEL_DIR)" ./python
+	$(PYTHON) -m pip install --force-reinstall --no-deps "$(WHEEL_DIR)"/upager-*.whl
 
 test-python:
 	$(PYTHON) -m pytest -q python/tests
