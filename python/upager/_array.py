@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 import os
 import pathlib
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Union, cast
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -46,7 +46,7 @@ class _Mapping:
         self.closed = False
 
 
-class PagedArray(np.ndarray):  # type: ignore[type-arg]
+class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
     """A numpy array whose memory is a upager region: ``numpy.memmap`` with
     a hard memory budget.
 
@@ -340,7 +340,7 @@ def _shape(shape: Any) -> Optional[Tuple[int, ...]]:
     return dims
 
 
-def _nbytes(dims: Tuple[int, ...], dtype: np.dtype) -> int:  # type: ignore[type-arg]
+def _nbytes(dims: Tuple[int, ...], dtype: np.dtype) -> int:  # type: ignore[type-arg,unused-ignore]
     n = 1
     for d in dims:
         n *= d
@@ -419,8 +419,8 @@ def _open(path: Optional[str], dtype: DTypeLike, shape: Any, mode: Any, offset: 
         pager.close()  # the region keeps the pager's threads alive
     count = _nbytes(dims, dt) // dt.itemsize
     delta = offset % region.folio
-    flat = np.frombuffer(region, dtype=dt, count=count, offset=delta)
-    arr = flat.reshape(dims, order=order).view(PagedArray)
+    flat = np.frombuffer(memoryview(region), dtype=dt, count=count, offset=delta)
+    arr = cast(PagedArray, flat.reshape(dims, order=order).view(PagedArray))
     arr._mapping = _Mapping(region)
     arr.filename = name
     arr.offset = offset
@@ -428,7 +428,7 @@ def _open(path: Optional[str], dtype: DTypeLike, shape: Any, mode: Any, offset: 
     return arr
 
 
-def _size_from_file(size: int, dt: np.dtype, offset: int, what: str) -> Tuple[int, ...]:  # type: ignore[type-arg]
+def _size_from_file(size: int, dt: np.dtype, offset: int, what: str) -> Tuple[int, ...]:  # type: ignore[type-arg,unused-ignore]
     """The 1-D shape of the rest of `what` (`size` bytes) after `offset`."""
     if offset > size:
         raise ValueError(f"offset {offset} is beyond the end of {what} ({size} bytes)")
@@ -442,14 +442,14 @@ def _size_from_file(size: int, dt: np.dtype, offset: int, what: str) -> Tuple[in
     return (rest // dt.itemsize,)
 
 
-def _check_nonempty(dims: Tuple[int, ...], dt: np.dtype) -> int:  # type: ignore[type-arg]
+def _check_nonempty(dims: Tuple[int, ...], dt: np.dtype) -> int:  # type: ignore[type-arg,unused-ignore]
     nbytes = _nbytes(dims, dt)
     if nbytes == 0:
         raise ValueError("the array would be empty: give a shape with at least one element")
     return nbytes
 
 
-def _map_file(pager: Pager, path: str, dt: np.dtype, dims: Optional[Tuple[int, ...]],  # type: ignore[type-arg]
+def _map_file(pager: Pager, path: str, dt: np.dtype, dims: Optional[Tuple[int, ...]],  # type: ignore[type-arg,unused-ignore]
               mode: str, offset: int) -> Tuple[Region, Tuple[int, ...]]:
     if mode == "w+":
         assert dims is not None
@@ -465,11 +465,12 @@ def _map_file(pager: Pager, path: str, dt: np.dtype, dims: Optional[Tuple[int, .
             with open(path, "r+b") as f:
                 f.truncate(offset + nbytes)
     start = offset - offset % pager.folio  # regions start at a folio boundary
-    region = pager.map_file(path, mode=mode, offset=start, length=offset - start + nbytes)
+    region = pager.map_file(path, mode=cast(Literal["r", "r+", "c"], mode), offset=start,
+                            length=offset - start + nbytes)
     return region, dims
 
 
-def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, ...]],  # type: ignore[type-arg]
+def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, ...]],  # type: ignore[type-arg,unused-ignore]
                mode: str, offset: int) -> Tuple[Region, Tuple[int, ...]]:
     if mode == "c":
         raise ValueError('mode "c" (copy-on-write) is for files; map a dataset with '
@@ -478,7 +479,8 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
         assert dims is not None
         create_dataset(url, offset + _nbytes(dims, dt), chunk=pager.folio)
         mode = "r+"
-    whole = pager.map_store(url, mode=mode)
+    smode = cast(Literal["r", "r+"], mode)
+    whole = pager.map_store(url, mode=smode)
     size = whole.size
     whole.close()
     if dims is None:
@@ -487,5 +489,5 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
         raise ValueError(f"offset {offset} is beyond the end of {url} ({size} bytes)")
     nbytes = _check_nonempty(dims, dt)
     start = offset - offset % pager.folio
-    region = pager.map_store(url, mode=mode, offset=start, length=offset - start + nbytes)
+    region = pager.map_store(url, mode=smode, offset=start, length=offset - start + nbytes)
     return region, dims

@@ -26,7 +26,7 @@ MAX_HEADER_SIZE = 10000
 
 
 def read_header(path: Any, max_header_size: int = MAX_HEADER_SIZE
-                ) -> Tuple[Tuple[int, ...], bool, np.dtype, int]:  # type: ignore[type-arg]
+                ) -> Tuple[Tuple[int, ...], bool, np.dtype, int]:  # type: ignore[type-arg,unused-ignore]
     """(shape, fortran_order, dtype, data offset) of an .npy file, read with
     ``numpy.lib.format``. ValueError for what is no .npy file, holds Python
     objects (which cannot be mapped) or has a header longer than
@@ -155,7 +155,7 @@ def open_npy(filename: Any, mode: str = "r+", dtype: Optional[DTypeLike] = None,
     return arr
 
 
-def _map(name: str, dtype: np.dtype, mode: str, offset: int, shape: Tuple[int, ...],  # type: ignore[type-arg]
+def _map(name: str, dtype: np.dtype, mode: str, offset: int, shape: Tuple[int, ...],  # type: ignore[type-arg,unused-ignore]
          fortran_order: bool, budget: Any, folio: Any, fault_mode: Any,
          pager_options: Any) -> PagedArray:
     if int(np.prod(shape, dtype=np.int64)) == 0:

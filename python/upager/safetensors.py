@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, cast
 
 import numpy as np
 
@@ -64,7 +64,7 @@ _ITEMSIZE = {**{k: np.dtype(v).itemsize for k, v in DTYPES.items()},
 MAX_HEADER = 100_000_000
 
 
-class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg]
+class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg,unused-ignore]
     """An open safetensors file: a read-only mapping from tensor names to
     numpy arrays that are views into one upager region of the file. See
     :func:`open`."""
@@ -86,7 +86,7 @@ class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg]
 
     # -- the Mapping ------------------------------------------------------
 
-    def __getitem__(self, name: str) -> np.ndarray:  # type: ignore[type-arg]
+    def __getitem__(self, name: str) -> np.ndarray:  # type: ignore[type-arg,unused-ignore]
         return self.get_tensor(name)
 
     def __iter__(self) -> Iterator[str]:
@@ -109,7 +109,7 @@ class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg]
         """The header's ``__metadata__`` (str to str), or None."""
         return None if self._metadata is None else dict(self._metadata)
 
-    def get_tensor(self, name: str) -> np.ndarray:  # type: ignore[type-arg]
+    def get_tensor(self, name: str) -> np.ndarray:  # type: ignore[type-arg,unused-ignore]
         """Tensor `name` as a numpy array viewing the file's bytes (a
         PagedArray; read-only unless the file was opened with mode "r+" or
         "c"). Nothing is read until it is used."""
@@ -120,15 +120,17 @@ class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg]
         kind, shape, begin, end = entry
         dtype = _numpy_dtype(kind, name)
         start = self._data_start + begin
-        return self._raw[start:self._data_start + end].view(dtype).reshape(shape)
+        raw = self._raw[start:self._data_start + end]
+        return cast(np.ndarray, raw.view(dtype).reshape(shape))  # type: ignore[type-arg,unused-ignore]
 
-    def raw(self, name: str) -> np.ndarray:  # type: ignore[type-arg]
+    def raw(self, name: str) -> np.ndarray:  # type: ignore[type-arg,unused-ignore]
         """Tensor `name`'s bytes (uint8 view), whatever its dtype: for the
         dtypes numpy has no type for (BF16 and F8 without ml_dtypes)."""
         if name not in self._entries:
             raise KeyError(f"no tensor {name!r} in {self.filename}")
         _, _, begin, end = self._entries[name]
-        return self._raw[self._data_start + begin:self._data_start + end]
+        return cast(np.ndarray,  # type: ignore[type-arg,unused-ignore]
+                    self._raw[self._data_start + begin:self._data_start + end])
 
     def dtype_name(self, name: str) -> str:
         """Tensor `name`'s dtype as the format names it ("F32", "BF16"...)."""
@@ -253,7 +255,7 @@ def _check_entries(name: str, header: Dict[str, Any], data_len: int) -> Dict[str
     return ordered
 
 
-def _numpy_dtype(kind: str, name: str) -> np.dtype:  # type: ignore[type-arg]
+def _numpy_dtype(kind: str, name: str) -> np.dtype:  # type: ignore[type-arg,unused-ignore]
     if kind in DTYPES:
         return np.dtype(DTYPES[kind])
     try:
@@ -262,4 +264,5 @@ def _numpy_dtype(kind: str, name: str) -> np.dtype:  # type: ignore[type-arg]
         raise TypeError(
             f"tensor {name!r} is {kind}, which numpy has no type for: install ml_dtypes "
             f"(pip install ml-dtypes), or read its bytes with .raw({name!r})") from None
-    return np.dtype(getattr(ml_dtypes, _ML_DTYPES[kind]))
+    return cast(np.dtype,  # type: ignore[type-arg,unused-ignore]
+                np.dtype(getattr(ml_dtypes, _ML_DTYPES[kind])))
