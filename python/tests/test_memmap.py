@@ -188,3 +188,19 @@ def test_tofile_works_in_each_fault_mode(data64, scratch):
         assert np.array_equal(got[: 2 * MIB], words[: 2 * MIB])
         assert np.array_equal(got[2 * MIB:], words[::3][:1000])
         del a
+
+
+def test_the_migration_page_example_runs(scratch):
+    """docs/numpy.md's first Python block, run as it is (in a scratch
+    directory, as a user would paste it)."""
+    import re
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(repo, "docs", "numpy.md")) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    example = next(b for b in blocks if "import upager" in b)
+    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", example], cwd=scratch,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
