@@ -9,6 +9,8 @@
 #                                 with its test tools, into whichever python3 is
 #                                 first on PATH (PYTHON=... for another)
 #   make test-python              run its pytest suite
+#   make wheels                   manylinux wheels (glibc >= 2.28) for each CPython
+#                                 3.9-3.13 found, into $(CARGO_TARGET_DIR)/wheels/dist
 #
 # Cargo builds go to $(CARGO_TARGET_DIR) (default ./target).
 
@@ -22,10 +24,13 @@ ABS_PREFIX := $(abspath $(PREFIX))
 VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 REL        := $(CARGO_TARGET_DIR)/release
 # From `rustc --print native-static-libs` for a std staticlib on Linux.
-STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+# Without its -lgcc_s: the compiler driver adds the unwinder itself (libgcc_s,
+# or libgcc_eh with -static, where -lgcc_s cannot link: there is no static
+# libgcc_s).
+STATIC_LIBS := -lutil -lrt -lpthread -lm -ldl -lc
 TEST_PREFIX ?= $(CARGO_TARGET_DIR)/c-test-prefix
 
-.PHONY: all install-c test-c python test-python
+.PHONY: all install-c test-c python test-python wheels
 
 all: install-c
 
@@ -63,3 +68,7 @@ python:
 
 test-python:
 	$(PYTHON) -m pytest -q python/tests
+
+wheels:
+	$(PYTHON) -m pip install -r python/requirements-dev.txt
+	bash scripts/build-wheels.sh

@@ -114,3 +114,7 @@ def test_store_misuse_is_a_clear_error(cluster, scratch):
             p.anonymous("1MiB", store="redis-cluster://127.0.0.1:1")
     assert e.value.errno == errno.ECONNREFUSED
     upager.delete_dataset(url)
+    with pytest.raises(FileNotFoundError, match="nothing to delete"):
+        upager.delete_dataset(url)  # deleted already
+    with pytest.raises(ValueError, match="copy-on-write"):
+        upager.memmap(None, np.uint8, "c", store=url)

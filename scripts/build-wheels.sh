@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the Python package's wheels for other Linux machines: one per
+# CPython 3.9-3.13 found (python3.X on PATH, or under ~/.pyenv/versions),
+# tagged manylinux_2_28 (glibc 2.28 or later: Debian 10+, Ubuntu 18.10+,
+# RHEL 8+, ...). maturin checks the library against that policy (the
+# auditwheel rules: glibc symbol versions, allowed shared libraries) and
+# refuses to tag a wheel that breaks it. Stripped, with both license files
+# and the README (python/pyproject.toml). Output: $CARGO_TARGET_DIR/wheels/dist
+# (default ./target/wheels/dist).
+#
+#   bash scripts/build-wheels.sh            # or: make wheels
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${CARGO_TARGET_DIR:-$PWD/target}/wheels/dist"
+interpreters=()
+for v in 3.9 3.10 3.11 3.12 3.13; do
+    p=$(command -v "python$v" || true)
+    if [ -z "$p" ]; then
+        p=$(ls -d "$HOME"/.pyenv/versions/"$v".*/bin/python"$v" 2>/dev/null | sort -V | tail -n1 || true)
+    fi
+    if [ -n "$p" ]; then interpreters+=("$p"); else echo "build-wheels: no python$v here, skipped"; fi
+done
+if [ ${#interpreters[@]} -eq 0 ]; then
+    echo "build-wheels: no CPython 3.9-3.13 found" >&2; exit 1
+fi
+mkdir -p "$out"
+rm -f "$out"/upager-*.whl
+python3 -m maturin build --release -m python/Cargo.toml --compatibility manylinux_2_28 \
+    -o "$out" -i "${interpreters[@]}"
+ls -l "$out"
