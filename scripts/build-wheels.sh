@@ -14,10 +14,13 @@ cd "$(dirname "$0")/.."
 out="${CARGO_TARGET_DIR:-$PWD/target}/wheels/dist"
 interpreters=()
 for v in 3.9 3.10 3.11 3.12 3.13; do
-    p=$(command -v "python$v" || true)
-    if [ -z "$p" ]; then
-        p=$(ls -d "$HOME"/.pyenv/versions/"$v".*/bin/python"$v" 2>/dev/null | sort -V | tail -n1 || true)
-    fi
+    p=""
+    # A pyenv shim on PATH may not run (its version not selected): try each
+    # candidate.
+    for c in $(command -v "python$v" || true) \
+             $(ls -d "$HOME"/.pyenv/versions/"$v".*/bin/python"$v" 2>/dev/null | sort -V -r); do
+        if "$c" -c 'import sys' 2>/dev/null; then p=$c; break; fi
+    done
     if [ -n "$p" ]; then interpreters+=("$p"); else echo "build-wheels: no python$v here, skipped"; fi
 done
 if [ ${#interpreters[@]} -eq 0 ]; then
