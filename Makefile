@@ -9,7 +9,7 @@
 #                                 with its test tools, into whichever python3 is
 #                                 first on PATH (PYTHON=... for another)
 #   make test-python              run its pytest suite
-#   make wheels                   manylinux wheels (glibc >= 2.28) for each CPython
+#   make wheels                   manylinux wheels (glibc >= 2.34) for each CPython
 #                                 3.9-3.13 found, into $(CARGO_TARGET_DIR)/wheels/dist
 #
 # Cargo builds go to $(CARGO_TARGET_DIR) (default ./target).

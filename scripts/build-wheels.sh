@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the Python package's wheels for other Linux machines: one per
 # CPython 3.9-3.13 found (python3.X on PATH, or under ~/.pyenv/versions),
-# tagged manylinux_2_28 (glibc 2.28 or later: Debian 10+, Ubuntu 18.10+,
-# RHEL 8+, ...). maturin checks the library against that policy (the
-# auditwheel rules: glibc symbol versions, allowed shared libraries) and
-# refuses to tag a wheel that breaks it. Stripped, with both license files
+# tagged manylinux_2_34 (glibc 2.34 or later: Debian 12+, Ubuntu 22.04+,
+# RHEL 9+, ...; the library uses glibc 2.30-2.34 symbols). maturin checks
+# the library against that policy (the auditwheel rules: glibc symbol
+# versions, allowed shared libraries) and refuses to tag a wheel that
+# breaks it. Stripped, with both license files
 # and the README (python/pyproject.toml). Output: $CARGO_TARGET_DIR/wheels/dist
 # (default ./target/wheels/dist).
 #
@@ -28,6 +29,6 @@ if [ ${#interpreters[@]} -eq 0 ]; then
 fi
 mkdir -p "$out"
 rm -f "$out"/upager-*.whl
-python3 -m maturin build --release -m python/Cargo.toml --compatibility manylinux_2_28 \
+python3 -m maturin build --release -m python/Cargo.toml --compatibility manylinux_2_34 \
     -o "$out" -i "${interpreters[@]}"
 ls -l "$out"
