@@ -143,7 +143,9 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         else:  # numpy 1.x: no return_scalar
             arr = super().__array_wrap__(arr, context)
         if isinstance(arr, PagedArray) and arr._mapping is None:
-            if return_scalar:
+            # numpy 2 says when a scalar is wanted; numpy 1.x hands 0-d
+            # results of reductions over here (numpy.memmap's rule).
+            if return_scalar or (not _NUMPY2 and arr.shape == ()):
                 return arr[()]
             return arr.view(np.ndarray)
         return arr
