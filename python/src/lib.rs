@@ -1,7 +1,10 @@
 //! `upager._upager`: the Python face of upager (pyo3).
 //!
-//! Classes `Pager` and `Region`; the pure-Python part of the package
-//! (`upager/__init__.py`) adds `open_array` and `PagedArray`.
+//! Classes `Pager`, `Region` and `Pin`, and the store functions; the
+//! pure-Python part of the package adds `memmap` / `PagedArray` and
+//! `open_array` (`upager/_array.py`), .npy files (`npy.py`) and safetensors
+//! files (`safetensors.py`). `cow.rs`: the store of copy-on-write regions
+//! (mode "c"). Stubs: `upager/_upager.pyi` (keep it in step).
 //!
 //! - Regions export their memory through the buffer protocol, so
 //!   `numpy.frombuffer(region, dtype)` and `memoryview(region)` are
