@@ -4,9 +4,13 @@
 #                                 never the system unless you say so)
 #   make test-c                   install into a scratch prefix, build the C tests
 #                                 against it with gcc, run them
-#   make python                   pip install the Python package (maturin) with
-#                                 numpy and pytest
+#   make python                   build the Python package's wheel (maturin, into
+#                                 $(CARGO_TARGET_DIR)/wheels) and pip install it,
+#                                 with its test tools, into whichever python3 is
+#                                 first on PATH (PYTHON=... for another)
 #   make test-python              run its pytest suite
+#   make wheels                   manylinux wheels (glibc >= 2.34) for each CPython
+#                                 3.9-3.13 found, into $(CARGO_TARGET_DIR)/wheels/dist
 #
 # Cargo builds go to $(CARGO_TARGET_DIR) (default ./target).
 
@@ -20,10 +24,13 @@ ABS_PREFIX := $(abspath $(PREFIX))
 VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 REL        := $(CARGO_TARGET_DIR)/release
 # From `rustc --print native-static-libs` for a std staticlib on Linux.
-STATIC_LIBS := -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+# Without its -lgcc_s: the compiler driver adds the unwinder itself (libgcc_s,
+# or libgcc_eh with -static, where -lgcc_s cannot link: there is no static
+# libgcc_s).
+STATIC_LIBS := -lutil -lrt -lpthread -lm -ldl -lc
 TEST_PREFIX ?= $(CARGO_TARGET_DIR)/c-test-prefix
 
-.PHONY: all install-c test-c python test-python
+.PHONY: all install-c test-c python test-python wheels
 
 all: install-c
 
@@ -50,9 +57,18 @@ test-c:
 	$(MAKE) --no-print-directory install-c PREFIX="$(TEST_PREFIX)"
 	sh crates/capi/tests/run.sh "$(TEST_PREFIX)"
 
+WHEEL_DIR := $(CARGO_TARGET_DIR)/wheels
+
+# The wheel is kept: python/tests/test_packaging.py checks its contents.
 python:
 	$(PYTHON) -m pip install -r python/requirements-dev.txt
-	$(PYTHON) -m pip install ./python
+	rm -f "$(WHEEL_DIR)"/upager-*.whl
+	$(PYTHON) -m pip wheel --no-deps -w "$(WHEEL_DIR)" ./python
+	$(PYTHON) -m pip install --force-reinstall --no-deps "$(WHEEL_DIR)"/upager-*.whl
 
 test-python:
 	$(PYTHON) -m pytest -q python/tests
+
+wheels:
+	$(PYTHON) -m pip install -r python/requirements-dev.txt
+	bash scripts/build-wheels.sh

@@ -1,7 +1,10 @@
 //! `upager._upager`: the Python face of upager (pyo3).
 //!
-//! Classes `Pager` and `Region`; the pure-Python part of the package
-//! (`upager/__init__.py`) adds `open_array` and `PagedArray`.
+//! Classes `Pager`, `Region` and `Pin`, and the store functions; the
+//! pure-Python part of the package adds `memmap` / `PagedArray` and
+//! `open_array` (`upager/_array.py`), .npy files (`npy.py`) and safetensors
+//! files (`safetensors.py`). `cow.rs`: the store of copy-on-write regions
+//! (mode "c"). Stubs: `upager/_upager.pyi` (keep it in step).
 //!
 //! - Regions export their memory through the buffer protocol, so
 //!   `numpy.frombuffer(region, dtype)` and `memoryview(region)` are
@@ -23,6 +26,8 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+mod cow;
 
 use pyo3::exceptions::{PyBufferError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -56,6 +61,19 @@ fn engine_err(e: impl upager::ErrorCode) -> PyErr {
 // Arguments
 // ---------------------------------------------------------------------------
 
+/// A size given as an int (bytes) or a string like "64KiB", "8M", "1.5G",
+/// at least `min` bytes.
+fn size_arg_min(v: &Bound<'_, PyAny>, what: &str, min: u64) -> PyResult<u64> {
+    let n = size_arg(v, what)?;
+    if n < min {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be at least {min} byte{}, got {n}",
+            if min == 1 { "" } else { "s" }
+        )));
+    }
+    Ok(n)
+}
+
 /// A size given as an int (bytes) or a string like "64KiB", "8M", "1.5G".
 fn size_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if v.is_instance_of::<pyo3::types::PyBool>() {
@@ -70,7 +88,7 @@ fn size_arg(v: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     match v.extract::<i128>() {
         Ok(n) if n >= 0 && n <= i128::from(u64::MAX) => Ok(n as u64),
         Ok(n) => Err(PyValueError::new_err(format!(
-            "{what} must be at least 0, got {n}"
+            "{what} is a number of bytes and cannot be negative, got {n}"
         ))),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{what} must be an int or a size string like \"64KiB\", got {}",
@@ -159,6 +177,9 @@ struct PyPager {
     budget: u64,
     /// The pager's fault mode, kept for after close().
     mode: FaultMode,
+    /// Where copy-on-write regions keep their private writes.
+    swap_dir: std::path::PathBuf,
+    direct_io: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,7 +208,7 @@ impl PyPager {
     ) -> PyResult<MapOptions> {
         let mut opts = self
             .opts(folio)?
-            .writable(mode_writable(mode)?)
+            .writable(mode_writable(mode)? != Access::ReadOnly)
             .offset(offset);
         if let Some(l) = opt_size(length, "length")? {
             opts = opts.len(l);
@@ -222,6 +243,11 @@ impl PyPager {
                 "folio size {folio} is not a power of two between 4 KiB and 2 MiB"
             )));
         }
+        if budget < folio {
+            return Err(PyValueError::new_err(format!(
+                "budget {budget} bytes is smaller than one folio ({folio} bytes): give a budget of at least {folio} bytes (in practice a few MiB or more: a budget holds several eviction batches), or a smaller folio"
+            )));
+        }
         let mut b = Pager::builder()
             .budget(budget)
             .direct_io(direct_io)
@@ -235,7 +261,13 @@ impl PyPager {
         if let Some(r) = opt_size(readahead, "readahead")? {
             b = b.readahead(r);
         }
-        if let Some(d) = swap_dir {
+        if let Some(d) = &swap_dir {
+            if !d.is_dir() {
+                return Err(PyValueError::new_err(format!(
+                    "swap_dir {} is not a directory: give an existing directory (anonymous and copy-on-write regions keep their private swap files there)",
+                    d.display()
+                )));
+            }
             b = b.swap_dir(d);
         }
         if let Some(l) = opt_size(dirty_limit, "dirty_limit")? {
@@ -258,13 +290,17 @@ impl PyPager {
             pager: Mutex::new(Some(Arc::new(pager))),
             folio,
             budget,
+            swap_dir: swap_dir.unwrap_or_else(std::env::temp_dir),
+            direct_io,
         })
     }
 
-    /// Maps a file: mode "r" (read-only, the default) or "r+" (read-write;
-    /// writes reach the file on eviction, flush() and close()). `offset`
-    /// must be a multiple of the folio size; `length` defaults to the rest
-    /// of the file.
+    /// Maps a file: mode "r" (read-only, the default), "r+" (read-write;
+    /// writes reach the file on eviction, flush() and close()) or "c"
+    /// (copy-on-write: writable, but writes never reach the file; evicted
+    /// changes go to a private swap file in the pager's `swap_dir` and are
+    /// gone when the region is closed). `offset` must be a multiple of the
+    /// folio size; `length` defaults to the rest of the file.
     #[pyo3(signature = (path, mode="r", offset=0, length=None, *, folio=None))]
     fn map_file(
         &self,
@@ -277,9 +313,19 @@ impl PyPager {
     ) -> PyResult<PyRegion> {
         let opts = self.range_opts(mode, offset, length, folio)?;
         let pager = self.get()?;
-        let region = py
-            .allow_threads(move || pager.map_file(&path, &opts))
-            .map_err(engine_err)?;
+        let region = if mode_writable(mode)? == Access::CopyOnWrite {
+            let (dir, direct) = (self.swap_dir.clone(), self.direct_io);
+            py.allow_threads(move || {
+                let store = cow::CopyOnWrite::open(&path, &dir, direct).map_err(|e| {
+                    let errno = e.raw_os_error().unwrap_or(upager::errno::EIO);
+                    os_error(errno, format!("{}: {e}", path.display()))
+                })?;
+                pager.map_store(Arc::new(store), &opts).map_err(engine_err)
+            })?
+        } else {
+            py.allow_threads(move || pager.map_file(&path, &opts))
+                .map_err(engine_err)?
+        };
         Ok(PyRegion::new(
             region,
             format!("file, mode {mode:?}"),
@@ -304,6 +350,11 @@ impl PyPager {
         folio: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRegion> {
         let url: StoreUrl = url.parse().map_err(engine_err)?;
+        if mode_writable(mode)? == Access::CopyOnWrite {
+            return Err(PyValueError::new_err(
+                "mode \"c\" (copy-on-write) is for files; map a dataset with mode \"r\" or \"r+\"",
+            ));
+        }
         let opts = self.range_opts(mode, offset, length, folio)?;
         let pager = self.get()?;
         let kind = format!("store {url}, mode {mode:?}");
@@ -325,7 +376,7 @@ impl PyPager {
         folio: Option<&Bound<'_, PyAny>>,
         store: Option<&str>,
     ) -> PyResult<PyRegion> {
-        let size = size_arg(size, "size")?;
+        let size = size_arg_min(size, "size", 1)?;
         let opts = self.opts(folio)?;
         let pager = self.get()?;
         let url: Option<StoreUrl> = store.map(str::parse).transpose().map_err(engine_err)?;
@@ -404,12 +455,6 @@ impl PyPager {
 // Region
 // ---------------------------------------------------------------------------
 
-/// A mapped region: `len(region)` bytes that fault in on first touch.
-///
-/// Supports the buffer protocol (`numpy.frombuffer(region, dtype)`,
-/// `memoryview(region)`), writable for "r+" and anonymous regions.
-/// close() refuses with BufferError while arrays or memoryviews over the
-/// region exist; delete them (or let them go) first.
 /// A pinned range of a region (`Region.pin`): unpinned by `unpin()` or at
 /// the end of a `with` block.
 #[pyclass(module = "upager", name = "Pin", frozen)]
@@ -446,6 +491,12 @@ impl PyPin {
     }
 }
 
+/// A mapped region: `len(region)` bytes that fault in on first touch.
+///
+/// Supports the buffer protocol (`numpy.frombuffer(region, dtype)`,
+/// `memoryview(region)`), writable for "r+", "c" and anonymous regions.
+/// close() refuses with BufferError while arrays or memoryviews over the
+/// region exist; delete them (or let them go) first.
 #[pyclass(module = "upager", name = "Region", frozen)]
 struct PyRegion {
     region: Mutex<Option<Arc<Region>>>,
@@ -521,7 +572,7 @@ impl PyRegion {
         self.folio
     }
 
-    /// True for "r+" and anonymous regions.
+    /// True for "r+", "c" and anonymous regions.
     #[getter]
     fn writable(&self) -> bool {
         self.writable
@@ -798,13 +849,25 @@ impl PyRegion {
     }
 }
 
-/// Whether a map mode asks for writes: "r" no, "r+" yes.
-fn mode_writable(mode: &str) -> PyResult<bool> {
+/// What a map mode asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// "r"
+    ReadOnly,
+    /// "r+": writes reach the file or dataset.
+    ReadWrite,
+    /// "c": writable, writes kept privately (files only).
+    CopyOnWrite,
+}
+
+/// The access a map mode asks for: "r", "r+" or "c".
+fn mode_writable(mode: &str) -> PyResult<Access> {
     match mode {
-        "r" => Ok(false),
-        "r+" => Ok(true),
+        "r" => Ok(Access::ReadOnly),
+        "r+" => Ok(Access::ReadWrite),
+        "c" => Ok(Access::CopyOnWrite),
         m => Err(PyValueError::new_err(format!(
-            "mode must be \"r\" (read-only) or \"r+\" (read-write), got {m:?}"
+            "mode must be \"r\" (read-only), \"r+\" (read-write) or \"c\" (copy-on-write), got {m:?}"
         ))),
     }
 }
@@ -816,7 +879,7 @@ fn mode_writable(mode: &str) -> PyResult<bool> {
 /// if given. Returns the bytes uploaded.
 #[pyfunction]
 #[pyo3(signature = (path, url, *, chunk=None, replicas=1, progress=None))]
-fn load(
+fn upload_dataset(
     py: Python<'_>,
     path: std::path::PathBuf,
     url: &str,
@@ -908,7 +971,7 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRegion>()?;
     m.add_class::<PyPin>()?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
-    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(upload_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(create_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(delete_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(list_datasets, m)?)?;

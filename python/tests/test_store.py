@@ -1,5 +1,5 @@
 """A Redis Cluster store from Python (issue 14): datasets uploaded with
-``upager.load`` and mapped by URL (``open_array(None, ..., store=url)``,
+``upager.upload_dataset`` and mapped by URL (``open_array(None, ..., store=url)``,
 ``Pager.map_store``), far memory (``Pager.anonymous(..., store=url)``), and
 clear errors. The cluster is a local one of this module's own (ports
 7300-7305 unless UPAGER_REDIS_PORT says otherwise), started through
@@ -46,7 +46,7 @@ def test_a_loaded_dataset_maps_as_an_array_under_the_budget_and_keeps_writes(clu
     words = make_file(path, 32 * MIB)
     url = dataset(cluster)
     seen = []
-    assert upager.load(path, url, progress=lambda d, t: seen.append((d, t))) == 32 * MIB
+    assert upager.upload_dataset(path, url, progress=lambda d, t: seen.append((d, t))) == 32 * MIB
     assert seen[-1] == (32 * MIB, 32 * MIB)
     a = upager.open_array(None, np.uint64, mode="r+", budget="8MiB", store=url)
     assert a.shape == words.shape
@@ -104,9 +104,9 @@ def test_store_misuse_is_a_clear_error(cluster, scratch):
     path = os.path.join(scratch, "small")
     make_file(path, MIB)
     url = dataset(cluster)
-    upager.load(path, url, chunk="64KiB")
+    upager.upload_dataset(path, url, chunk="64KiB")
     with pytest.raises(FileExistsError):
-        upager.load(path, url)
+        upager.upload_dataset(path, url)
     with pytest.raises(ValueError, match="chunk"):
         upager.open_array(None, np.uint8, folio="16KiB", store=url)
     with pytest.raises(OSError) as e:
@@ -114,6 +114,11 @@ def test_store_misuse_is_a_clear_error(cluster, scratch):
             p.anonymous("1MiB", store="redis-cluster://127.0.0.1:1")
     assert e.value.errno == errno.ECONNREFUSED
     upager.delete_dataset(url)
+    with pytest.raises(OSError) as gone:
+        upager.delete_dataset(url)  # deleted already
+    assert gone.value.errno == errno.ENOENT
+    with pytest.raises(ValueError, match="copy-on-write"):
+        upager.memmap(None, np.uint8, "c", store=url)
 
 
 def test_list_datasets_shows_a_loaded_one_until_deleted(cluster, scratch):
@@ -121,7 +126,7 @@ def test_list_datasets_shows_a_loaded_one_until_deleted(cluster, scratch):
     make_file(path, 1 * MIB)
     url = dataset(cluster)
     name = url.rsplit("/", 1)[1]
-    upager.load(path, url, chunk="16KiB")
+    upager.upload_dataset(path, url, chunk="16KiB")
     listed = {d["name"]: d for d in upager.list_datasets(cluster)}
     assert listed[name] == {"name": name, "size": MIB, "chunk": 16384, "complete": True}
     upager.delete_dataset(url)

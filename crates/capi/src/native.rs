@@ -308,7 +308,13 @@ pub unsafe extern "C" fn upager_create(
         if !o.swap_dir.is_null() {
             // SAFETY: a non-NULL swap_dir is a NUL-terminated string valid
             // for this call, by this function's contract.
-            b = b.swap_dir(unsafe { c_str(o.swap_dir, "swap_dir") }?);
+            let dir = unsafe { c_str(o.swap_dir, "swap_dir") }?;
+            if !std::path::Path::new(&dir).is_dir() {
+                return Err(Failure::inval(format!(
+                    "swap_dir {dir} is not a directory: give an existing directory (anonymous regions keep their private swap files there)"
+                )));
+            }
+            b = b.swap_dir(dir);
         }
         if let Some(on) = tri(o.direct_io, "direct_io")? {
             b = b.direct_io(on);

@@ -24,6 +24,13 @@ build native_rw "$SRC/native_rw.c" $(pkg-config --cflags --libs upager) $RPATH
 build native_rw_static "$SRC/native_rw.c" $(pkg-config --cflags upager) \
     "$PREFIX/lib/libupager.a" $(pkg-config --libs-only-other --static upager) \
     $(pkg-config --static --libs-only-l upager | sed 's/-lupager//')
+# Fully static (-static) with what pkg-config --static says, as users do:
+# every library it names must exist as an archive (no -lgcc_s). glibc warns
+# about name lookup in static programs (the Redis store's); not an error here.
+build native_rw_fullstatic "$SRC/native_rw.c" -static $(pkg-config --cflags upager) \
+    -L"$PREFIX/lib" -Wl,-Bstatic $(pkg-config --static --libs upager) 2>&1 |
+    grep -v 'statically linked applications requires at runtime' || true
+[ -x "$OUT/native_rw_fullstatic" ] || { echo "native_rw_fullstatic did not link"; exit 1; }
 # UMap programs: only the include path and -lumap change.
 build umap_rw "$SRC/umap_rw.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build umap_atexit "$SRC/umap_atexit.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
@@ -58,6 +65,7 @@ fi
 run() { echo "run $*"; "$@"; }
 run "$OUT/native_rw"
 run "$OUT/native_rw_static"
+run "$OUT/native_rw_fullstatic"
 # 64 MiB file, buffer of 2048 pages of 4 KiB = 8 MiB (UMap's default page).
 run env UMAP_BUFSIZE=2048 UMAP_PAGE_FILLERS=2 "$OUT/umap_rw" 64 4
 # 64 KiB pages, with readahead pinned to 4 pages.

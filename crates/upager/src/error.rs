@@ -21,7 +21,7 @@ pub enum PagerError {
     Api(#[source] io::Error),
     /// pidfd_open of this process failed: {0} (upager needs Linux 6.16 or later for batched process_madvise)
     Pidfd(#[source] io::Error),
-    /// the budget must be at least one folio (4 KiB), got {0} bytes
+    /// the budget must be at least one folio (4096 bytes, the smallest folio size), got {0} bytes; each region also needs one eviction batch of its folios within the budget (65536 bytes with the default 64 KiB folio)
     BudgetTooSmall(u64),
     /// the number of fault-handler threads must be 1 to 64, got {0}
     HandlerThreads(usize),
@@ -61,7 +61,7 @@ pub enum MapError {
     ZeroSize,
     /// folio size {0} is not a power of two between 4 KiB and 2 MiB
     FolioSize(u64),
-    /// budget {budget} bytes is smaller than one eviction batch ({batch} folios of {folio} bytes = {need} bytes): raise the budget or lower the batch or folio size
+    /// budget {budget} bytes cannot hold one eviction batch of this region ({batch} folio(s) of {folio} bytes = {need} bytes): raise the budget to at least {need} bytes, or map with a smaller folio or batch
     BudgetBelowBatch {
         /// The pager's budget.
         budget: u64,
@@ -72,7 +72,7 @@ pub enum MapError {
         /// `batch * folio`.
         need: u64,
     },
-    /// offset {offset} is not a multiple of the folio size {folio}
+    /// offset {offset} is not a multiple of the folio size {folio}: map from the folio boundary below it and index from there
     OffsetNotAligned {
         /// Requested file offset.
         offset: u64,
@@ -141,13 +141,15 @@ pub enum MapError {
         /// The error the system call returned (EMFILE, ENFILE, ENOMEM).
         source: io::Error,
     },
-    /// could not create the private swap file in {dir}: {source} (set another directory with PagerBuilder::swap_dir)
+    /// could not create the private swap file in {dir}: {source} (choose another directory with the pager's swap_dir option)
     SwapFile {
         /// Directory tried.
         dir: PathBuf,
         /// The cause.
         source: io::Error,
     },
+    /// anonymous memory has no file offset: leave the offset at 0 (got {0})
+    AnonymousOffset(u64),
     /// fixed address {addr:#x} is not a multiple of the folio size {folio}: align it, or use a smaller folio
     FixedUnaligned {
         /// The address given.
@@ -253,7 +255,7 @@ pub enum RangeError {
         /// Region length.
         region_len: u64,
     },
-    /// range start {offset} is not a multiple of the folio size {folio}
+    /// range start {offset} is not a multiple of {folio} bytes, the alignment this call needs (4096 for residency and mincore, the region's folio size for pageout and discard)
     Unaligned {
         /// Start offset.
         offset: u64,
@@ -415,6 +417,7 @@ impl ErrorCode for MapError {
             | MapError::FolioSize(_)
             | MapError::BudgetBelowBatch { .. }
             | MapError::OffsetNotAligned { .. }
+            | MapError::AnonymousOffset(_)
             | MapError::BeyondEnd { .. }
             | MapError::FixedUnaligned { .. }
             | MapError::FixedTooSmall { .. } => errno::EINVAL,
@@ -516,7 +519,7 @@ mod tests {
         .to_string();
         assert_eq!(
             m,
-            "budget 1048576 bytes is smaller than one eviction batch (64 folios of 65536 bytes = 4194304 bytes): raise the budget or lower the batch or folio size"
+            "budget 1048576 bytes cannot hold one eviction batch of this region (64 folio(s) of 65536 bytes = 4194304 bytes): raise the budget to at least 4194304 bytes, or map with a smaller folio or batch"
         );
         let m = FlushError::Writeback(io::Error::from_raw_os_error(5)).to_string();
         assert!(

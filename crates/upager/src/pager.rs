@@ -520,10 +520,7 @@ fn check_anonymous(len: u64, opts: &MapOptions) -> Result<(), MapError> {
         return Err(MapError::ZeroSize);
     }
     if opts.offset != 0 {
-        return Err(MapError::OffsetNotAligned {
-            offset: opts.offset,
-            folio: opts.folio,
-        });
+        return Err(MapError::AnonymousOffset(opts.offset));
     }
     Ok(())
 }

@@ -523,7 +523,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
     );
     assert_eq!(
         e(pager.map_file(&path, &MapOptions::new().offset(4096))),
-        "offset 4096 is not a multiple of the folio size 65536"
+        "offset 4096 is not a multiple of the folio size 65536: map from the folio boundary below it and index from there"
     );
     let missing = dir.path().join("nope");
     assert_eq!(
@@ -548,7 +548,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
     let chosen = Pager::builder().budget(MIB).batch(64).build().unwrap();
     assert_eq!(
         e(chosen.map_file(&path, &MapOptions::new())),
-        "budget 1048576 bytes is smaller than one eviction batch (64 folios of 65536 bytes = 4194304 bytes): raise the budget or lower the batch or folio size"
+        "budget 1048576 bytes cannot hold one eviction batch of this region (64 folio(s) of 65536 bytes = 4194304 bytes): raise the budget to at least 4194304 bytes, or map with a smaller folio or batch"
     );
     let empty = dir.path().join("empty");
     std::fs::File::create(&empty).unwrap();

@@ -80,7 +80,7 @@ fn residency_answers_from_state_in_all_three_shapes() {
     assert_eq!(r.residency(0, 0).unwrap_err(), RangeError::Empty);
     assert_eq!(
         r.residency(100, 10).unwrap_err().to_string(),
-        "range start 100 is not a multiple of the folio size 4096"
+        "range start 100 is not a multiple of 4096 bytes, the alignment this call needs (4096 for residency and mincore, the region's folio size for pageout and discard)"
     );
     assert_eq!(
         r.residency(0, 5 * MIB).unwrap_err().to_string(),

@@ -37,6 +37,9 @@ int main(void) {
     po.budget = 100;
     expect(upager_create(&po, &pg), EINVAL, "at least one folio", "budget");
     upager_options_init(&po);
+    po.swap_dir = "/nonexistent/upager-swap";
+    expect(upager_create(&po, &pg), EINVAL, "not a directory", "swap_dir");
+    upager_options_init(&po);
     po.size = 8;
     expect(upager_create(&po, &pg), EINVAL, "upager_options_init", "size");
     upager_options_init(&po);
@@ -130,6 +133,10 @@ int main(void) {
                "read-only file mapped writable");
     expect(upager_map_anonymous(pg, 0, NULL, &r), EINVAL, "size is 0",
            "anonymous 0");
+    upager_map_options_init(&mo);
+    mo.offset = 65536;
+    expect(upager_map_anonymous(pg, MIB, &mo, &r), EINVAL, "no file offset",
+           "anonymous with an offset");
     expect(upager_flush(NULL), EINVAL, "region is NULL", "flush NULL");
     CHECK(upager_unmap(NULL, 0) == 0, "unmap NULL");
 
@@ -143,6 +150,10 @@ int main(void) {
     expect(upager_unmap(r, 0x10), EINVAL, "unknown unmap flags", "flags");
     CHECK(upager_region_stat(r, "budget_bytes", &v) == 0 && v == 8 * MIB,
           "region stat");
+    struct upager_extent ext[4];
+    expect(upager_residency(r, 100, 4096, ext, 4), EINVAL,
+           "not a multiple of 4096 bytes, the alignment this call needs",
+           "residency at an unaligned start");
     CHECK(upager_unmap(r, 0) == 0, "unmap");
     upager_destroy(pg);
     upager_destroy(NULL);
