@@ -697,6 +697,18 @@ impl PyRegion {
             .map_err(engine_err)
     }
 
+    /// Drops the clean folios the range touches, so the next access reads
+    /// the file: how this region sees what another region or process wrote
+    /// and flushed after this one read it (close-to-open consistency).
+    /// Dirty and pinned folios stay. Returns the number dropped.
+    #[pyo3(signature = (offset=0, length=None))]
+    fn invalidate(&self, py: Python<'_>, offset: u64, length: Option<u64>) -> PyResult<u64> {
+        let (o, l) = self.span(offset, length)?;
+        let r = self.get()?;
+        py.allow_threads(move || r.invalidate(o, l))
+            .map_err(engine_err)
+    }
+
     /// Starts filling the range in the background (like MADV_WILLNEED);
     /// with wait=True, returns when the prefetch has finished.
     #[pyo3(signature = (offset=0, length=None, *, wait=false))]

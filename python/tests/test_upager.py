@@ -4,6 +4,7 @@ closing, residency and advice. Files live on /dev/shm; sizes are small."""
 import gc
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -393,3 +394,48 @@ def test_multiprocessing_spawn_reopens_and_fork_gets_sigsegv(data64):
     assert f.exitcode == -signal.SIGSEGV
     assert int(a[1]) == int(words[1])  # the parent goes on
     del a
+
+
+def test_invalidate_shows_another_regions_flushed_writes(scratch):
+    """Issue 21 item 3: close-to-open consistency between two regions of
+    one file; invalidate drops the clean copy, dirty folios stay."""
+    path = os.path.join(scratch, "shared")
+    make_file(path, 1 * MIB)
+    with upager.Pager(budget="8MiB", folio="16KiB") as pager:
+        a = pager.map_file(path, mode="r+")
+        b = pager.map_file(path, mode="r+")
+        wa = np.frombuffer(a, dtype=np.uint64)
+        wb = np.frombuffer(b, dtype=np.uint64)
+        old = int(wb[0])
+        wb[5000] = 99  # b's own write: its folio is dirty
+        wa[0] = old + 1
+        a.flush()
+        assert int(wb[0]) == old, "b still holds its copy"
+        assert b.invalidate(0, 8) >= 1
+        assert int(wb[0]) == old + 1
+        b.invalidate()
+        assert int(wb[5000]) == 99, "dirty folios are kept"
+        del wa, wb
+        a.close()
+        b.close()
+
+
+def test_dirty_expire_writes_back_in_the_background(scratch):
+    """Issue 20 item 10: data dirty longer than dirty_expire reaches the
+    file without flush; a negative expiry is refused."""
+    with pytest.raises(ValueError, match="dirty_expire"):
+        upager.Pager(dirty_expire=-1)
+    path = os.path.join(scratch, "aged")
+    make_file(path, 1 * MIB)
+    with upager.Pager(budget="8MiB", folio="16KiB", dirty_expire=0.2) as pager:
+        r = pager.map_file(path, mode="r+")
+        w = np.frombuffer(r, dtype=np.uint64)
+        w[::512] = 7
+        deadline = time.monotonic() + 10
+        while r.stats()["writebacks_aged"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.stats()["writebacks_aged"] > 0
+        on_disk = np.fromfile(path, dtype=np.uint64)
+        assert (on_disk[::512] == 7).all(), "in the file without flush"
+        del w
+        r.close()
