@@ -157,7 +157,7 @@ impl Plan {
         if round == 0 || seq >= self.stores() {
             return None;
         }
-        Some(if seq % 2 == 0 {
+        Some(if seq.is_multiple_of(2) {
             (self.sweep_offset(round) + (seq / 2) * self.stride) % self.nwords
         } else {
             mix(self.seed ^ 0x5EED ^ (round << ROUND_SHIFT) ^ (thread << THREAD_SHIFT) ^ seq)
@@ -182,7 +182,7 @@ impl Plan {
         };
         let kind = if s.thread == INIT_THREAD {
             ""
-        } else if s.seq % 2 == 0 {
+        } else if s.seq.is_multiple_of(2) {
             " sweep"
         } else {
             " random"
@@ -416,6 +416,11 @@ pub struct Outcome {
     pub stalls: u64,
     /// Flushes that failed.
     pub flush_errors: u64,
+    /// Dirty bytes the flushes found (the `dirty_bytes` gauge just before
+    /// each flush, summed): the flushes had work to do.
+    pub flushed_bytes: u64,
+    /// Present pages of the file region checked after the flushes (summed).
+    pub pages_checked: u64,
     /// Median round time.
     pub median_round: Duration,
     /// Slowest round.
@@ -448,7 +453,7 @@ impl Outcome {
             "{}: {} rounds in {:.1}s (median {:.0} ms, max {:.0} ms), {} stores, {} loads; \
              LOST {} words in {} rounds ({} folios); wp-bit violations {}, region mismatches {}, \
              read-back errors {}, reader errors {}, anon lost {}, stalls {}, flush errors {}; \
-             shards used {}",
+             flushed {} MiB, {} present pages checked, shards used {}",
             self.variant,
             self.rounds,
             self.elapsed.as_secs_f64(),
@@ -466,6 +471,8 @@ impl Outcome {
             self.anon_lost,
             self.stalls,
             self.flush_errors,
+            self.flushed_bytes >> 20,
+            self.pages_checked,
             self.effective_shards,
         )
     }
@@ -487,6 +494,8 @@ impl Outcome {
         self.anon_lost += o.anon_lost;
         self.stalls += o.stalls;
         self.flush_errors += o.flush_errors;
+        self.flushed_bytes += o.flushed_bytes;
+        self.pages_checked += o.pages_checked;
         self.median_round = self.median_round.max(o.median_round);
         self.max_round = self.max_round.max(o.max_round);
         self.elapsed += o.elapsed;
@@ -821,6 +830,7 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
 
         // Flush: every store above must reach the file.
         progress.set(round, 2);
+        out.flushed_bytes += pager.stats().dirty_bytes;
         if let Err(e) = region.flush() {
             out.flush_errors += 1;
             reports.push(format!("  FLUSH FAILED: {}", upager::error_chain(&e)));
@@ -848,11 +858,13 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
             if e & PM_PRESENT == 0 {
                 continue;
             }
+            out.pages_checked += 1;
             if e & PM_UFFD_WP == 0 {
                 not_wp.push(p);
             }
-            for w in p * page_words..((p + 1) * page_words).min(nwords) {
-                if !ok_word(w, words[w].load(Relaxed), &lasts, &committed) {
+            let first = p * page_words;
+            for (w, x) in words.iter().enumerate().skip(first).take(page_words) {
+                if !ok_word(w, x.load(Relaxed), &lasts, &committed) {
                     region_bad.push(w);
                 }
             }

@@ -52,6 +52,10 @@ struct Args {
     /// Size of the anonymous region (variants with `anon`).
     #[arg(long, default_value = "16M", value_parser = upager::parse_size)]
     anon_size: u64,
+    /// Sweep stride in words (the sweep stores every this many words;
+    /// as many random stores again).
+    #[arg(long, default_value_t = 509, value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(2..))]
+    stride: u64,
     /// Writer threads (1 to 14).
     #[arg(long, default_value_t = 2, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=14))]
     writers: usize,
@@ -122,6 +126,7 @@ fn main() {
     cfg.anon_bytes = args.anon_size;
     cfg.budget = args.budget;
     cfg.folio = args.folio;
+    cfg.stride_words = args.stride;
     cfg.writers = args.writers;
     cfg.readers = args.readers;
     cfg.handler_threads = args.handler_threads;
