@@ -12,7 +12,9 @@
 //!           each store a self-describing word (below) into the file region:
 //!           even stores walk a strided sweep that every writer walks in the
 //!           same order (the same words, the same folios, at the same time),
-//!           odd stores hit random words. Each writer records its last store
+//!           odd stores hit random words (in the last eighth of the round,
+//!           random words of a 1 MiB window both share, so the flush has
+//!           dirty folios to write back). Each writer records its last store
 //!           per word in its own model, and reads back the word it stored 64
 //!           stores earlier: it must hold its own value or another writer's
 //!           store of this round to that word (coherence: nothing older).
@@ -35,13 +37,17 @@
 //! Why b) must hold: `flush` writes every DIRTY folio back under a
 //! write-protect and publishes it CLEAN (gather.rs, `Mode::Writeback`), and a
 //! CLEAN folio is write-protected in the view by invariant (folio.rs); read
-//! fills and prefetches install CLEAN folios with `UFFDIO_COPY_MODE_WP`. The
-//! one legitimate exception is a **pinned** folio (`Region::pin`): gather.rs
-//! `unprotect_pinned` leaves it writable, because in-thread mode would give a
-//! system call writing into it EFAULT. The soak pins nothing, so after a
-//! flush with no writer running a present page without the bit is a folio
-//! the engine thinks clean that a store can change without a fault — whose
-//! next eviction drops that store.
+//! fills and prefetches install CLEAN folios with `UFFDIO_COPY_MODE_WP`.
+//! Pinned folios (`Region::pin`) are no exception after a flush: flush
+//! takes pinned dirty folios too and leaves them CLEAN and protected;
+//! gather.rs `unprotect_pinned` re-opens only pinned DIRTY folios lying in
+//! the gaps of a write-protect span, and after a flush with no writer
+//! running there are none. (A folio whose write-back failed stays DIRTY,
+//! its pages possibly still protected: no violation either.) So a present
+//! page without the bit here is a folio the engine thinks clean that a
+//! store can change without a fault — whose next eviction drops that store.
+//! The soak pins nothing (but its self-test does, after the flush, to show
+//! the check fires).
 //!
 //! A stored word says who stored it where and when ([`encode`]):
 //! `round (24 bits) | thread (4 bits) | store number (36 bits)`, and the
@@ -88,6 +94,8 @@ pub const INIT_THREAD: u64 = 15;
 pub const ANON_THREAD: u64 = 14;
 /// Most writer threads (thread numbers 0..14).
 pub const MAX_WRITERS: usize = 14;
+/// Words of the window the last eighth of a round's random stores share.
+const TAIL_WINDOW_WORDS: u64 = (1 << 20) / 8;
 /// A thread's store read back this many stores later.
 const READBACK_LAG: u64 = 64;
 /// Accesses timed together (a stall is a batch slower than `Config::stall`).
@@ -157,11 +165,16 @@ impl Plan {
         if round == 0 || seq >= self.stores() {
             return None;
         }
+        let r = mix(self.seed ^ 0x5EED ^ (round << ROUND_SHIFT) ^ (thread << THREAD_SHIFT) ^ seq);
         Some(if seq.is_multiple_of(2) {
             (self.sweep_offset(round) + (seq / 2) * self.stride) % self.nwords
+        } else if seq >= self.stores() / 8 * 7 && self.nwords > TAIL_WINDOW_WORDS {
+            // The last eighth's random stores share a 1 MiB window (both
+            // threads, per round): the flush finds those folios dirty.
+            let start = mix(self.seed ^ round) % (self.nwords - TAIL_WINDOW_WORDS);
+            start + r % TAIL_WINDOW_WORDS
         } else {
-            mix(self.seed ^ 0x5EED ^ (round << ROUND_SHIFT) ^ (thread << THREAD_SHIFT) ^ seq)
-                % self.nwords
+            r % self.nwords
         })
     }
     /// Whether `v` is a store of `round` to word `w`.
@@ -357,6 +370,11 @@ pub struct Config {
     pub stop_on_failure: bool,
     /// Words described in detail per round.
     pub max_reports: usize,
+    /// Check the checker: run one round and, after its flush, undo one
+    /// store in the file (pwrite of the word's previous value) and pin
+    /// one folio for writing (dirty and unprotected): the round must
+    /// report exactly that word LOST and that folio's pages WP-BIT.
+    pub self_test: bool,
 }
 
 impl Config {
@@ -378,6 +396,7 @@ impl Config {
             progress: None,
             stop_on_failure: false,
             max_reports: 16,
+            self_test: false,
         }
     }
 }
@@ -453,7 +472,7 @@ impl Outcome {
             "{}: {} rounds in {:.1}s (median {:.0} ms, max {:.0} ms), {} stores, {} loads; \
              LOST {} words in {} rounds ({} folios); wp-bit violations {}, region mismatches {}, \
              read-back errors {}, reader errors {}, anon lost {}, stalls {}, flush errors {}; \
-             flushed {} MiB, {} present pages checked, shards used {}",
+             flushed {} KiB, {} present pages checked, shards used {}",
             self.variant,
             self.rounds,
             self.elapsed.as_secs_f64(),
@@ -471,7 +490,7 @@ impl Outcome {
             self.anon_lost,
             self.stalls,
             self.flush_errors,
-            self.flushed_bytes >> 20,
+            self.flushed_bytes >> 10,
             self.pages_checked,
             self.effective_shards,
         )
@@ -702,7 +721,11 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         }
     }
     let _unlink = Unlink(path.clone());
-    let file = File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(cfg.self_test)
+        .open(&path)
+        .map_err(|e| format!("open {}: {e}", path.display()))?;
     let pagemap =
         File::open("/proc/self/pagemap").map_err(|e| format!("open /proc/self/pagemap: {e}"))?;
 
@@ -749,20 +772,42 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         let mut reports: Vec<String> = Vec::new();
 
         // Stores (and loads), all threads released together.
+        // Readers and the anonymous writer stop once every file writer
+        // has reached the tail (the 1 MiB window), so the window's folios
+        // are still dirty when the flush comes.
         let done = AtomicBool::new(false);
+        let in_tail = std::sync::atomic::AtomicUsize::new(0);
         let barrier = Barrier::new(cfg.writers + usize::from(variant.anon) + nreaders);
         let committed_ref = &committed;
         let (wreps, areps, rreps) = std::thread::scope(|s| {
             let mut writers = Vec::new();
             for (t, last) in lasts.iter_mut().enumerate() {
                 let barrier = &barrier;
+                let tail = Tail {
+                    arrived: &in_tail,
+                    writers: cfg.writers,
+                    done: &done,
+                };
                 writers.push(s.spawn(move || {
-                    store_phase(words, &plan, round, t as u64, last, cfg.stall, barrier)
+                    store_phase(
+                        words,
+                        &plan,
+                        round,
+                        t as u64,
+                        last,
+                        cfg.stall,
+                        barrier,
+                        Some(tail),
+                        None,
+                    )
                 }));
             }
             let anon_h = anon.as_ref().map(|a| {
                 let model = &mut anon_model;
-                let barrier = &barrier;
+                let (barrier, done) = (&barrier, &done);
+                // Stops with the file writers, like the readers: the
+                // flush must find the file's last stores dirty, not pushed
+                // out by pressure that outlasts them.
                 s.spawn(move || {
                     store_phase(
                         a.words(),
@@ -772,6 +817,8 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                         model,
                         cfg.stall,
                         barrier,
+                        None,
+                        Some(done),
                     )
                 })
             });
@@ -797,8 +844,8 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                 .into_iter()
                 .map(|h| h.join().expect("writer panicked"))
                 .collect();
-            let a = anon_h.map(|h| h.join().expect("anonymous writer panicked"));
             done.store(true, Relaxed);
+            let a = anon_h.map(|h| h.join().expect("anonymous writer panicked"));
             let r: Vec<ThreadReport> = readers
                 .into_iter()
                 .map(|h| h.join().expect("reader panicked"))
@@ -837,6 +884,21 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         }
         let flush_end = t0.elapsed();
 
+        // The self-test's damage: a store undone in the file, and a folio
+        // left writable after the flush.
+        let mut pinned = None;
+        if cfg.self_test {
+            let w = plan.target(round, 0, 0).expect("store 0") as usize;
+            file.write_all_at(&committed[w].to_ne_bytes(), w as u64 * 8)
+                .map_err(|e| format!("self-test pwrite: {e}"))?;
+            let f = (w as u64 / cfg.folio + 1) % (cfg.file_bytes / cfg.folio);
+            let off = f * cfg.folio;
+            region
+                .pin(off, cfg.folio, true)
+                .map_err(|e| format!("self-test pin: {}", upager::error_chain(&e)))?;
+            pinned = Some(off);
+            println!("self-test: word {w} undone in the file, folio {f} pinned for writing");
+        }
         // a) the file against the model.
         progress.set(round, 3);
         file.read_exact_at(&mut fbytes, 0)
@@ -920,7 +982,9 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                         break;
                     }
                     detailed += 1;
-                    reports.push(explain_word(w, fwords[w], &lasts, &committed, &plan, words));
+                    reports.push(explain_word(
+                        w, fwords[w], &lasts, &committed, &plan, words, &pagemap,
+                    ));
                 }
             }
         }
@@ -949,7 +1013,9 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                 region_bad.len()
             ));
             for &w in region_bad.iter().take(cfg.max_reports) {
-                reports.push(explain_word(w, fwords[w], &lasts, &committed, &plan, words));
+                reports.push(explain_word(
+                    w, fwords[w], &lasts, &committed, &plan, words, &pagemap,
+                ));
             }
         }
         if !anon_bad.is_empty() {
@@ -972,6 +1038,11 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
             }
         }
 
+        if let Some(off) = pinned {
+            region
+                .unpin(off, cfg.folio)
+                .map_err(|e| format!("self-test unpin: {}", upager::error_chain(&e)))?;
+        }
         // The file is the truth from here on (a lost word stays lost, and
         // the next round checks against what is there).
         committed.copy_from_slice(&fwords);
@@ -1030,7 +1101,7 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                 );
             }
         }
-        if cfg.stop_on_failure && out.failed() {
+        if (cfg.stop_on_failure && out.failed()) || cfg.self_test {
             break;
         }
     }
@@ -1074,14 +1145,21 @@ fn explain_word(
     committed: &[u64],
     plan: &Plan,
     words: &[AtomicU64],
+    pagemap: &File,
 ) -> String {
     let off = w as u64 * 8;
+    // The page's pagemap bits before the load below (which faults a
+    // non-present page in from the file).
+    let page = match read_pagemap(pagemap, words.as_ptr() as u64 + off, 8) {
+        Ok(e) => page_bits(e[0]),
+        Err(e) => format!("pagemap unreadable: {e}"),
+    };
     let expected: Vec<String> = allowed(w, lasts, committed)
         .into_iter()
         .map(|v| plan.describe(v, w as u64))
         .collect();
     format!(
-        "    word {w} (byte {off:#x}, page {} +{:#x}): expected {} | file {} | region {} | before this round {}",
+        "    word {w} (byte {off:#x}, page {} +{:#x}): expected {} | file {} | region ({page}) {} | before this round {}",
         off / PAGE,
         off % PAGE,
         expected.join(" or "),
@@ -1104,9 +1182,19 @@ fn folio_pages(pagemap: &File, region: &Region, folio: usize, folio_bytes: u64) 
     }
 }
 
+/// Where the file writers count themselves into the round's tail.
+struct Tail<'a> {
+    arrived: &'a std::sync::atomic::AtomicUsize,
+    writers: usize,
+    done: &'a AtomicBool,
+}
+
 /// One writer's stores of a round (see the module doc), with read-back
 /// of the store `READBACK_LAG` earlier. `last[w]` becomes the thread's
-/// last store to word `w`.
+/// last store to word `w`. A file writer (`tail`) counts itself in when
+/// it reaches the last eighth, and the last one in sets `done`; the
+/// anonymous writer (`stop`) ends early once `done` is set.
+#[allow(clippy::too_many_arguments)]
 fn store_phase(
     words: &[AtomicU64],
     plan: &Plan,
@@ -1115,12 +1203,26 @@ fn store_phase(
     last: &mut [u64],
     stall: Duration,
     barrier: &Barrier,
+    tail: Option<Tail<'_>>,
+    stop: Option<&AtomicBool>,
 ) -> ThreadReport {
     let mut rep = ThreadReport::default();
-    let n = plan.stores();
+    let mut n = plan.stores();
+    let tail_start = plan.stores() / 8 * 7;
     barrier.wait();
     let mut timer = Instant::now();
-    for i in 0..n {
+    for i in 0..plan.stores() {
+        if i % 64 == 0 && stop.is_some_and(|s| s.load(Relaxed)) {
+            n = i;
+            break;
+        }
+        if i == tail_start {
+            if let Some(t) = &tail {
+                if t.arrived.fetch_add(1, Relaxed) + 1 == t.writers {
+                    t.done.store(true, Relaxed);
+                }
+            }
+        }
         let w = plan.target(round, thread, i).expect("in plan") as usize;
         let v = encode(round, thread, i);
         words[w].store(v, Relaxed);
