@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 /// The variants share the machine's two CPUs badly: run one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn soak(variant: &str) {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// Whether the soak can run here (skips, or fails under CI=true, if not).
+fn can_run() -> bool {
     if std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -37,33 +37,16 @@ fn soak(variant: &str) {
             "{missing} (under CI=true a test that cannot run fails instead of skipping)"
         );
         eprintln!("skipping: {missing}");
-        return;
+        return false;
     }
-    let secs: f64 = std::env::var("UPAGER_SOAK_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(25.0);
-    // A stall is a round this much over the recent median, or 1000
-    // accesses of one thread taking this long. The command's default is
-    // 1 s; on the shared 2-vCPU machines this runs on, other builds made
-    // 1 s flag ~3 rounds a minute (docs/reliability.md), so CI allows 5 s.
-    let stall = std::env::var("UPAGER_SOAK_STALL").unwrap_or_else(|_| "5s".into());
-    let limit = Duration::from_secs_f64(secs * 3.0);
+    true
+}
+
+/// Runs `upager-soak ARGS`, killed after `limit`: its exit status (None:
+/// killed) and its output.
+fn run_soak(args: &[&str], limit: Duration) -> (Option<std::process::ExitStatus>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_upager-soak"))
-        .args([
-            "--variant",
-            variant,
-            "--duration",
-            &format!("{secs}s"),
-            "--progress",
-            "5s",
-            "--stall",
-            &stall,
-            // The child's own watchdog names the stuck phase before the
-            // kill below.
-            "--hang",
-            &format!("{}s", (secs * 2.0).max(10.0)),
-        ])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -93,6 +76,41 @@ fn soak(variant: &str) {
         "--- stdout ---\n{}\n--- stderr ---\n{}",
         out.join().unwrap_or_default(),
         err.join().unwrap_or_default()
+    );
+    (status, text)
+}
+
+fn soak(variant: &str) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    let secs: f64 = std::env::var("UPAGER_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(25.0);
+    // A stall is a round this much over the recent median, or 1000
+    // accesses of one thread taking this long. The command's default is
+    // 1 s; on the shared 2-vCPU machines this runs on, other builds made
+    // 1 s flag ~3 rounds a minute (docs/reliability.md), so CI allows 5 s.
+    let stall = std::env::var("UPAGER_SOAK_STALL").unwrap_or_else(|_| "5s".into());
+    let limit = Duration::from_secs_f64(secs * 3.0);
+    let (status, text) = run_soak(
+        &[
+            "--variant",
+            variant,
+            "--duration",
+            &format!("{secs}s"),
+            "--progress",
+            "5s",
+            "--stall",
+            &stall,
+            // The child's own watchdog names the stuck phase before the
+            // kill below.
+            "--hang",
+            &format!("{}s", (secs * 2.0).max(10.0)),
+        ],
+        limit,
     );
     let Some(status) = status else {
         panic!("upager-soak {variant} still ran after {limit:?} (3x its duration): killed\n{text}");
@@ -134,4 +152,46 @@ fn soak_handlers_two_shards_no_anon_no_readers() {
 #[test]
 fn soak_in_thread_two_shards_readers_only() {
     soak("in-thread/2/noanon/readers");
+}
+
+/// The checks can fail: one store undone in the file after the flush and
+/// one folio pinned writable (present pages without uffd-wp) must be
+/// reported, word and folio named, in both fault modes.
+#[test]
+fn the_soak_reports_an_undone_store_and_an_unprotected_page() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !can_run() {
+        return;
+    }
+    for variant in ["handlers/1/anon/readers", "in-thread/1/noanon/noreaders"] {
+        let (status, text) = run_soak(
+            &[
+                "--self-test",
+                "--variant",
+                variant,
+                "--quiet",
+                "--stall",
+                "60s",
+            ],
+            Duration::from_secs(120),
+        );
+        assert_eq!(status.and_then(|s| s.code()), Some(1), "{variant}:\n{text}");
+        let undone = text
+            .lines()
+            .find_map(|l| l.strip_prefix("self-test: word ")?.split(' ').next())
+            .unwrap_or_else(|| panic!("{variant}: no self-test line:\n{text}"));
+        for want in [
+            "LOST 1 words in 1 folio(s)".to_string(),
+            format!("    word {undone} (byte "),
+            "expected r1 t0 #0 sweep".to_string(),
+            "| file r0 init #".to_string(),
+            "WP-BIT: 4 present page(s) of the file region without uffd-wp after flush".to_string(),
+            "pages now [P P P P]".to_string(),
+            "; trace: ".to_string(),
+            "LOST 1 words in 1 rounds (1 folios); wp-bit violations 4, region mismatches 0"
+                .to_string(),
+        ] {
+            assert!(text.contains(&want), "{variant}: no {want:?} in:\n{text}");
+        }
+    }
 }
