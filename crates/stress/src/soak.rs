@@ -764,6 +764,22 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
     let words = region.words();
     let mut fbytes = vec![0u8; nwords * 8];
 
+    // What a word's page and folio look like right now (for a finding
+    // made while the threads run, before anything moves on).
+    let word_state = |r: &Region, w: usize| -> String {
+        let off = w as u64 * 8;
+        let page = match read_pagemap(&pagemap, r.as_ptr() as u64 + off, 8) {
+            Ok(e) => page_bits(e[0]),
+            Err(e) => format!("pagemap unreadable: {e}"),
+        };
+        format!(
+            "page now {page}, folio {}: {}",
+            off / r.folio_size(),
+            dump_trace(r, off)
+        )
+    };
+    let file_diag = &|w: usize| word_state(&region, w);
+
     let mut round = 0u64;
     while started.elapsed() < cfg.duration && round < (1 << 24) - 1 {
         round += 1;
@@ -799,12 +815,14 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                         barrier,
                         Some(tail),
                         None,
+                        file_diag,
                     )
                 }));
             }
             let anon_h = anon.as_ref().map(|a| {
                 let model = &mut anon_model;
                 let (barrier, done) = (&barrier, &done);
+                let diag = move |w: usize| word_state(a, w);
                 // Stops with the file writers, like the readers: the
                 // flush must find the file's last stores dirty, not pushed
                 // out by pressure that outlasts them.
@@ -819,6 +837,7 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                         barrier,
                         None,
                         Some(done),
+                        &diag,
                     )
                 })
             });
@@ -836,6 +855,7 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                             cfg.stall,
                             barrier,
                             done,
+                            file_diag,
                         )
                     })
                 })
@@ -1205,6 +1225,7 @@ fn store_phase(
     barrier: &Barrier,
     tail: Option<Tail<'_>>,
     stop: Option<&AtomicBool>,
+    diag: &(dyn Fn(usize) -> String + Sync),
 ) -> ThreadReport {
     let mut rep = ThreadReport::default();
     let mut n = plan.stores();
@@ -1240,10 +1261,11 @@ fn store_phase(
                 rep.readback_errors += 1;
                 rep.note(8, || {
                     format!(
-                        "READ-BACK: word {wj} (byte {:#x}) holds {} after this thread stored {} (store #{i} now)",
+                        "READ-BACK: word {wj} (byte {:#x}) holds {} after this thread stored {} (store #{i} now); {}",
                         wj * 8,
                         plan.describe(got, wj as u64),
-                        plan.describe(mine, wj as u64)
+                        plan.describe(mine, wj as u64),
+                        diag(wj)
                     )
                 });
             }
@@ -1269,6 +1291,7 @@ fn read_phase(
     stall: Duration,
     barrier: &Barrier,
     done: &AtomicBool,
+    diag: &(dyn Fn(usize) -> String + Sync),
 ) -> ThreadReport {
     let mut rep = ThreadReport::default();
     let mut rng = Rng::new(seed);
@@ -1283,10 +1306,11 @@ fn read_phase(
                 rep.reader_errors += 1;
                 rep.note(8, || {
                     format!(
-                        "READER: word {w} (byte {:#x}) holds {}; before this round it held {}",
+                        "READER: word {w} (byte {:#x}) holds {}; before this round it held {}; {}",
                         w * 8,
                         plan.describe(got, w as u64),
-                        plan.describe(committed[w], w as u64)
+                        plan.describe(committed[w], w as u64),
+                        diag(w)
                     )
                 });
             }
