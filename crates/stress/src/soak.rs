@@ -416,6 +416,10 @@ pub struct Outcome {
     pub loads: u64,
     /// Words of the file that lost their last store (file != model after flush).
     pub words_lost: u64,
+    /// Of `words_lost`: words already wrong before the flush (the stores
+    /// were lost while the threads ran: eviction, fault or fill path),
+    /// not by the flush.
+    pub lost_before_flush: u64,
     /// Rounds with at least one lost word.
     pub rounds_with_loss: u64,
     /// Folios with at least one lost word (summed over rounds).
@@ -470,7 +474,7 @@ impl Outcome {
     pub fn line(&self) -> String {
         format!(
             "{}: {} rounds in {:.1}s (median {:.0} ms, max {:.0} ms), {} stores, {} loads; \
-             LOST {} words in {} rounds ({} folios); wp-bit violations {}, region mismatches {}, \
+             LOST {} words in {} rounds ({} folios; {} words lost before the flush); wp-bit violations {}, region mismatches {}, \
              read-back errors {}, reader errors {}, anon lost {}, stalls {}, flush errors {}; \
              flushed {} KiB, {} present pages checked, shards used {}",
             self.variant,
@@ -483,6 +487,7 @@ impl Outcome {
             self.words_lost,
             self.rounds_with_loss,
             self.folios_lost,
+            self.lost_before_flush,
             self.wp_violations,
             self.region_mismatches,
             self.readback_errors,
@@ -504,6 +509,7 @@ impl Outcome {
         self.stores += o.stores;
         self.loads += o.loads;
         self.words_lost += o.words_lost;
+        self.lost_before_flush += o.lost_before_flush;
         self.rounds_with_loss += o.rounds_with_loss;
         self.folios_lost += o.folios_lost;
         self.wp_violations += o.wp_violations;
@@ -895,6 +901,69 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         }
         let stores_end = t0.elapsed();
 
+        // Before the flush, with nothing running but the reclaimer: a
+        // present page's words are in memory, a non-present page's in the
+        // file (an eviction writes back before it unmaps), so every word
+        // can be checked without a fault. A word wrong here was lost while
+        // the threads ran, not by the flush.
+        let pre_entries = read_pagemap(&pagemap, region.as_ptr() as u64, region.len() as u64)
+            .map_err(|e| format!("read /proc/self/pagemap: {e}"))?;
+        // The self-test's first damage: a sweep store whose folio was
+        // evicted (so it is in the file) undone in the file.
+        let mut undone = None;
+        if cfg.self_test {
+            let w = (0..plan.stores())
+                .step_by(2)
+                .map(|i| plan.target(round, 0, i).expect("in plan") as usize)
+                .find(|&w| pre_entries[w * 8 / PAGE as usize] & PM_PRESENT == 0)
+                .ok_or("self-test: every page present")?;
+            file.write_all_at(&committed[w].to_ne_bytes(), w as u64 * 8)
+                .map_err(|e| format!("self-test pwrite: {e}"))?;
+            undone = Some(w);
+            println!("self-test: word {w} undone in the file");
+        }
+        file.read_exact_at(&mut fbytes, 0)
+            .map_err(|e| format!("pread {}: {e}", path.display()))?;
+        let page_words = (PAGE / 8) as usize;
+        let mut pre_lost: Vec<(usize, bool, u64)> = Vec::new();
+        for (p, &e) in pre_entries.iter().enumerate() {
+            let present = e & PM_PRESENT != 0;
+            for w in p * page_words..((p + 1) * page_words).min(nwords) {
+                let v = if present {
+                    words[w].load(Relaxed)
+                } else {
+                    u64::from_ne_bytes(fbytes[w * 8..w * 8 + 8].try_into().expect("8 bytes"))
+                };
+                if !ok_word(w, v, &lasts, &committed) {
+                    pre_lost.push((w, present, v));
+                }
+            }
+        }
+        if !pre_lost.is_empty() {
+            reports.push(format!(
+                "  LOST BEFORE FLUSH: {} word(s) wrong after the writers joined (present pages: the region; others: the file)",
+                pre_lost.len()
+            ));
+            for &(w, present, v) in pre_lost.iter().take(cfg.max_reports) {
+                reports.push(format!(
+                    "    word {w} (folio {}): {} {} , expected {}",
+                    w / (cfg.folio / 8) as usize,
+                    if present {
+                        "region (present page)"
+                    } else {
+                        "file (page not present)"
+                    },
+                    plan.describe(v, w as u64),
+                    allowed(w, &lasts, &committed)
+                        .into_iter()
+                        .map(|x| plan.describe(x, w as u64))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ));
+            }
+        }
+        out.lost_before_flush += pre_lost.len() as u64;
+
         // Flush: every store above must reach the file.
         progress.set(round, 2);
         out.flushed_bytes += pager.stats().dirty_bytes;
@@ -904,20 +973,17 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         }
         let flush_end = t0.elapsed();
 
-        // The self-test's damage: a store undone in the file, and a folio
-        // left writable after the flush.
+        // The self-test's second damage: a folio left writable after the
+        // flush.
         let mut pinned = None;
-        if cfg.self_test {
-            let w = plan.target(round, 0, 0).expect("store 0") as usize;
-            file.write_all_at(&committed[w].to_ne_bytes(), w as u64 * 8)
-                .map_err(|e| format!("self-test pwrite: {e}"))?;
-            let f = (w as u64 / cfg.folio + 1) % (cfg.file_bytes / cfg.folio);
+        if let Some(w) = undone {
+            let f = (w as u64 * 8 / cfg.folio + 1) % (cfg.file_bytes / cfg.folio);
             let off = f * cfg.folio;
             region
                 .pin(off, cfg.folio, true)
                 .map_err(|e| format!("self-test pin: {}", upager::error_chain(&e)))?;
             pinned = Some(off);
-            println!("self-test: word {w} undone in the file, folio {f} pinned for writing");
+            println!("self-test: folio {f} pinned for writing");
         }
         // a) the file against the model.
         progress.set(round, 3);
@@ -935,7 +1001,6 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
             .map_err(|e| format!("read /proc/self/pagemap: {e}"))?;
         let mut not_wp: Vec<usize> = Vec::new();
         let mut region_bad: Vec<usize> = Vec::new();
-        let page_words = (PAGE / 8) as usize;
         for (p, &e) in entries.iter().enumerate() {
             if e & PM_PRESENT == 0 {
                 continue;
