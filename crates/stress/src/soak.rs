@@ -19,11 +19,17 @@
 //!           stores earlier: it must hold its own value or another writer's
 //!           store of this round to that word (coherence: nothing older).
 //!  anon     (variant) one thread does the same over the anonymous region,
-//!           with an exact model (one writer)
+//!           with an exact model (one writer); stops when every file
+//!           writer has reached the tail
 //!  readers  (variant) R threads (default 2) load random words of the file
-//!           region: each must be the value verified after the previous
-//!           round or a store of this round to that very word
-//!  flush    after the writers are joined (readers stop with them)
+//!           region until every writer has reached the tail: each must be
+//!           the value verified after the previous round or a store of
+//!           this round to that very word
+//!  pre      after the writers are joined, every word, without a fault:
+//!           present pages (pagemap) from the region, the others from the
+//!           file (an eviction writes back before it unmaps): a word wrong
+//!           here was lost while the threads ran ("LOST BEFORE FLUSH")
+//!  flush
 //!  check    a) pread the whole file: every word must be the last store of
 //!              one of the writers that stored to it this round (either
 //!              writer's, for words both stored), or the previous round's
