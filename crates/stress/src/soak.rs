@@ -507,7 +507,8 @@ impl Outcome {
         )
     }
 
-    /// Adds another run's figures (same variant) to these.
+    /// Adds another run's figures (same variant) to these (the median
+    /// becomes the larger of the two medians).
     pub fn merge(&mut self, o: &Outcome) {
         self.variant.clone_from(&o.variant);
         self.effective_shards = o.effective_shards;
