@@ -198,6 +198,11 @@ fn the_soak_reports_an_undone_store_and_an_unprotected_page() {
             "WP-BIT: 4 present page(s) of the file region without uffd-wp after flush".to_string(),
             "pages now [P P P P]".to_string(),
             "; trace: ".to_string(),
+            if variant.contains("/anon/") {
+                "ANON: 1 word(s) of the anonymous region differ from its model".to_string()
+            } else {
+                "self-test: folio".to_string()
+            },
             "LOST 1 words in 1 rounds (1 folios; 1 words lost before the flush); \
              wp-bit violations 4, region mismatches 0"
                 .to_string(),
