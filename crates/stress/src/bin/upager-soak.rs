@@ -218,3 +218,79 @@ fn main() {
     }
     println!("upager-soak: PASS");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(line: &str) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("upager-soak").chain(line.split_whitespace()))
+    }
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    /// Every flag, as docs/reliability.md lists them, and the defaults.
+    #[test]
+    fn every_flag_parses() {
+        let a = parse(
+            "--duration 4h --variant all --slice 30s --folio 64K --budget 16M --file-size 64M \
+             --anon-size 8M --stride 1021 --writers 3 --readers 1 --handler-threads 4 --seed 9 \
+             --dir /tmp/x --stall 2s --hang 60s --stop-on-failure --self-test --progress 1s",
+        )
+        .unwrap();
+        assert_eq!(a.duration, Duration::from_secs(4 * 3600));
+        assert_eq!(a.variant.0.len(), 16);
+        assert_eq!(a.slice, Duration::from_secs(30));
+        assert_eq!((a.folio, a.budget), (64 << 10, 16 << 20));
+        assert_eq!((a.file_size, a.anon_size), (64 << 20, 8 << 20));
+        assert_eq!((a.stride, a.writers, a.readers), (1021, 3, 1));
+        assert_eq!((a.handler_threads, a.seed), (4, 9));
+        assert_eq!(a.dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(
+            (a.stall, a.hang),
+            (Duration::from_secs(2), Duration::from_secs(60))
+        );
+        assert!(a.stop_on_failure && a.self_test && !a.quiet);
+        let d = parse("").unwrap();
+        assert_eq!(d.duration, Duration::from_secs(60));
+        let ci: Vec<String> = d.variant.0.iter().map(|v| v.to_string()).collect();
+        assert_eq!(
+            ci,
+            [
+                "handlers/1/anon/readers",
+                "in-thread/1/anon/readers",
+                "handlers/2/noanon/noreaders",
+                "in-thread/2/noanon/readers"
+            ]
+        );
+        assert_eq!(
+            (d.folio, d.budget, d.file_size),
+            (16 << 10, 8 << 20, 32 << 20)
+        );
+        assert_eq!((d.writers, d.readers, d.stride), (2, 2, 509));
+        assert_eq!(d.stall, Duration::from_secs(1));
+        let two = parse("--variant in-thread/1/anon/readers,handlers/2/noanon/noreaders").unwrap();
+        assert_eq!(two.variant.0.len(), 2);
+    }
+
+    #[test]
+    fn bad_arguments_are_usage_errors() {
+        for line in [
+            "--writers 0",
+            "--writers 15",
+            "--variant handlers/3/anon/readers",
+            "--variant fast/1/anon/readers",
+            "--stride 1",
+            "--duration 3days",
+            "--budget lots",
+            "extra",
+        ] {
+            let e = parse(line).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{line}: {e}");
+        }
+    }
+}
