@@ -201,6 +201,7 @@ fn main() {
             }
             Err(e) => {
                 println!("upager-soak: FAIL: {v} could not run: {e}");
+                drop(dir);
                 std::process::exit(2);
             }
         }
@@ -212,6 +213,8 @@ fn main() {
     for o in totals.values() {
         println!("  {}", o.line());
     }
+    // exit() skips destructors: remove the directory first.
+    drop(dir);
     if failed {
         println!("upager-soak: FAIL");
         std::process::exit(1);
