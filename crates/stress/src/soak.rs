@@ -596,22 +596,11 @@ impl Progress {
     }
 }
 
-/// The folio's recent state transitions, for a report.
-///
-/// TODO(trace): call `Region::folio_trace(offset)` here once the per-region
-/// ring of folio state transitions lands (the coordinator wires it when
-/// merging). Until then: the folio's residency as the engine sees it now.
+/// The folio's recent state changes (`Region::folio_trace`: fill, write-
+/// protect fault, eviction, write-back, ... with old and new state, time and
+/// thread) and of its neighbours either side, so a finding explains itself.
 pub fn dump_trace(region: &Region, offset: u64) -> String {
-    let f = region.folio_size();
-    let start = offset / f * f;
-    let len = f.min(region.len() as u64 - start);
-    match region.residency(start, len) {
-        Ok(runs) => format!(
-            "residency now {:?} [TODO(trace): call Region::folio_trace]",
-            runs.iter().map(|(_, s)| *s).collect::<Vec<_>>()
-        ),
-        Err(e) => format!("residency unavailable: {e} [TODO(trace): call Region::folio_trace]"),
-    }
+    region.folio_trace(offset, 1)
 }
 
 /// The pagemap entries of `[addr, addr + len)` (one per 4 KiB page), read
