@@ -1092,18 +1092,8 @@ pub unsafe extern "C" fn upager_pageout(
     offset: u64,
     length: u64,
 ) -> i64 {
-    let mut n = 0u64;
-    let rc = guard(|| {
-        // SAFETY: by this function's contract.
-        let r = unsafe { region(r) }?;
-        n = r.pageout(offset, length)?;
-        Ok(0)
-    });
-    if rc < 0 {
-        i64::from(rc)
-    } else {
-        n as i64
-    }
+    // SAFETY: by this function's contract.
+    counted(|| Ok(unsafe { region(r) }?.pageout(offset, length)?))
 }
 
 /// `upager_invalidate`: drops the clean folios the range touches; returns
@@ -1117,11 +1107,15 @@ pub unsafe extern "C" fn upager_invalidate(
     offset: u64,
     length: u64,
 ) -> i64 {
+    // SAFETY: by this function's contract.
+    counted(|| Ok(unsafe { region(r) }?.invalidate(offset, length)?))
+}
+
+/// Runs `f` under [`guard`]: its count, or the negative errno of its error.
+fn counted(f: impl FnOnce() -> Result<u64, Failure>) -> i64 {
     let mut n = 0u64;
     let rc = guard(|| {
-        // SAFETY: by this function's contract.
-        let r = unsafe { region(r) }?;
-        n = r.invalidate(offset, length)?;
+        n = f()?;
         Ok(0)
     });
     if rc < 0 {

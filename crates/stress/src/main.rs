@@ -9,7 +9,10 @@
 //! 3: no result 5 minutes after the duration (a hang).
 #![forbid(unsafe_code)]
 
+mod duration;
 mod workload;
+
+use duration::parse_duration;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -54,22 +57,6 @@ struct Args {
     /// No progress lines.
     #[arg(long, overrides_with = "progress")]
     quiet: bool,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(
-        s.find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(s.len()),
-    );
-    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m or h)")),
-    };
-    Ok(Duration::from_secs_f64(secs))
 }
 
 impl Args {

@@ -1,7 +1,9 @@
 /* upager_options.dirty_expire_ms (issue 20, item 10): data dirty for longer
  * than the expiry is written back in the background, so plain reads of the
  * file see it without upager_flush(); a negative value other than -1 is
- * -EINVAL with a message naming the field. */
+ * -EINVAL with a message naming the field. And upager_invalidate (issue
+ * 21): a second region of the file sees those writes once it drops its
+ * clean copy. */
 #include "common.h" /* first: it sets _GNU_SOURCE */
 
 #include <time.h>
@@ -34,6 +36,10 @@ int main(void) {
     mo.flags = UPAGER_MAP_WRITE;
     upager_region_t *r = NULL;
     CHECK(upager_map_file(pg, path, &mo, &r) == 0, "map: %s", upager_last_error());
+    upager_region_t *r2 = NULL;
+    CHECK(upager_map_file(pg, path, &mo, &r2) == 0, "map 2: %s", upager_last_error());
+    volatile uint64_t *w2 = upager_region_addr(r2);
+    CHECK(w2[0] == pattern(0), "second region reads the file");
     volatile uint64_t *w = upager_region_addr(r);
     for (uint64_t i = 0; i < FILE_BYTES / 8; i += 8) w[i] = ~pattern(i);
     struct timespec ts = {1, 0};
@@ -42,6 +48,12 @@ int main(void) {
     CHECK(upager_stat(pg, "writebacks_aged", &aged) == 0, "stat");
     CHECK(aged > 0, "writebacks_aged is 0 after 1 s with a 200 ms expiry");
     verify_file(path, FILE_BYTES, 1); /* no flush: the background writer */
+    CHECK(w2[0] == pattern(0), "the second region keeps its clean copy");
+    int64_t dropped = upager_invalidate(r2, 0, FILE_BYTES);
+    CHECK(dropped >= 1, "upager_invalidate: %" PRId64 " (%s)", dropped, upager_last_error());
+    CHECK(w2[0] == ~pattern(0), "after invalidate the second region reads the file");
+    CHECK(upager_invalidate(r2, FILE_BYTES, 1) == -EINVAL, "beyond the region");
+    CHECK(upager_unmap(r2, 0) == 0, "unmap 2: %s", upager_last_error());
     CHECK(upager_unmap(r, 0) == 0, "unmap: %s", upager_last_error());
     upager_destroy(pg);
     unlink(path);

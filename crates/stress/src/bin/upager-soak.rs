@@ -12,6 +12,8 @@
 //! setup; 3: a hang (no progress for `--hang`).
 #![forbid(unsafe_code)]
 
+#[path = "../duration.rs"]
+mod duration;
 #[allow(dead_code)]
 #[path = "../soak.rs"]
 mod soak;
@@ -30,7 +32,7 @@ use clap::Parser;
 #[command(name = "upager-soak", about, long_about = None)]
 struct Args {
     /// Total run time (e.g. 60s, 10m, 4h).
-    #[arg(long, default_value = "60s", value_parser = soak::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration::parse_duration)]
     duration: std::time::Duration,
     /// Variants: `all` (16), `ci` (the 4 of the CI test), or a
     /// comma-separated list of MODE/SHARDS/anon|noanon/readers|noreaders,
@@ -38,7 +40,7 @@ struct Args {
     #[arg(long, default_value = "ci", value_parser = parse_variants)]
     variant: Variants,
     /// Run time of each variant in turn when several are given.
-    #[arg(long, default_value = "60s", value_parser = soak::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration::parse_duration)]
     slice: Duration,
     /// Folio size of both regions.
     #[arg(long, default_value = "16K", value_parser = upager::parse_size)]
@@ -74,10 +76,10 @@ struct Args {
     dir: Option<PathBuf>,
     /// A round this much over the recent median, or 1000 accesses taking
     /// this long, is a stall.
-    #[arg(long, default_value = "1s", value_parser = soak::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = duration::parse_duration)]
     stall: Duration,
     /// No progress of a round's phase for this long is a hang (exit 3).
-    #[arg(long, default_value = "120s", value_parser = soak::parse_duration)]
+    #[arg(long, default_value = "120s", value_parser = duration::parse_duration)]
     hang: Duration,
     /// Check the checker: one round of the first variant, with one store
     /// undone in the file and one folio left writable after the flush;
@@ -88,7 +90,7 @@ struct Args {
     #[arg(long)]
     stop_on_failure: bool,
     /// Print a progress line this often.
-    #[arg(long, default_value = "10s", value_parser = soak::parse_duration, overrides_with = "quiet")]
+    #[arg(long, default_value = "10s", value_parser = duration::parse_duration, overrides_with = "quiet")]
     progress: Duration,
     /// No progress lines.
     #[arg(long, overrides_with = "progress")]
