@@ -20,6 +20,7 @@ impl ErrorCode for OpenError {
     fn errno(&self) -> i32 {
         match self {
             OpenError::Unreachable { .. } => libc::ECONNREFUSED,
+            OpenError::NotRedis { .. } => libc::EPROTO,
             OpenError::NoName { .. } | OpenError::Chunk(_) => libc::EINVAL,
             OpenError::NotFound { .. } => libc::ENOENT,
             OpenError::Exists { .. } | OpenError::Busy { .. } => libc::EEXIST,

@@ -183,6 +183,13 @@ pub enum OpenError {
         /// Why.
         source: redis::RedisError,
     },
+    /// the server at {addrs} does not answer in the Redis protocol ({source}): is that the port of a Redis Cluster node? (redis-cli -p PORT cluster info checks it)
+    NotRedis {
+        /// The seed addresses.
+        addrs: String,
+        /// What the client could not parse.
+        source: redis::RedisError,
+    },
     /// the store URL {url} names no dataset: add /NAME (e.g. redis-cluster://127.0.0.1:7000/mydata)
     NoName {
         /// The URL.
@@ -360,6 +367,25 @@ pub(crate) fn chunk_key(name: &str, i: u64) -> String {
     format!("upager:{{{name}/{}}}:{i}", i / GROUP)
 }
 
+/// The cluster at `addrs` could not be reached, or what answered there
+/// is not Redis (an HTTP server on the port: the client fails to parse
+/// its reply).
+fn unreachable(addrs: &str, source: redis::RedisError) -> OpenError {
+    // The cluster client wraps a node's unparsable reply in its own error
+    // ("Failed to connect to each cluster node (...: Parse error ...)").
+    if source.kind() == redis::ErrorKind::Parse || source.to_string().contains("Parse error") {
+        OpenError::NotRedis {
+            addrs: addrs.to_string(),
+            source,
+        }
+    } else {
+        OpenError::Unreachable {
+            addrs: addrs.to_string(),
+            source,
+        }
+    }
+}
+
 fn io_err(e: redis::RedisError) -> io::Error {
     let kind = if e.is_timeout() {
         io::ErrorKind::TimedOut
@@ -427,20 +453,11 @@ impl RedisStore {
         opts.replicas = opts.replicas.max(opts.min_replicas);
         let opts = &opts;
         let client =
-            Self::client_for(&url.nodes, opts).map_err(|source| OpenError::Unreachable {
-                addrs: addrs.clone(),
-                source,
-            })?;
+            Self::client_for(&url.nodes, opts).map_err(|source| unreachable(&addrs, source))?;
         let mut conn = client
             .get_connection()
-            .map_err(|source| OpenError::Unreachable {
-                addrs: addrs.clone(),
-                source,
-            })?;
-        let topo = fetch_topology(&mut conn).map_err(|source| OpenError::Unreachable {
-            addrs: addrs.clone(),
-            source,
-        })?;
+            .map_err(|source| unreachable(&addrs, source))?;
+        let topo = fetch_topology(&mut conn).map_err(|source| unreachable(&addrs, source))?;
         // Seed the client with every node, not only the URL's: a seed that
         // dies (a failed-over master) must not make the cluster unreachable.
         let mut seeds = url.nodes.clone();

@@ -38,6 +38,41 @@ fn unreachable_cluster_is_a_clear_error_naming_the_address() {
     assert!(t.elapsed() < Duration::from_secs(5));
 }
 
+/// Issue 22 item 5: a server that is not Redis on the URL's port (here a
+/// listener answering like an HTTP server) is named as such, not as a
+/// parse error.
+#[test]
+fn a_server_that_is_not_redis_is_named_as_such() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        listener.set_nonblocking(false).unwrap();
+        // A few connections at most (the client may retry), each answered
+        // with an HTTP reply and closed.
+        for _ in 0..4 {
+            let Ok((mut s, _)) = listener.accept() else {
+                return;
+            };
+            let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut buf = [0u8; 256];
+            let _ = std::io::Read::read(&mut s, &mut buf);
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let url: StoreUrl = format!("redis-cluster://127.0.0.1:{port}/x")
+        .parse()
+        .unwrap();
+    let e = RedisStore::open(&url, false, &RedisOptions::default()).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, OpenError::NotRedis { .. }), "{msg}");
+    assert!(
+        msg.contains("does not answer in the Redis protocol"),
+        "{msg}"
+    );
+    assert_eq!(upager::ErrorCode::errno(&e), libc::EPROTO);
+    drop(server);
+}
+
 #[test]
 fn errors_name_the_dataset_the_folio_and_the_bad_key() {
     let Some(c) = Cluster::start(21120) else {
