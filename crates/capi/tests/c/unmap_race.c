@@ -89,11 +89,19 @@ static int child(int mode, const char *path, unsigned seed) {
     return 0;
 }
 
+static char path[] = "/dev/shm/upager-unmap-race-XXXXXX";
+static pid_t parent;
+/* A failed CHECK exits: the data file goes too (not from the children). */
+static void remove_file(void) {
+    if (getpid() == parent) unlink(path);
+}
+
 int main(void) {
-    char path[] = "/dev/shm/upager-unmap-race-XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0, "mkstemp");
     close(fd);
+    parent = getpid();
+    atexit(remove_file);
     make_file(path, FILE_BYTES);
     int modes[2] = {UPAGER_FAULT_HANDLERS, UPAGER_FAULT_IN_THREAD};
     for (int m = 0; m < 2; m++) {
@@ -109,7 +117,6 @@ int main(void) {
                   WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
         }
     }
-    unlink(path);
     printf("unmap_race: %d runs per mode, every read right or SIGSEGV\n", RUNS);
     return 0;
 }
