@@ -66,32 +66,36 @@ const SETTLE_FOR: Duration = Duration::from_secs(1);
 const PREFETCH_BATCH_BYTES: u64 = 1 << 20;
 
 thread_local! {
-    /// In-thread: the folio address this thread last waited on as BUSY and
-    /// since when (ns of the realtime clock), and whether that wait was
-    /// reported slow (const-initialised, no destructor: signal-safe).
-    static BUSY_SINCE: std::cell::Cell<(u64, u64, bool)> = const { std::cell::Cell::new((0, 0, false)) };
+    /// In-thread: the page this thread last waited on as BUSY, since when
+    /// and when it last waited there (ns of the realtime clock), and
+    /// whether that wait was reported slow (const-initialised, no
+    /// destructor: signal-safe).
+    static BUSY_SINCE: std::cell::Cell<(u64, u64, u64, bool)> = const { std::cell::Cell::new((0, 0, 0, false)) };
 }
 
 /// An in-thread fault at `addr` waited on a BUSY folio once more: how long
 /// this thread has been waiting at that address, the first time that passes
 /// [`SLOW_FAULT`](crate::shared::SLOW_FAULT) (None otherwise). Waits at
-/// another address start the clock again.
+/// another address, or after a pause of several `BUSY_WAIT`s (a new wait,
+/// not the same one retried), start the clock again.
 fn busy_waited(addr: u64) -> Option<Duration> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let page = addr & !(upager_sys::PAGE_SIZE as u64 - 1);
+    let gap = 5 * BUSY_WAIT.as_nanos() as u64;
     BUSY_SINCE.with(|c| {
-        let (at, since, told) = c.get();
-        if at != page {
-            c.set((page, now, false));
+        let (at, since, last, told) = c.get();
+        if at != page || now.saturating_sub(last) > gap {
+            c.set((page, now, now, false));
             return None;
         }
         let waited = Duration::from_nanos(now.saturating_sub(since));
         if !told && waited > crate::shared::SLOW_FAULT {
-            c.set((at, since, true));
+            c.set((at, since, now, true));
             return Some(waited);
         }
+        c.set((at, since, now, told));
         None
     })
 }
@@ -699,7 +703,8 @@ impl Shared {
         // after the install and undoing it on failure lost writes: a write
         // fill is installed writable, and a store another thread made to
         // the page before the undo's MADV_DONTNEED was thrown away —
-        // issue 20; test `inthread::concurrent_stores_to_fresh_folios_survive`.)
+        // issue 20; test
+        // `concurrent_stores_to_fresh_folios_survive_a_failed_lru_try`.)
         ctx.queue.clear();
         for k in 0..n {
             let o = if k == 0 { old } else { extras[k - 1] };
