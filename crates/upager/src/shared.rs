@@ -146,6 +146,17 @@ pub(crate) const CTX_KEEP: usize = 64 << 10;
 /// How long a handler, resolver or prefetch thread waits for work before
 /// it checks for shutdown; a thread that waited this long without work
 /// gives back the part of its fill buffer a readahead run grew.
+/// Logs that a fault on folio `idx` of `r` waited `how_long`, with the
+/// folio's trace.
+fn warn_slow(r: &Area, idx: usize, how_long: &str) {
+    log::warn!(
+        "a fault waited {how_long} for region {} ({}) folio {idx}; its last state changes:\n{}",
+        r.id,
+        r.store.describe(),
+        r.trace.dump(idx..idx + 1)
+    );
+}
+
 /// A fault that waits longer than this is logged with its folio's trace
 /// (`faults_slow`): a stall explains itself.
 pub(crate) const SLOW_FAULT: Duration = Duration::from_secs(1);
@@ -285,13 +296,7 @@ impl Shared {
             self.kick_reclaimer();
             return;
         }
-        log::warn!(
-            "a fault waited {:.1} s for region {} ({}) folio {idx}; its last state changes:\n{}",
-            waited.as_secs_f64(),
-            r.id,
-            r.store.describe(),
-            r.trace.dump(idx..idx + 1)
-        );
+        warn_slow(r, idx, &format!("{:.1} s", waited.as_secs_f64()));
     }
 
     /// Logs a slow fault a SIGBUS handler noticed (reclaimer thread).
@@ -302,13 +307,7 @@ impl Shared {
         }
         if let Some(r) = self.table.lookup(addr) {
             let idx = ((addr - r.base()) >> r.shift) as usize;
-            log::warn!(
-                "an in-thread fault waited more than {} s for region {} ({}) folio {idx}; its last state changes:\n{}",
-                SLOW_FAULT.as_secs(),
-                r.id,
-                r.store.describe(),
-                r.trace.dump(idx..idx + 1)
-            );
+            warn_slow(&r, idx, &format!("more than {} s", SLOW_FAULT.as_secs()));
         }
     }
 
