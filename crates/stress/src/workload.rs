@@ -322,7 +322,8 @@ impl Sampler {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|&(b, _)| b != a);
     }
-    /// Takes one sample; returns the mapped bytes seen.
+    /// Takes one sample; returns the mapped bytes seen, or `None` when the
+    /// sample was thrown away.
     ///
     /// The regions are walked one after another, so a folio evicted from a
     /// region already counted and filled into one not yet counted is
@@ -333,7 +334,7 @@ impl Sampler {
     /// budget of 24 + 4) counts whatever was filled while it slept. Such a
     /// sample (an involuntary context switch of this thread during the
     /// walk, or a walk over [`SAMPLE_MAX`]) is thrown away, and counted.
-    pub fn sample(&self) -> u64 {
+    pub fn sample(&self) -> Option<u64> {
         let switches = nonvoluntary_switches();
         let started = std::time::Instant::now();
         let mapped: u64 = {
@@ -348,12 +349,12 @@ impl Sampler {
         };
         if started.elapsed() > SAMPLE_MAX || nonvoluntary_switches() != switches {
             self.discarded.fetch_add(1, Relaxed);
-            return mapped;
+            return None;
         }
         self.max_mapped.fetch_max(mapped, Relaxed);
         self.max_rss.fetch_max(rss_bytes(), Relaxed);
         self.samples.fetch_add(1, Relaxed);
-        mapped
+        Some(mapped)
     }
 }
 
@@ -716,7 +717,7 @@ pub fn run(cfg: Config) -> Result<Summary, String> {
         scope.spawn(move || {
             while !w.stopped() {
                 let mapped = w.sampler.sample();
-                if mapped > w.cfg.budget + batch_bytes {
+                if let Some(mapped) = mapped.filter(|&m| m > w.cfg.budget + batch_bytes) {
                     w.fail(format!(
                         "the kernel had {mapped} bytes of region memory mapped: budget {} + batch {batch_bytes}",
                         w.cfg.budget

@@ -26,8 +26,11 @@
 //!   Ctrl-C without a signal handler).
 //! - [`uring`]: io_uring for write-back, the writes of one batch submitted
 //!   and waited for together.
+//! - [`inject`]: kernel-call failures on demand for tests (feature
+//!   `fail-inject`; nothing without it).
 
 pub mod futex;
+pub mod inject;
 pub mod io;
 pub mod mem;
 pub mod pagemap;

@@ -408,6 +408,15 @@ impl SelfPidfd {
             heap = ranges.iter().map(to_iovec).collect();
             &heap
         };
+        // Injected: the first half of the ranges, or EAGAIN for one range.
+        let iov = if crate::inject::fires(crate::inject::Call::ProcessMadvise) {
+            if iov.len() < 2 {
+                return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+            }
+            &iov[..iov.len() / 2]
+        } else {
+            iov
+        };
         // SAFETY: `iov` is a live array of `iov.len()` iovecs the kernel only
         // reads. Every range lies inside a Mapping (MapRange proves it), whose
         // memory no Rust reference covers except atomic views: dropping its

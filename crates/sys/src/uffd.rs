@@ -236,10 +236,13 @@ impl Uffd {
         if !wake {
             mode |= u64::from(k::UFFDIO_COPY_MODE_DONTWAKE);
         }
+        // Injected: only the first page, then EAGAIN with that progress.
+        let short = src.len() > crate::PAGE_SIZE && crate::inject::fires(crate::inject::Call::Copy);
+        let len = if short { crate::PAGE_SIZE } else { src.len() };
         let mut c = k::uffdio_copy {
             dst: dst.addr(),
             src: src.as_ptr() as u64,
-            len: src.len() as u64,
+            len: len as u64,
             mode,
             copy: 0,
         };
@@ -248,6 +251,11 @@ impl Uffd {
         // registered Mapping (never Rust-referenced memory; the kernel refuses
         // unregistered ranges); `c` is a valid uffdio_copy.
         let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_COPY as _, &mut c) };
+        if short && r == 0 {
+            return Ok(Fill::Retry {
+                done: crate::PAGE_SIZE as u64,
+            });
+        }
         fill_outcome(r, c.copy)
     }
 
@@ -265,6 +273,9 @@ impl Uffd {
         };
         if !wake && !protect {
             mode |= UFFDIO_WRITEPROTECT_MODE_DONTWAKE;
+        }
+        if protect && crate::inject::fires(crate::inject::Call::WriteProtect) {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
         }
         let mut wp = k::uffdio_writeprotect {
             range: k::uffdio_range { start, len },

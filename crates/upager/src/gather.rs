@@ -214,7 +214,8 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     // 2) protect: one write-protect per span of dirty victims. A span the
     // kernel refused to protect may still be writable: its dirty victims
     // are not written back (a store could land after the copy was taken)
-    // and stay resident and DIRTY (`unprotected`).
+    // and stay resident and DIRTY (`unprotected`), and the batch reports
+    // the refusal as its error (a flush must not say Ok over them).
     let mut unprotected = vec![false; victims.len()];
     let mut at = 0;
     for group in victims.chunk_by(|a, b| a.region.id == b.region.id) {
@@ -235,8 +236,9 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
                     Some((s, v.idx))
                 }
                 Some((s, e)) => {
-                    if !write_protect(sh, r, s, e) {
+                    if let Err(err) = write_protect(sh, r, s, e) {
                         refused.push((s, e));
+                        first_err.get_or_insert(err);
                     }
                     Some((v.idx, v.idx))
                 }
@@ -244,8 +246,9 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             };
         }
         if let Some((s, e)) = span {
-            if !write_protect(sh, r, s, e) {
+            if let Err(err) = write_protect(sh, r, s, e) {
                 refused.push((s, e));
+                first_err.get_or_insert(err);
             }
         }
         for (k, v) in group.iter().enumerate() {
@@ -541,30 +544,35 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
     }
 }
 
-/// Write-protects folios `[first, last]` of `r`; false if the kernel
+/// Write-protects folios `[first, last]` of `r`; the kernel's error if it
 /// refused any part (logged, counted in `kernel_call_errors`): those pages
 /// may still be writable, so their folios must not be written back and
 /// called clean. (UFFDIO_WRITEPROTECT stops with ENOENT after changing the
 /// VMAs before the one it refused, and reports no progress: the whole span
 /// counts as refused.)
-fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) -> bool {
+fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) -> Result<(), io::Error> {
     // Each shard's part on the userfaultfd it is registered on (a span
     // crosses a shard boundary rarely: one call more then).
-    let mut ok = true;
+    let mut refused = Ok(());
     for (k, m) in r.shard_runs(first, last + 1 - first) {
         let res = sh.uffd_of(r, k).writeprotect(r.span(k, m), true, true);
         sh.counters.tlb_flush_batches.inc();
         if let Err(e) = res {
-            ok = false;
             sh.counters.kernel_call_errors.inc();
             log::error!(
                 "region {}: write-protecting folios {k}..{} before write-back failed: {e}; they stay dirty",
                 r.id,
                 k + m
             );
+            refused = Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "the kernel refused to write-protect dirty folios before writing them back ({e}); they stay dirty in memory"
+                ),
+            ));
         }
     }
-    ok
+    refused
 }
 
 /// Writes one region's share of a batch to its store: all at once
