@@ -20,6 +20,7 @@ impl ErrorCode for OpenError {
     fn errno(&self) -> i32 {
         match self {
             OpenError::Unreachable { .. } => libc::ECONNREFUSED,
+            OpenError::Reset { .. } => libc::ECONNRESET,
             OpenError::NotRedis { .. } | OpenError::Tls { .. } => libc::EPROTO,
             OpenError::Auth { .. } | OpenError::NoAuth { .. } => libc::EACCES,
             OpenError::TlsFile { .. } => libc::EINVAL,

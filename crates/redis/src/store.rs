@@ -183,6 +183,13 @@ pub enum OpenError {
         /// Why.
         source: redis::RedisError,
     },
+    /// the server at {addrs} closed the connection at once: {source} (a TLS-only port? connect over TLS with rediss-cluster://)
+    Reset {
+        /// The seed addresses.
+        addrs: String,
+        /// Why.
+        source: redis::RedisError,
+    },
     /// the server at {addrs} does not answer in the Redis protocol ({source}): is that the port of a Redis Cluster node? (redis-cli -p PORT cluster info checks it)
     NotRedis {
         /// The seed addresses.
@@ -414,6 +421,7 @@ fn unreachable(url: &StoreUrl, source: redis::RedisError) -> OpenError {
     let has = |w: &str| text.contains(w);
     if source.kind() == redis::ErrorKind::AuthenticationFailed
         || has("WRONGPASS")
+        || has("AuthenticationFailed")
         || has("invalid password")
         || has("invalid username-password")
     {
@@ -459,6 +467,9 @@ fn unreachable(url: &StoreUrl, source: redis::RedisError) -> OpenError {
             source,
             hint,
         };
+    }
+    if url.tls.is_none() && (has("reset by peer") || has("os error 104")) {
+        return OpenError::Reset { addrs, source };
     }
     if source.kind() == redis::ErrorKind::Parse || has("Parse error") {
         OpenError::NotRedis { addrs, source }
@@ -509,7 +520,10 @@ impl Access {
         let tls = match &url.tls {
             None => None,
             Some(t) => {
-                let root_cert = t.ca.as_deref().map(|p| read_pem(p, "CA (?ca=)")).transpose()?;
+                let root_cert =
+                    t.ca.as_deref()
+                        .map(|p| read_pem(p, "CA (?ca=)"))
+                        .transpose()?;
                 let client_tls = match (&t.cert, &t.key) {
                     (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
                         client_cert: read_pem(c, "client certificate (?cert=)")?,
@@ -644,12 +658,11 @@ impl RedisStore {
                 seeds.push(n.clone());
             }
         }
-        let client = Self::client_for(&seeds, &access, opts).map_err(|source| {
-            OpenError::Unreachable {
+        let client =
+            Self::client_for(&seeds, &access, opts).map_err(|source| OpenError::Unreachable {
                 addrs: addrs.clone(),
                 source,
-            }
-        })?;
+            })?;
         Ok(RedisStore {
             url: url.clone(),
             name,

@@ -196,7 +196,8 @@ fn percent_decode(s: &str) -> Option<String> {
 fn percent_encode(s: &str, keep: &[u8]) -> String {
     let mut out = String::with_capacity(s.len());
     for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') || keep.contains(&b) {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') || keep.contains(&b)
+        {
             out.push(char::from(b));
         } else {
             out.push_str(&format!("%{b:02X}"));
@@ -223,10 +224,10 @@ pub fn redact(url: &str) -> String {
     let auth = authority(rest);
     // An '@' past the authority: a password with an unescaped '/', '?'
     // or '#'; hide everything from the authority to that '@'.
-    let Some(at) = auth.rfind('@').or_else(|| {
-        rest.rfind('@')
-            .filter(|_| rest[auth.len()..].contains('@'))
-    }) else {
+    let Some(at) = auth
+        .rfind('@')
+        .or_else(|| rest.rfind('@').filter(|_| rest[auth.len()..].contains('@')))
+    else {
         return url.to_string();
     };
     let userinfo = &rest[..at];
@@ -405,9 +406,10 @@ impl FromStr for StoreUrl {
             };
             match which {
                 Param::MinReplicas => {
-                    min_replicas = Some(v.parse::<usize>().map_err(|_| {
-                        value_err("min_replicas=N takes a number of replicas")
-                    })?);
+                    min_replicas = Some(
+                        v.parse::<usize>()
+                            .map_err(|_| value_err("min_replicas=N takes a number of replicas"))?,
+                    );
                 }
                 Param::Ca => tp.ca = Some(path()?),
                 Param::Cert => tp.cert = Some(path()?),
@@ -479,7 +481,11 @@ impl FromStr for StoreUrl {
 /// Prints the URL with its password as `***` (see the module doc).
 impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.tls.is_some() { TLS_SCHEME } else { SCHEME })?;
+        f.write_str(if self.tls.is_some() {
+            TLS_SCHEME
+        } else {
+            SCHEME
+        })?;
         if let Some(p) = &self.password {
             let user = self.user.as_deref().unwrap_or("");
             write!(f, "{}:{p}@", percent_encode(user, b""))?;
@@ -615,7 +621,10 @@ mod tests {
         // Percent-decoded: '@', ':', '/', '%' in a password.
         let u = parse("redis-cluster://b%40b:p%40ss%3Aw%2Fo%25rd@[::1]:7000/d");
         assert_eq!(u.user.as_deref(), Some("b@b"));
-        assert_eq!(u.password.as_ref().map(Password::expose), Some("p@ss:w/o%rd"));
+        assert_eq!(
+            u.password.as_ref().map(Password::expose),
+            Some("p@ss:w/o%rd")
+        );
         assert_eq!(u.nodes, vec![("::1".into(), 7000)]);
         // The last '@' of the authority ends the credentials (urllib's rule).
         let u = parse("redis-cluster://:a@b@h:1");
@@ -674,7 +683,10 @@ mod tests {
     fn tls_urls_and_their_parameters() {
         let u = parse("rediss-cluster://h:7000/d?ca=/tmp/a%20b/ca.crt&min_replicas=1");
         let t = u.tls.clone().unwrap();
-        assert_eq!(t.ca.as_deref(), Some(std::path::Path::new("/tmp/a b/ca.crt")));
+        assert_eq!(
+            t.ca.as_deref(),
+            Some(std::path::Path::new("/tmp/a b/ca.crt"))
+        );
         assert!(!t.insecure);
         assert_eq!(u.min_replicas, Some(1));
         assert_eq!(
@@ -692,16 +704,24 @@ mod tests {
         // No parameter: the system's CA store, verification on.
         assert_eq!(parse("rediss-cluster://h").tls, Some(TlsParams::default()));
         // redis-py's names.
-        let u = parse(
-            "rediss-cluster://h?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k",
-        );
+        let u = parse("rediss-cluster://h?ssl_ca_certs=/ca&ssl_certfile=/c&ssl_keyfile=/k");
         let t = u.tls.unwrap();
         assert_eq!(
             (t.ca.unwrap(), t.cert.unwrap(), t.key.unwrap()),
             ("/ca".into(), "/c".into(), "/k".into())
         );
-        assert!(parse("rediss-cluster://h?ssl_cert_reqs=none").tls.unwrap().insecure);
-        assert!(!parse("rediss-cluster://h?ssl_cert_reqs=required").tls.unwrap().insecure);
+        assert!(
+            parse("rediss-cluster://h?ssl_cert_reqs=none")
+                .tls
+                .unwrap()
+                .insecure
+        );
+        assert!(
+            !parse("rediss-cluster://h?ssl_cert_reqs=required")
+                .tls
+                .unwrap()
+                .insecure
+        );
     }
 
     #[test]
