@@ -238,9 +238,9 @@ pub fn redact(url: &str) -> String {
             &userinfo[..colon],
             &rest[at..]
         ),
-        // No ':' before the '@' of a userinfo cut at a '/': hide it all.
-        None if at > auth.len() => format!("{}{REDACTED}{}", &url[..start], &rest[at..]),
-        None => url.to_string(),
+        // No ':': a user alone, or a password written without its ':'
+        // (redis-py reads `PASSWORD@` as a user name): hide it all.
+        None => format!("{}{REDACTED}{}", &url[..start], &rest[at..]),
     }
 }
 
@@ -662,6 +662,7 @@ mod tests {
             "redis-cluster://alice:hunter2@h:1?password=hunter2",
             "redis-cluster://alice:hunter2@h:1?ca=/x",
             "redis-cluster://alice:hunter2%zz@h:1",
+            "redis-cluster://hunter2@h:1",
         ] {
             let e = err(bad);
             assert!(!e.contains("hunter2") && !e.contains("hunt"), "{bad}: {e}");
@@ -677,6 +678,7 @@ mod tests {
         assert_eq!(redact("no scheme:pw@x"), "no scheme:pw@x");
         assert_eq!(redact("redis-cluster://u:p/q@h"), "redis-cluster://u:***@h");
         assert_eq!(redact("redis-cluster://pq/r@h"), "redis-cluster://***@h");
+        assert_eq!(redact("redis-cluster://pw@h"), "redis-cluster://***@h");
     }
 
     #[test]
@@ -760,7 +762,7 @@ mod tests {
         // Credentials.
         assert_eq!(
             err("redis-cluster://alice@h:1"),
-            "the credentials in 'redis-cluster://alice@h:1' are not [USER]:PASSWORD@: a user \
+            "the credentials in 'redis-cluster://***@h:1' are not [USER]:PASSWORD@: a user \
              needs a password (USER:PASSWORD@), a password alone is written :PASSWORD@"
         );
         assert!(err("redis-cluster://alice:@h:1").contains("the password is empty"));
