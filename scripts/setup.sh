@@ -15,6 +15,11 @@ command -v mkswap >/dev/null || need_apt+=(util-linux)
 # The Redis Cluster store's tests and scripts/redis-cluster.sh (issue 14).
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v redis-cli >/dev/null || need_apt+=(redis-tools)
+# TLS store URLs (rediss-cluster://, issue 22 item 6): openssl makes the test
+# CA and certificates of crates/redis/tests/secure.rs; ca-certificates is
+# the system CA store a rediss-cluster:// URL without ?ca= trusts.
+command -v openssl >/dev/null || need_apt+=(openssl)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root to install ${need_apt[*]}" >&2; exit 1; fi

@@ -969,6 +969,13 @@ fn list_datasets(py: Python<'_>, url: &str) -> PyResult<Vec<Py<PyAny>>> {
         .collect()
 }
 
+/// `url` with the password of its credentials written `***` (for
+/// messages that quote a store URL; the same rule as the Rust side).
+#[pyfunction]
+fn redact_url(url: &str) -> String {
+    upager_redis::url::redact(url)
+}
+
 /// Parses a size string ("64KiB", "8M", "1.5G") or int into bytes.
 #[pyfunction]
 fn parse_size(v: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -987,6 +994,7 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(create_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(delete_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(list_datasets, m)?)?;
+    m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
     m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;
     m.add(

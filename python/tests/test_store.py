@@ -94,6 +94,29 @@ def test_far_memory_swaps_to_the_cluster(cluster):
         r.close()
 
 
+def test_store_urls_with_credentials_pass_through_and_are_never_printed():
+    """Issue 22 item 6: URLs with USER:PASSWORD@ reach the Rust parser as
+    given (percent-escapes included: no ValueError, a connection is tried),
+    and no message quotes the password."""
+    secret = "hunter2"
+    url = f"redis-cluster://alice:{secret}%40x@127.0.0.1:1/x"
+    with pytest.raises(ConnectionRefusedError) as e:
+        upager.open_array(None, np.uint8, store=url)
+    assert secret not in str(e.value) and "127.0.0.1:1" in str(e.value)
+    with pytest.raises(ConnectionRefusedError) as e:
+        upager.list_datasets(f"redis-cluster://:{secret}@127.0.0.1:1")
+    assert secret not in str(e.value)
+    with pytest.raises(ValueError) as e:
+        upager.memmap("/etc/hostname", np.uint8, store=url)
+    assert secret not in str(e.value), str(e.value)
+    assert "redis-cluster://alice:***@127.0.0.1:1/x" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        upager.open_array(None, np.uint8, store=f"redis://alice:{secret}@127.0.0.1:1/x")
+    assert secret not in str(e.value) and "redis://alice:***@127.0.0.1:1/x" in str(e.value)
+    with pytest.raises(ValueError, match="a user needs a password"):
+        upager.open_array(None, np.uint8, store="redis-cluster://alice@127.0.0.1:1/x")
+
+
 def test_store_misuse_is_a_clear_error(cluster, scratch):
     with pytest.raises(ValueError, match="redis-cluster://"):
         upager.open_array(None, np.uint8, store="redis://127.0.0.1:7000/x")

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Union, cast
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._upager import Pager, Region, create_dataset
+from ._upager import Pager, Region, create_dataset, redact_url
 
 #: numpy.memmap's modes and their long names, to the short name.
 MODES: Dict[str, str] = {
@@ -111,7 +111,7 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
             path = None
             if filename is not None:
                 raise ValueError(
-                    f"give a filename or a store URL ({store}), not both: "
+                    f"give a filename or a store URL ({redact_url(store)}), not both: "
                     "pass None as the filename"
                 )
         else:
@@ -384,7 +384,8 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
     if store is not None:
         if path is not None:
             raise ValueError(
-                f"give a path or a store URL ({store}), not both: pass None as the path")
+                f"give a path or a store URL ({redact_url(store)}), not both: "
+                "pass None as the path")
         fpath = None
     else:
         fpath = _path(path)
@@ -494,9 +495,10 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
     size = whole.size
     whole.close()
     if dims is None:
-        dims = _size_from_file(size, dt, offset, url)
+        dims = _size_from_file(size, dt, offset, redact_url(url))
     elif offset > size:
-        raise ValueError(f"offset {offset} is beyond the end of {url} ({size} bytes)")
+        raise ValueError(
+            f"offset {offset} is beyond the end of {redact_url(url)} ({size} bytes)")
     nbytes = _check_nonempty(dims, dt)
     start = offset - offset % pager.folio
     region = pager.map_store(url, mode=smode, offset=start, length=offset - start + nbytes)

@@ -210,7 +210,11 @@ struct upager_map_options {
                         upager_map_anonymous, in a private local swap file).
                         Else a store URL, "redis-cluster://HOST:PORT[,HOST:PORT
                         ...][/NAME]": the region's data lives on that Redis
-                        Cluster. upager_map_file(pager, NULL, opts, out) maps
+                        Cluster. Credentials ("redis-cluster://USER:PASSWORD@
+                        HOST", ":PASSWORD@"), TLS ("rediss-cluster://...
+                        ?ca=PATH") and the default port 6379 as the README's
+                        "Store URLs" says; messages print the password as
+                        ***. upager_map_file(pager, NULL, opts, out) maps
                         the dataset NAME (uploaded with upager_store_load() or
                         `upager load`; the folio must be a multiple of its
                         chunk size); upager_map_anonymous() swaps to the

@@ -173,7 +173,7 @@ pub struct BenchArgs {
     /// pipelined per node) and `upager redis per-folio` (one round trip per
     /// folio) on mmap-read, random-read and swap, 64 KiB folios, next to
     /// `upager handlers` / `upager 64K` on the file store and local swap.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = crate::datasets::StoreUrlParser)]
     pub store: Option<upager_redis::StoreUrl>,
     /// Run only these engines (exact names, comma-separated, as the report
     /// prints them, e.g. "kernel,upager handlers,upager redis").

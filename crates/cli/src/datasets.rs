@@ -5,13 +5,46 @@
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use upager::format_size;
-use upager_redis::{RedisOptions, StoreUrl};
+use upager_redis::{RedisOptions, StoreUrl, UrlError};
+
+/// Parses a store URL argument (`value_parser = StoreUrlParser` on every
+/// URL argument). Not clap's `FromStr` adapter: its message "invalid value
+/// '<the argument>'" would print a URL's password; this one says only
+/// the URL's own error, which quotes it redacted (issue 22, item 6).
+#[derive(Clone, Copy, Debug)]
+pub struct StoreUrlParser;
+
+impl clap::builder::TypedValueParser for StoreUrlParser {
+    type Value = StoreUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreUrl, clap::Error> {
+        let bad = |msg: String| {
+            let name = arg.map_or_else(|| "URL".to_string(), ToString::to_string);
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '{name}': {msg}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let s = value
+            .to_str()
+            .ok_or_else(|| bad("a store URL must be UTF-8".to_string()))?;
+        s.parse().map_err(|e: UrlError| bad(e.to_string()))
+    }
+}
 
 /// Arguments of `upager list`.
 #[derive(Args, Debug)]
 pub struct ListArgs {
-    /// The cluster: redis-cluster://HOST:PORT[,HOST:PORT...] (a /NAME is
-    /// ignored).
+    /// The cluster: redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,...]
+    /// (rediss-cluster:// for TLS; a /NAME is ignored). The README's
+    /// "Store URLs" has the parameters.
+    #[arg(value_parser = StoreUrlParser)]
     pub url: StoreUrl,
 }
 
@@ -21,6 +54,7 @@ pub struct DeleteArgs {
     /// The dataset: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME. An
     /// incomplete one (an interrupted or killed upload) is deleted too; a
     /// running upload of it stops at its next batch.
+    #[arg(value_parser = StoreUrlParser)]
     pub url: StoreUrl,
 }
 

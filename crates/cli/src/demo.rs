@@ -63,7 +63,8 @@ pub struct DemoArgs {
     /// scripts/redis-cluster.sh start). The dataset is uploaded under NAME
     /// (default upager-demo-PID), paged through the pager, read back from
     /// the cluster and checked, then deleted.
-    #[arg(long, value_name = "URL", conflicts_with = "compare")]
+    #[arg(long, value_name = "URL", conflicts_with = "compare",
+          value_parser = crate::datasets::StoreUrlParser)]
     pub store: Option<StoreUrl>,
 }
 

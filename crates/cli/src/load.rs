@@ -31,6 +31,7 @@ pub struct LoadArgs {
     /// Where: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME (NAME must not
     /// exist yet; an incomplete upload of it is replaced once it made no
     /// progress for a minute).
+    #[arg(value_parser = crate::datasets::StoreUrlParser)]
     pub url: StoreUrl,
     /// Chunk size (one key each): regions that map the dataset use a folio
     /// of this size or a multiple of it. 4K to 2M, a power of two.

@@ -96,3 +96,72 @@ fn load_and_demo_run_through_a_cluster() {
     assert!(out.contains("store_writes_degraded        0"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue 22 item 6: no command prints a URL's password, whether the URL
+/// does not parse (clap would quote the argument), the cluster cannot be
+/// reached, or the URL names no dataset; the messages quote it as `***`.
+#[test]
+fn no_command_prints_a_password() {
+    let secret = "hunter2";
+    let file = "/etc/hostname";
+    for args in [
+        vec![
+            "list".to_string(),
+            format!("redis://alice:{secret}@127.0.0.1:1"),
+        ],
+        vec![
+            "list".into(),
+            format!("redis-cluster://alice:{secret}@127.0.0.1:x"),
+        ],
+        vec![
+            "list".into(),
+            format!("redis-cluster://alice:{secret}@127.0.0.1:1"),
+        ],
+        vec![
+            "delete".into(),
+            format!("rediss-cluster://:{secret}@127.0.0.1:1"),
+        ],
+        vec![
+            "delete".into(),
+            format!("redis-cluster://:{secret}@127.0.0.1:1/d"),
+        ],
+        vec![
+            "load".into(),
+            file.into(),
+            format!("redis-cluster://:{secret}@127.0.0.1:1"),
+        ],
+        vec![
+            "load".into(),
+            file.into(),
+            format!("redis-cluster://:{secret}@127.0.0.1:1/d"),
+        ],
+        vec![
+            "demo".into(),
+            "--store".into(),
+            format!("redis-cluster://alice:{secret}@127.0.0.1:1?ca=/x"),
+        ],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = upager(&args);
+        let out = text(&o);
+        assert!(!o.status.success(), "{args:?}: {out}");
+        assert!(
+            !out.contains(secret),
+            "{args:?} printed the password: {out}"
+        );
+        assert!(!out.trim().is_empty(), "{args:?}: no message");
+        eprintln!("{args:?}: {}", out.trim());
+    }
+    let o = upager(&["list", &format!("redis://alice:{secret}@127.0.0.1:1")]);
+    assert!(
+        text(&o).contains("'redis://alice:***@127.0.0.1:1' is not a Redis Cluster store URL"),
+        "{}",
+        text(&o)
+    );
+    let o = upager(&["delete", &format!("rediss-cluster://:{secret}@127.0.0.1:1")]);
+    assert!(
+        text(&o).contains("rediss-cluster://:***@127.0.0.1:1/mydata"),
+        "{}",
+        text(&o)
+    );
+}

@@ -20,7 +20,10 @@ impl ErrorCode for OpenError {
     fn errno(&self) -> i32 {
         match self {
             OpenError::Unreachable { .. } => libc::ECONNREFUSED,
-            OpenError::NotRedis { .. } => libc::EPROTO,
+            OpenError::Reset { .. } => libc::ECONNRESET,
+            OpenError::NotRedis { .. } | OpenError::Tls { .. } => libc::EPROTO,
+            OpenError::Auth { .. } | OpenError::NoAuth { .. } => libc::EACCES,
+            OpenError::TlsFile { .. } => libc::EINVAL,
             OpenError::NoName { .. } | OpenError::Chunk(_) => libc::EINVAL,
             OpenError::NotFound { .. } => libc::ENOENT,
             OpenError::Exists { .. } | OpenError::Busy { .. } => libc::EEXIST,

@@ -66,7 +66,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionLike, Value};
 use upager::{ReadReq, Src, Store, Write, Written};
 
-use crate::url::StoreUrl;
+use crate::url::{Password, StoreUrl};
 
 /// Chunks per hash tag: a run of this many consecutive chunks lives on one
 /// node (64 × 64 KiB = 4 MiB, the largest readahead window).
@@ -183,12 +183,53 @@ pub enum OpenError {
         /// Why.
         source: redis::RedisError,
     },
+    /// the server at {addrs} closed the connection at once: {source} (a TLS-only port? connect over TLS with rediss-cluster://)
+    Reset {
+        /// The seed addresses.
+        addrs: String,
+        /// Why.
+        source: redis::RedisError,
+    },
     /// the server at {addrs} does not answer in the Redis protocol ({source}): is that the port of a Redis Cluster node? (redis-cli -p PORT cluster info checks it)
     NotRedis {
         /// The seed addresses.
         addrs: String,
         /// What the client could not parse.
         source: redis::RedisError,
+    },
+    /// the Redis Cluster at {addrs} refused the credentials{user}: {source} (check USER:PASSWORD@ in the store URL; a password alone, :PASSWORD@, is the default user's)
+    Auth {
+        /// The seed addresses.
+        addrs: String,
+        /// ` of user 'NAME'`, or empty for the default user.
+        user: String,
+        /// The server's answer (it never holds the password).
+        source: redis::RedisError,
+    },
+    /// the Redis Cluster at {addrs} requires a password: {source} (put it in the store URL: redis-cluster://:PASSWORD@HOST:PORT, or USER:PASSWORD@ for an ACL user)
+    NoAuth {
+        /// The seed addresses.
+        addrs: String,
+        /// The server's answer.
+        source: redis::RedisError,
+    },
+    /// cannot read the {what} file {path} given in the store URL: {detail}
+    TlsFile {
+        /// `CA (?ca=)`, `client certificate (?cert=)` or `client key (?key=)`.
+        what: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why (an I/O error, or no PEM in it).
+        detail: String,
+    },
+    /// the TLS connection to the Redis Cluster at {addrs} failed: {source} ({hint})
+    Tls {
+        /// The seed addresses.
+        addrs: String,
+        /// Why.
+        source: redis::RedisError,
+        /// What to check.
+        hint: &'static str,
     },
     /// the store URL {url} names no dataset: add /NAME (e.g. redis-cluster://127.0.0.1:7000/mydata)
     NoName {
@@ -308,6 +349,8 @@ pub struct RedisStore {
     /// topology listed since (only grows: a node that is down now may be
     /// the one that answers after the next failover).
     client: Mutex<(Arc<ClusterClient>, Vec<Node>)>,
+    /// Credentials and TLS material for new clients (never printed).
+    access: Access,
     pool: Mutex<Vec<ClusterConnection>>,
     topo: Mutex<Option<Arc<Topology>>>,
     counters: Counters,
@@ -367,22 +410,144 @@ pub(crate) fn chunk_key(name: &str, i: u64) -> String {
     format!("upager:{{{name}/{}}}:{i}", i / GROUP)
 }
 
-/// The cluster at `addrs` could not be reached, or what answered there
-/// is not Redis (an HTTP server on the port: the client fails to parse
-/// its reply).
-fn unreachable(addrs: &str, source: redis::RedisError) -> OpenError {
-    // The cluster client wraps a node's unparsable reply in its own error
-    // ("Failed to connect to each cluster node (...: Parse error ...)").
-    if source.kind() == redis::ErrorKind::Parse || source.to_string().contains("Parse error") {
-        OpenError::NotRedis {
-            addrs: addrs.to_string(),
+/// Why connecting to the cluster `url` names failed: refused
+/// credentials, a missing password, TLS, something not Redis on the port
+/// (an HTTP server: the client fails to parse its reply), or no answer.
+fn unreachable(url: &StoreUrl, source: redis::RedisError) -> OpenError {
+    let addrs = url.addresses();
+    // The cluster client wraps a node's error in its own ("Failed to
+    // connect to each cluster node (...: WRONGPASS ...)"): match the text.
+    let text = source.to_string();
+    let has = |w: &str| text.contains(w);
+    if source.kind() == redis::ErrorKind::AuthenticationFailed
+        || has("WRONGPASS")
+        || has("AuthenticationFailed")
+        || has("invalid password")
+        || has("invalid username-password")
+    {
+        let user = url
+            .user
+            .as_ref()
+            .map_or(String::new(), |u| format!(" of user '{u}'"));
+        return OpenError::Auth {
+            addrs,
+            user,
             source,
-        }
+        };
+    }
+    if has("NOAUTH") || has("Authentication required") {
+        return OpenError::NoAuth { addrs, source };
+    }
+    if url.tls.is_some()
+        && (has("certificate")
+            || has("Certificate")
+            || has("TLS")
+            || has("tls")
+            || has("handshake")
+            || has("corrupt message")
+            || has("InvalidContentType")
+            || has("peer"))
+    {
+        let hint = if has("UnknownIssuer") || has("unknown issuer") || has("BadSignature") {
+            "the server's certificate is not signed by a CA this client trusts: give its CA \
+             with ?ca=PATH, or ?insecure=1 for a self-signed test setup"
+        } else if has("NotValidForName") || has("not valid for name") {
+            "the server's certificate does not name the host of the store URL: connect by a \
+             name or address its certificate lists (subjectAltName)"
+        } else if has("Expired") || has("expired") || has("NotValidYet") {
+            "the server's certificate is out of its validity period"
+        } else if has("CertificateRequired") || has("certificate required") {
+            "the server asks for a client certificate: give one with ?cert=PATH&key=PATH"
+        } else {
+            "is that port a TLS port of the cluster (redis-server --tls-port)? a plain port \
+             does not speak TLS: use redis-cluster:// there"
+        };
+        return OpenError::Tls {
+            addrs,
+            source,
+            hint,
+        };
+    }
+    if url.tls.is_none() && (has("reset by peer") || has("os error 104")) {
+        return OpenError::Reset { addrs, source };
+    }
+    if source.kind() == redis::ErrorKind::Parse || has("Parse error") {
+        OpenError::NotRedis { addrs, source }
     } else {
-        OpenError::Unreachable {
-            addrs: addrs.to_string(),
-            source,
-        }
+        OpenError::Unreachable { addrs, source }
+    }
+}
+
+/// How to reach the nodes: the URL's credentials and its TLS material,
+/// read once when the store connects.
+#[derive(Clone)]
+struct Access {
+    user: Option<String>,
+    password: Option<Password>,
+    /// `Some` over TLS.
+    tls: Option<TlsAccess>,
+}
+
+/// TLS settings, with the PEM files of the URL read.
+#[derive(Clone)]
+struct TlsAccess {
+    insecure: bool,
+    /// The CA and client certificate, if the URL gives them (else the
+    /// system's CA store, no client certificate).
+    certs: Option<redis::TlsCertificates>,
+}
+
+/// Reads one PEM file of a URL's TLS parameters: it must hold at least
+/// one PEM block (a file of something else would fail later as an
+/// unknown issuer or a bad key, far from its cause).
+fn read_pem(path: &std::path::Path, what: &'static str) -> Result<Vec<u8>, OpenError> {
+    let bad = |detail: String| OpenError::TlsFile {
+        what,
+        path: path.to_path_buf(),
+        detail,
+    };
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(bad(
+            "it holds no PEM block (-----BEGIN ...): give a PEM file".to_string(),
+        ));
+    }
+    Ok(pem)
+}
+
+impl Access {
+    fn of(url: &StoreUrl) -> Result<Access, OpenError> {
+        let tls = match &url.tls {
+            None => None,
+            Some(t) => {
+                let root_cert =
+                    t.ca.as_deref()
+                        .map(|p| read_pem(p, "CA (?ca=)"))
+                        .transpose()?;
+                let client_tls = match (&t.cert, &t.key) {
+                    (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+                        client_cert: read_pem(c, "client certificate (?cert=)")?,
+                        client_key: read_pem(k, "client key (?key=)")?,
+                    }),
+                    _ => None,
+                };
+                let certs = (root_cert.is_some() || client_tls.is_some()).then_some(
+                    redis::TlsCertificates {
+                        client_tls,
+                        root_cert,
+                    },
+                );
+                Some(TlsAccess {
+                    insecure: t.insecure,
+                    certs,
+                })
+            }
+        };
+        Ok(Access {
+            user: url.user.clone(),
+            password: url.password.clone(),
+            tls,
+        })
     }
 }
 
@@ -416,23 +581,49 @@ type OpResult = io::Result<Option<Vec<u8>>>;
 impl RedisStore {
     fn client_for(
         nodes: &[(String, u16)],
+        access: &Access,
         opts: &RedisOptions,
     ) -> redis::RedisResult<ClusterClient> {
+        let (scheme, fragment) = match &access.tls {
+            None => ("redis", ""),
+            // The client takes "insecure" from the first seed's URL.
+            Some(t) if t.insecure => ("rediss", "/#insecure"),
+            Some(_) => ("rediss", ""),
+        };
         let seeds: Vec<String> = nodes
             .iter()
             .map(|(h, p)| {
                 if h.contains(':') {
-                    format!("redis://[{h}]:{p}")
+                    format!("{scheme}://[{h}]:{p}{fragment}")
                 } else {
-                    format!("redis://{h}:{p}")
+                    format!("{scheme}://{h}:{p}{fragment}")
                 }
             })
             .collect();
-        ClusterClient::builder(seeds)
+        let mut b = ClusterClient::builder(seeds)
             .retries(0)
             .connection_timeout(opts.timeout)
-            .response_timeout(opts.timeout + opts.timeout)
-            .build()
+            .response_timeout(opts.timeout + opts.timeout);
+        if let Some(p) = &access.password {
+            b = b.password(p.expose());
+        }
+        if let Some(u) = &access.user {
+            b = b.username(u);
+        }
+        if let Some(t) = &access.tls {
+            // rustls needs a crypto provider; ring unless the program has
+            // installed one (then this fails, and theirs is used).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            b = b.tls(if t.insecure {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            });
+            if let Some(c) = &t.certs {
+                b = b.certs(c.clone());
+            }
+        }
+        b.build()
     }
 
     /// Connects to the cluster at `url` (no dataset checks).
@@ -446,18 +637,19 @@ impl RedisStore {
         opts: &RedisOptions,
     ) -> Result<RedisStore, OpenError> {
         let addrs = url.addresses();
+        let access = Access::of(url)?;
         let mut opts = opts.clone();
         if let Some(m) = url.min_replicas {
             opts.min_replicas = m;
         }
         opts.replicas = opts.replicas.max(opts.min_replicas);
         let opts = &opts;
-        let client =
-            Self::client_for(&url.nodes, opts).map_err(|source| unreachable(&addrs, source))?;
+        let client = Self::client_for(&url.nodes, &access, opts)
+            .map_err(|source| unreachable(url, source))?;
         let mut conn = client
             .get_connection()
-            .map_err(|source| unreachable(&addrs, source))?;
-        let topo = fetch_topology(&mut conn).map_err(|source| unreachable(&addrs, source))?;
+            .map_err(|source| unreachable(url, source))?;
+        let topo = fetch_topology(&mut conn).map_err(|source| unreachable(url, source))?;
         // Seed the client with every node, not only the URL's: a seed that
         // dies (a failed-over master) must not make the cluster unreachable.
         let mut seeds = url.nodes.clone();
@@ -466,10 +658,11 @@ impl RedisStore {
                 seeds.push(n.clone());
             }
         }
-        let client = Self::client_for(&seeds, opts).map_err(|source| OpenError::Unreachable {
-            addrs: addrs.clone(),
-            source,
-        })?;
+        let client =
+            Self::client_for(&seeds, &access, opts).map_err(|source| OpenError::Unreachable {
+                addrs: addrs.clone(),
+                source,
+            })?;
         Ok(RedisStore {
             url: url.clone(),
             name,
@@ -479,6 +672,7 @@ impl RedisStore {
             swap,
             opts: opts.clone(),
             client: Mutex::new((Arc::new(client), seeds)),
+            access,
             pool: Mutex::new(vec![conn]),
             topo: Mutex::new(Some(Arc::new(topo))),
             counters: Counters::default(),
@@ -767,7 +961,7 @@ impl RedisStore {
             .collect();
         if !fresh.is_empty() {
             client.1.extend(fresh);
-            if let Ok(c) = Self::client_for(&client.1, &self.opts) {
+            if let Ok(c) = Self::client_for(&client.1, &self.access, &self.opts) {
                 client.0 = Arc::new(c);
             }
         }

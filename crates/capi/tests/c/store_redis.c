@@ -96,6 +96,17 @@ int main(int argc, char **argv) {
     check_rc(upager_map_file(pg, NULL, &mo, &r), -ECONNREFUSED, "unreachable");
     CHECK(strstr(upager_last_error(), "127.0.0.1:1") != NULL, "%s",
           upager_last_error());
+    /* Credentials pass through as given; no message prints the password
+       (issue 22, item 6). */
+    mo.store = "redis-cluster://alice:hunter2%40x@127.0.0.1:1/x";
+    check_rc(upager_map_file(pg, NULL, &mo, &r), -ECONNREFUSED,
+             "unreachable, with credentials");
+    CHECK(strstr(upager_last_error(), "hunter2") == NULL, "%s",
+          upager_last_error());
+    check_rc(upager_store_list("redis://:hunter2@x:1", NULL, 0), -EINVAL,
+             "list bad URL with a password");
+    CHECK(strstr(upager_last_error(), "'redis://:***@x:1'") != NULL, "%s",
+          upager_last_error());
     char missing[600];
     snprintf(missing, sizeof missing, "%s/no-such-dataset-%d", argv[1],
              (int)getpid());
