@@ -183,10 +183,10 @@ def _check_blocks(path, rows, blocks):
 def _run_pool(method, a, blocks):
     global _INHERITED
     ctx = mp.get_context(method)
+    _INHERITED = a  # before the workers start: the fork ones inherit it
     with ctx.Pool(len(blocks)) as pool:
         if method == "fork":
-            # The array the workers inherit, and the pickled one.
-            _INHERITED = a
+            # Half the blocks through the inherited array, half pickled.
             half = len(blocks) // 2
             r1 = pool.starmap_async(_write_rows_inherited, blocks[:half])
             r2 = pool.starmap_async(_write_rows, [(a, lo, hi) for lo, hi in blocks[half:]])
