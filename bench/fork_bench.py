@@ -25,8 +25,9 @@ What it measures:
    again), and numpy.memmap with the parent and its workers in a memory
    cgroup of 256 MiB (v2 at /sys/fs/cgroup/unified if it has the memory
    controller, else v1 at /sys/fs/cgroup/memory). Reported: wall time of
-   the map (pool started before the clock), GB/s, each worker's peak RSS
-   (upager) or the cgroup's peak charge (memmap). The sums are checked
+   the map (pool started before the clock), GB/s, the workers' largest
+   peak RSS (for numpy.memmap it counts the tmpfs pages it maps), and the
+   cgroup's peak charge (memmap). The sums are checked
    against the exact value (element i is float(i); integer sums below 2^53
    are exact in float64).
 
@@ -41,7 +42,7 @@ outside the cgroup), so the cgroup does not bound numpy.memmap's resident
 file pages there: its peak is what its processes allocated themselves.
 
 Usage: ``python3 bench/fork_bench.py [--rounds 20] [--dir /dev/shm]
-[--skip-pool]``; needs root for the cgroup, the upager Python package
+[--skip-first] [--skip-pool]``; needs root for the cgroup, the upager Python package
 (``make python``) and numpy. Prints a Markdown table per part.
 """
 import argparse
@@ -67,7 +68,8 @@ def ns():
 
 def fork_first_access(arr, write_dirty=None):
     """Forks a child that reads arr[0] (if arr is not None) and reports the
-    time its read ended; returns (fork call ns, fork-to-first-read ns)."""
+    time its read ended; returns (fork call ns, fork-to-first-read ns, the
+    read alone ns)."""
     r, w = os.pipe()
     if write_dirty is not None:
         write_dirty()
@@ -75,22 +77,27 @@ def fork_first_access(arr, write_dirty=None):
     pid = os.fork()
     if pid == 0:
         os.close(r)
+        tr = ns()
         if arr is not None:
             float(arr[0])
         t = ns()
-        os.write(w, str(t).encode())
+        os.write(w, f"{t} {t - tr}".encode())
         os._exit(0)
     t1 = ns()
     os.close(w)
     with os.fdopen(r) as f:
-        t_child = int(f.read() or 0)
+        t_child, read = (int(x) for x in f.read().split())
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    return t1 - t0, t_child - t0
+    return t1 - t0, t_child - t0, read
 
 
 def median_us(xs):
     return statistics.median(xs) / 1e3
+
+
+def row(name, res):
+    return (name,) + tuple(median_us([x[k] for x in res]) for k in range(3))
 
 
 def part_first_access(d, rounds):
@@ -100,36 +107,36 @@ def part_first_access(d, rounds):
     rows = []
     # No mapping: fork and the child's start alone.
     base = [fork_first_access(None) for _ in range(rounds)]
-    rows.append(("no mapping", median_us([b[0] for b in base]), median_us([b[1] for b in base])))
+    rows.append(row("no mapping", base))
     mm = np.memmap(path, np.float64, mode="r+")
     float(mm.sum())
     res = [fork_first_access(mm) for _ in range(rounds)]
-    rows.append(("numpy.memmap (r+)", median_us([x[0] for x in res]), median_us([x[1] for x in res])))
+    rows.append(row("numpy.memmap (r+)", res))
     del mm
     a = upager.memmap(path, np.float64, mode="r+", budget="128MiB")
     float(a.sum())
     res = [fork_first_access(a) for _ in range(rounds)]
-    rows.append(("upager (r+, clean)", median_us([x[0] for x in res]), median_us([x[1] for x in res])))
+    rows.append(row("upager (r+, clean)", res))
     dirty = 16 * MIB // 8
 
     def make_dirty():
         a[:dirty] += 0.0  # every folio of 16 MiB dirty, values unchanged
 
     res = [fork_first_access(a, make_dirty) for _ in range(rounds)]
-    rows.append(("upager (r+, 16 MiB dirty)", median_us([x[0] for x in res]),
-                 median_us([x[1] for x in res])))
+    rows.append(row("upager (r+, 16 MiB dirty)", res))
     ro = upager.memmap(path, np.float64, mode="r", budget="128MiB")
     del a
     float(ro.sum())
     res = [fork_first_access(ro) for _ in range(rounds)]
-    rows.append(("upager (r)", median_us([x[0] for x in res]), median_us([x[1] for x in res])))
+    rows.append(row("upager (r)", res))
     del ro
     os.unlink(path)
     print(f"\n### First access in a forked child (64 MiB file, median of {rounds})\n")
-    print("| parent maps | fork() call µs | fork to child's first read done µs |")
-    print("|---|---:|---:|")
-    for name, call, first in rows:
-        print(f"| {name} | {call:.0f} | {first:.0f} |")
+    print("| parent maps | fork() call µs | fork to child's first read done µs "
+          "| the first read alone µs |")
+    print("|---|---:|---:|---:|")
+    for name, call, first, read in rows:
+        print(f"| {name} | {call:.0f} | {first:.0f} | {read:.0f} |")
 
 
 # -- part 2: a Pool summing 2 GiB ---------------------------------------------
@@ -225,9 +232,9 @@ def part_pool(d):
             dt = time.perf_counter() - t
         total = sum(s for s, _ in out)
         ok = total == want
-        peak = cg.peak() if cg else max(p for _, p in out)
-        rows.append((name, dt, 2 * GIB / dt / 1e9, peak / MIB,
-                     "cgroup peak" if cg else "max worker RSS", ok))
+        rss = max(p for _, p in out)
+        cgpeak = f"{cg.peak() / MIB:.0f}" if cg else "-"
+        rows.append((name, dt, 2 * GIB / dt / 1e9, rss / MIB, cgpeak, ok))
 
     a = upager.memmap(path, np.float64, mode="r", budget="128MiB")
     _ARR = a
@@ -249,10 +256,10 @@ def part_pool(d):
         cg.close()
     os.unlink(path)
     print("\n### A Pool of 2 workers summing a 2 GiB float64 file on /dev/shm\n")
-    print("| engine | time s | GB/s | peak MiB | peak of | sum exact |")
-    print("|---|---:|---:|---:|---|---|")
-    for name, dt, rate, peak, what, ok in rows:
-        print(f"| {name} | {dt:.2f} | {rate:.2f} | {peak:.0f} | {what} | {ok} |")
+    print("| engine | time s | GB/s | max worker peak RSS MiB | cgroup peak MiB | sum exact |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, dt, rate, rss, cgpeak, ok in rows:
+        print(f"| {name} | {dt:.2f} | {rate:.2f} | {rss:.0f} | {cgpeak} | {ok} |")
     if not all(r[-1] for r in rows):
         sys.exit("a sum was wrong")
 
@@ -262,9 +269,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--dir", default="/dev/shm")
     ap.add_argument("--skip-pool", action="store_true")
+    ap.add_argument("--skip-first", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="upager-fork-bench-", dir=args.dir) as d:
-        part_first_access(d, args.rounds)
+        if not args.skip_first:
+            part_first_access(d, args.rounds)
         if not args.skip_pool:
             part_pool(d)
 
