@@ -97,6 +97,43 @@ def test_a_forked_child_reads_the_whole_array_and_its_writes_land(table):
     assert np.array_equal(np.fromfile(path, np.float64).reshape(rows, COLS), want)
 
 
+def _close_inherited(a, q):
+    """A fork child (multiprocessing): writes, closes and drops the array it
+    inherited, then exits the way multiprocessing's children do."""
+    import gc
+
+    a[1, :] = -3.0
+    a.flush()
+    a.close()
+    del a
+    gc.collect()
+    q.put("closed")
+
+
+def test_a_child_that_closes_and_drops_the_inherited_array_leaves_the_parent_alone(table):
+    path, rows = table
+    a = upager.memmap(path, np.float64, mode="r+", shape=(rows, COLS), budget="2MiB")
+    assert float(a[:, 0].sum()) == float(_expected(rows)[:, 0].sum())
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_close_inherited, args=(a, q))
+    p.start()
+    assert q.get(timeout=120) == "closed"
+    p.join(60)
+    if p.exitcode is None:
+        p.kill()
+        p.join(10)
+    assert p.exitcode == 0
+    # The parent's array and pager work on (no destructor of theirs ran
+    # in the child); the child's row is in the file.
+    assert a.pager_stats()["budget_bytes"] == 2 * MIB
+    a.region.invalidate()
+    assert (a[1] == -3.0).all() and a[2, 0] == 2 * COLS
+    a[3, :] = 7.0
+    a.flush()
+    assert (np.fromfile(path, np.float64).reshape(rows, COLS)[3] == 7.0).all()
+
+
 def test_an_inherited_anonymous_region_is_refused_in_the_child():
     with upager.Pager(budget="4MiB") as pager:
         r = pager.anonymous(MIB)
