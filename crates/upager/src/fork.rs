@@ -11,9 +11,11 @@
 //!    every writable file region of every pager of the process (cheap when
 //!    clean: a walk of the touched chunks and one `fdatasync` per region),
 //!    so the child, which starts cold and reads the file, sees the writes
-//!    made before `fork()` was called. Then take the lineage lock, so no
-//!    other thread holds it at the fork.
-//! 2. `parent`: release the lock.
+//!    made before `fork()` was called. Then finish the in-thread
+//!    registry's initialisation and take the lineage lock and the SIGBUS
+//!    handler's installation lock, so no other thread holds them at the
+//!    fork.
+//! 2. `parent`: release the locks.
 //! 3. `child` (the forking thread is the only thread, before `fork()`
 //!    returns there): for each pager of the parent, start a fresh engine
 //!    with the same options (new userfaultfd, new threads, a budget of the
@@ -21,7 +23,8 @@
 //!    old address (free: it was `MADV_DONTFORK`; `MAP_FIXED_NOREPLACE`),
 //!    cold, on the same store (descriptors are inherited; a store says it
 //!    can be used so with [`Store::fork_safe`]). Record in the lineage
-//!    what stands for each inherited handle; release the lock.
+//!    what stands for each inherited handle; release the locks (the
+//!    installation lock first).
 //!
 //! What the child never does with the parent's objects: take their locks,
 //! wait for their threads, drop their last reference (lineage.rs).
@@ -65,10 +68,16 @@ use crate::shared::Owner;
 #[cfg(doc)]
 use crate::store::Store;
 
+/// The locks the forking thread holds from `prepare` to `parent` / `child`:
+/// the lineage's and the SIGBUS handler's installation lock (a child's
+/// in-thread pager installs it again).
+struct Held {
+    lineage: MutexGuard<'static, Lineage>,
+    install: MutexGuard<'static, ()>,
+}
+
 thread_local! {
-    /// The lineage lock, held by the forking thread from `prepare` to
-    /// `parent` / `child`.
-    static HELD: RefCell<Option<MutexGuard<'static, Lineage>>> = const { RefCell::new(None) };
+    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
 /// Why an anonymous region is not inherited.
@@ -104,7 +113,13 @@ fn install() {
 /// other thread starts there.
 pub fn after_fork() {
     let held = HELD.with(|h| h.borrow_mut().take());
-    let mut g = held.unwrap_or_else(lineage::lock);
+    let mut g = match held {
+        Some(Held { lineage, install }) => {
+            drop(install); // before a pager here installs the handler
+            lineage
+        }
+        None => lineage::lock(),
+    };
     let pagers = rebuild(&mut g);
     drop(g);
     drop(pagers); // after the lock: a pager's drop looks the lineage up
@@ -113,8 +128,10 @@ pub fn after_fork() {
 extern "C" fn prepare() {
     let _ = std::panic::catch_unwind(|| {
         flush_all();
-        let g = lineage::lock();
-        HELD.with(|h| *h.borrow_mut() = Some(g));
+        crate::inthread::before_fork();
+        let lineage = lineage::lock();
+        let install = upager_sys::signal::hold_install();
+        HELD.with(|h| *h.borrow_mut() = Some(Held { lineage, install }));
     });
 }
 

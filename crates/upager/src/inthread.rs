@@ -143,6 +143,14 @@ pub(crate) fn register(sh: &Arc<Shared>, r: &Arc<Area>) {
     });
 }
 
+/// Before a fork (the `prepare` handler): the registry and tombstones are
+/// initialised (a child must not find their initialisation in progress on
+/// a thread it does not have).
+pub(crate) fn before_fork() {
+    LazyLock::force(&REGISTRY);
+    LazyLock::force(&TOMBS);
+}
+
 /// In a fork child, before its engines start: empties the registry and
 /// the tombstones. Their entries are the parent's regions (whose ranges
 /// the child maps again, on its own engines); they are leaked, not
