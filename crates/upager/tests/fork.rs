@@ -231,7 +231,9 @@ fn writes() {
 }
 
 /// Two threads read random words of a region 4x the budget (faulting and
-/// evicting all the time) while the main thread forks 6 children; each
+/// evicting all the time) and a third writes random words (their own
+/// values again: folios get dirty, are written back, and the `prepare`
+/// flush races the writes) while the main thread forks 6 children; each
 /// child reads the whole region right. The readers never see a wrong word.
 fn inflight() {
     let dir = ram_dir();
@@ -240,7 +242,7 @@ fn inflight() {
     let r = Arc::new(r);
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));
-    let readers: Vec<_> = (0..2u64)
+    let readers: Vec<_> = (0..3u64)
         .map(|t| {
             let (r, stop, reads) = (Arc::clone(&r), Arc::clone(&stop), Arc::clone(&reads));
             std::thread::spawn(move || {
@@ -251,6 +253,10 @@ fn inflight() {
                     x ^= x >> 7;
                     x ^= x << 17;
                     let i = (x % words.len() as u64) as usize;
+                    if t == 2 {
+                        words[i].store(word(i as u64 * 8, SEED), Relaxed);
+                        continue;
+                    }
                     let v = words[i].load(Relaxed);
                     assert_eq!(v, word(i as u64 * 8, SEED), "reader {t} word {i}");
                     reads.fetch_add(1, Relaxed);
@@ -274,7 +280,8 @@ fn inflight() {
     for t in readers {
         t.join().unwrap();
     }
-    assert!(r.pager_stats().evictions > 0, "the readers evicted");
+    let st = r.pager_stats();
+    assert!(st.evictions > 0 && st.writebacks > 0, "{st:?}");
     say("INFLIGHT OK");
 }
 
