@@ -90,6 +90,9 @@ impl Pager {
     /// with the first pager of the process).
     pub(crate) fn from_builder(cfg: PagerBuilder) -> Result<Pager, PagerError> {
         install();
+        // A child made without the fork handlers (raw clone) rebuilds here
+        // at the latest, before this pager counts as the process's own.
+        after_fork();
         let p = Pager::start(cfg)?;
         lineage::track(p.owner());
         Ok(p)
