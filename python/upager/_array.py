@@ -80,6 +80,14 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
     indexing, ``astype``, ``np.sort``, ufuncs, reductions) are plain ndarrays
     or scalars and do not keep the region, as with numpy.memmap.
 
+    Processes: a fork child uses the arrays it inherited (a pager of its
+    own, started before ``fork()`` returns there; mode "c" and dataset
+    arrays excepted). Pickling (multiprocessing arguments under any start
+    method) sends where the array is: path or store URL, mode ("w+" as
+    "r+"), dtype, shape, strides, offset and the pager's options; unpickling
+    opens it again with a pager of its own. Mode "c" arrays pickle their
+    data, as numpy.memmap's do.
+
     Attributes: ``filename`` (absolute path; a resolved ``pathlib.Path``
     when given one, as numpy.memmap; None for a store), ``offset``,
     ``mode`` (the short name), ``region`` (the :class:`Region`; None once
