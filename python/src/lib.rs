@@ -982,6 +982,14 @@ fn parse_size(v: &Bound<'_, PyAny>) -> PyResult<u64> {
     size_arg(v, "size")
 }
 
+/// Rebuilds a fork child's pagers if the C library's fork handlers did not
+/// (`upager::after_fork`: idempotent). `upager` registers it with
+/// `os.register_at_fork(after_in_child=...)`.
+#[pyfunction]
+fn after_fork() {
+    upager::after_fork();
+}
+
 /// The module.
 #[pymodule]
 fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -990,6 +998,7 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRegion>()?;
     m.add_class::<PyPin>()?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(after_fork, m)?)?;
     m.add_function(wrap_pyfunction!(upload_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(create_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(delete_dataset, m)?)?;

@@ -27,17 +27,34 @@ and ``numpy.lib.format.open_memmap`` for .npy files::
 Model weights in safetensors files: ``upager.safetensors.open(path,
 budget=...)`` gives each tensor as a numpy view into one region.
 
-Processes: regions are not inherited by ``fork`` (a forked child gets
-SIGSEGV when it touches one). With :mod:`multiprocessing`, use the "spawn"
-or "forkserver" start method and open the array again in the child (pass
-the path, not the array)::
+Processes: a ``fork`` child (``os.fork``, :mod:`multiprocessing`'s
+"fork" start method) can use every file-backed array and region it
+inherited, at the same addresses: before ``fork()`` returns in the child,
+upager starts a pager of its own there for each of the parent's (same
+options, a budget of the same size, new threads) and maps each file region
+again, cold. The parent's writes made before the fork are flushed first, so
+the child sees them; later writes of either process reach the other
+through the file (flush, eviction) as with ``numpy.memmap``'s shared
+mapping. Anonymous regions, mode "c" arrays and dataset (store) arrays are
+not inherited: touching them in the child raises SIGSEGV. A pickled
+PagedArray (a :mod:`multiprocessing` argument under any start method,
+``concurrent.futures.ProcessPoolExecutor``) carries its path or store URL,
+mode, dtype, shape, strides, offset and pager options, and the receiving
+process opens it again (a pager of its own, with the same budget)::
 
-    def work(path):
-        a = upager.memmap(path, np.float64, mode="r", budget="256MiB")
-        return float(a[::4096].sum())
+    a = upager.memmap(path, np.float64, mode="r+", shape=(rows, cols))
+
+    def work(a, lo, hi):
+        a[lo:hi] = compute(lo, hi)   # a is opened again here
+        a.flush()
 
     with multiprocessing.get_context("spawn").Pool(4) as pool:
-        print(pool.map(work, [path] * 4))
+        pool.starmap(work, [(a, lo, hi) for lo, hi in blocks])
+
+Several processes writing one file: keep each one's writes in folios no
+other process writes (64 KiB by default) until issue 21 item 2 lands;
+otherwise a write-back of a whole folio can overwrite another process's
+bytes in it.
 
 Closing a region (or dropping the last array over it) behaves like munmap for
 other threads still using it: they see the right data or get SIGSEGV.
@@ -68,6 +85,8 @@ device's permissions). Counters (``Pager.stats()``) use the same stable names
 as the C API and the ``upager stat`` command.
 """
 
+import os
+
 from . import safetensors
 from ._array import MODES, PagedArray, memmap, open_array
 from ._upager import (
@@ -86,6 +105,12 @@ from ._upager import (
     upload_dataset,
 )
 from .npy import load, open_npy
+from ._upager import after_fork as _after_fork
+
+# The C library's fork handlers rebuild a child's pagers already (before
+# fork() returns there); this idempotent call is the belt to those braces,
+# for a child made by something that bypasses them.
+os.register_at_fork(after_in_child=_after_fork)
 
 __all__ = [
     "Pager",

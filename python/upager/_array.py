@@ -37,14 +37,17 @@ SizeArg = Union[int, str]
 
 
 class _Mapping:
-    """What every array over one region shares: the region and whether the
-    arrays were closed."""
+    """What every array over one region shares: the region, whether the
+    arrays were closed, and how it was opened (for pickling: ``path`` or
+    ``store``, ``mode``, ``start`` the file offset of the region's first
+    byte, and the pager's options)."""
 
-    __slots__ = ("region", "closed")
+    __slots__ = ("region", "closed", "opened", "__weakref__")
 
-    def __init__(self, region: Region) -> None:
+    def __init__(self, region: Region, opened: Optional[Dict[str, Any]] = None) -> None:
         self.region = region
         self.closed = False
+        self.opened = opened
 
 
 class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
@@ -76,6 +79,14 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
     the same region; results that are new arrays (``copy()``, fancy
     indexing, ``astype``, ``np.sort``, ufuncs, reductions) are plain ndarrays
     or scalars and do not keep the region, as with numpy.memmap.
+
+    Processes: a fork child uses the arrays it inherited (a pager of its
+    own, started before ``fork()`` returns there; mode "c" and dataset
+    arrays excepted). Pickling (multiprocessing arguments under any start
+    method) sends where the array is: path or store URL, mode ("w+" as
+    "r+"), dtype, shape, strides, offset and the pager's options; unpickling
+    opens it again with a pager of its own. Mode "c" arrays pickle their
+    data, as numpy.memmap's do.
 
     Attributes: ``filename`` (absolute path; a resolved ``pathlib.Path``
     when given one, as numpy.memmap; None for a store), ``offset``,
@@ -158,12 +169,19 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         return _plain(super().__getitem__(index))
 
     def __reduce__(self) -> Any:
-        # Pickles (multiprocessing arguments, too) carry the data as a plain
-        # ndarray, as numpy.memmap's do: a region does not cross processes.
-        return np.asarray(self).__reduce__()
+        return self.__reduce_ex__(2)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return np.asarray(self).__reduce_ex__(protocol)
+        # A view of a region pickles as where it is (path or store URL,
+        # mode, dtype, shape, strides, file offset, the pager's options);
+        # unpickling opens it again (multiprocessing's spawn and
+        # forkserver, ProcessPoolExecutor). Mode "c" (private changes) and
+        # arrays that are no view of a region carry their data, as
+        # numpy.memmap's pickles do.
+        spec = _spec(self)
+        if spec is None:
+            return np.asarray(self).__reduce_ex__(protocol)
+        return (_reopen, (spec,))
 
     # -- numpy.memmap's interface, and closing ----------------------------
 
@@ -244,6 +262,59 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         else:
             for chunk in _chunks(self):
                 fid.write(chunk)
+
+
+def _byte_bounds(a: np.ndarray) -> Tuple[int, int]:  # type: ignore[type-arg,unused-ignore]
+    """The first and one past the last byte address `a` uses."""
+    try:
+        from numpy.lib.array_utils import byte_bounds  # numpy 2
+    except ImportError:  # numpy 1.x
+        byte_bounds = np.byte_bounds  # type: ignore[attr-defined,unused-ignore]
+    lo, hi = byte_bounds(a)
+    return int(lo), int(hi)
+
+
+def _spec(a: PagedArray) -> Optional[Dict[str, Any]]:
+    """How to open `a` again in another process, or None if it cannot be
+    (not a view of a region, closed, mode "c")."""
+    m = a._mapping
+    if m is None or m.closed or m.opened is None or a.mode == "c":
+        return None
+    if a.size == 0:
+        return None
+    lo, hi = _byte_bounds(a)
+    base = m.region.address
+    addr = a.__array_interface__["data"][0]
+    return dict(
+        m.opened,
+        mode="r+" if a.mode == "w+" else a.mode,  # never truncate again
+        dtype=a.dtype,
+        shape=a.shape,
+        strides=a.strides,
+        low=m.opened["start"] + (lo - base),
+        nbytes=hi - lo,
+        first=addr - lo,
+        filename=a.filename,
+        offset=a.offset,
+    )
+
+
+def _reopen(spec: Dict[str, Any]) -> PagedArray:
+    """Unpickles a PagedArray: maps the bytes it spans again (a pager of
+    its own, with the same options) and views them as it did."""
+    flat = _open(spec["path"], np.uint8, (spec["nbytes"],), spec["mode"], spec["low"],
+                 "C", spec["budget"], spec["folio"], spec["fault_mode"], spec["store"],
+                 dict(spec["options"]))
+    arr = np.ndarray(spec["shape"], dtype=spec["dtype"], buffer=flat,
+                     offset=spec["first"], strides=spec["strides"])
+    if spec["mode"] == "r":
+        arr.flags.writeable = False
+    out = cast(PagedArray, arr.view(PagedArray))
+    out._mapping = flat._mapping
+    out.filename = spec["filename"]
+    out.offset = spec["offset"]
+    out.mode = spec["mode"]
+    return out
 
 
 def _plain(res: Any) -> Any:
@@ -425,7 +496,9 @@ def _open(path: Optional[str], dtype: DTypeLike, shape: Any, mode: Any, offset: 
     delta = offset % region.folio
     flat = np.frombuffer(memoryview(region), dtype=dt, count=count, offset=delta)
     arr = cast(PagedArray, flat.reshape(dims, order=order).view(PagedArray))
-    arr._mapping = _Mapping(region)
+    opened = dict(path=path, store=store, start=offset - delta, budget=budget,
+                  folio=folio, fault_mode=fault_mode, options=dict(pager_options))
+    arr._mapping = _Mapping(region, opened)
     arr.filename = name
     arr.offset = offset
     arr.mode = mode

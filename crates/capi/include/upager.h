@@ -171,6 +171,24 @@ int upager_fault_mode(const upager_t *pager);
  * UPAGER_FAULT_FROM_ENV included. */
 const char *upager_fault_mode_name(int mode);
 
+/* fork(): a child can use every file region it inherited, at the same
+ * address (pointers taken before the fork stay valid), through the same
+ * handles: before fork() returns in the child, upager starts a pager of
+ * its own for each of the parent's (same options, a budget of the same
+ * size, new threads) and maps each file region again there, cold. The
+ * parent's writes made before fork() was called are flushed to the file
+ * first, so the child sees them; later writes of either process reach the
+ * other through the file (flush, eviction), as with MAP_SHARED, for bytes
+ * in folios only one of them writes. Anonymous regions, and regions of
+ * stores made with upager_map_store(), are not inherited: their range
+ * stays reserved and inaccessible (SIGSEGV). The handlers are registered
+ * with pthread_atfork() when the first pager is created.
+ *
+ * upager_after_fork() does the child's part by hand, for a child made
+ * without the C library's fork() (a raw clone()); it does nothing in any
+ * other process, and nothing the second time. */
+void upager_after_fork(void);
+
 /* Releases the pager handle. Regions already mapped stay valid (they keep
  * the pager's threads alive until the last of them is unmapped). NULL is
  * ignored. */

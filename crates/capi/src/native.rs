@@ -793,6 +793,13 @@ pub unsafe extern "C" fn upager_region_writable(r: *const upager_region_t) -> c_
     unsafe { region(r) }.map_or(0, |r| c_int::from(r.is_writable()))
 }
 
+/// `upager_after_fork`: rebuilds a fork child's pagers if its fork
+/// handlers did not (see `upager::after_fork`).
+#[no_mangle]
+pub extern "C" fn upager_after_fork() {
+    engine::after_fork();
+}
+
 /// `upager_flush`: writes dirty data back and fdatasyncs.
 ///
 /// # Safety

@@ -19,6 +19,7 @@
 //! - [`io`]: positional I/O from raw mapping addresses, hole punching, poll,
 //!   eventfd, thread ids and CPU pinning.
 //! - [`pagemap`]: `/proc/self/pagemap` and the `PAGEMAP_SCAN` ioctl.
+//! - [`fork`]: `pthread_atfork` handlers (regions rebuilt in a fork child).
 //! - [`futex`]: futex wait/wake on atomics (async-signal-safe waits).
 //! - [`signal`]: the process's SIGBUS handler for in-thread faults.
 //! - [`snapshot`]: a value readable from a signal handler while replaced.
@@ -29,6 +30,7 @@
 //! - [`inject`]: kernel-call failures on demand for tests (feature
 //!   `fail-inject`; nothing without it).
 
+pub mod fork;
 pub mod futex;
 pub mod inject;
 pub mod io;

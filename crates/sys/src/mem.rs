@@ -88,6 +88,74 @@ impl Mapping {
     }
 
     /// Maps `len` bytes (a multiple of the page size) of private anonymous,
+    /// `MAP_NORESERVE` memory with `access` at exactly `addr` if nothing is
+    /// mapped in `[addr, addr + len)` (`MAP_FIXED_NOREPLACE`: EEXIST if
+    /// anything is). A fork child reserves (`Access::None`) the ranges of
+    /// the regions it inherited this way, where its parent had them (they
+    /// were `MADV_DONTFORK`, so they are free in the child), and maps each
+    /// again over its reservation ([`Mapping::remap`]).
+    pub fn vacant(addr: u64, len: usize, access: Access) -> io::Result<Mapping> {
+        assert!(len > 0 && len.is_multiple_of(PAGE_SIZE));
+        if !addr.is_multiple_of(PAGE_SIZE as u64) || addr == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let flags = libc::MAP_PRIVATE
+            | libc::MAP_ANONYMOUS
+            | libc::MAP_NORESERVE
+            | libc::MAP_FIXED_NOREPLACE;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping: the call
+        // fails (EEXIST) if any part of the range is in use, so no memory
+        // anything refers to is affected.
+        let raw = unsafe { libc::mmap(addr as *mut libc::c_void, len, prot(access), flags, -1, 0) };
+        if raw == libc::MAP_FAILED {
+            return Err(last_err());
+        }
+        if raw as u64 != addr {
+            // Kernels before 4.17 ignore the flag and pick another address.
+            // SAFETY: the mapping was just created here and is not used.
+            unsafe { libc::munmap(raw, len) };
+            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        let addr = NonNull::new(raw.cast::<u8>()).expect("a non-zero address was asked for");
+        Ok(Mapping { addr, len })
+    }
+
+    /// Replaces this mapping (typically a reservation made by
+    /// [`Mapping::vacant`]) with fresh private anonymous `MAP_NORESERVE`
+    /// memory at the same address (`MAP_FIXED`), readable and, if
+    /// `writable`, writable. Consumes it: nothing refers to its memory.
+    pub fn remap(self, writable: bool) -> io::Result<Mapping> {
+        let access = if writable {
+            Access::ReadWrite
+        } else {
+            Access::Read
+        };
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        // SAFETY: `self` is owned and consumed here: no view of its memory
+        // outlives this call (atomic views borrow it), so replacing the
+        // range affects nothing anyone refers to.
+        let raw = unsafe {
+            libc::mmap(
+                self.addr.as_ptr().cast(),
+                self.len,
+                prot(access),
+                flags,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(last_err()); // `self` drops: the range is unmapped
+        }
+        let m = Mapping {
+            addr: self.addr,
+            len: self.len,
+        };
+        std::mem::forget(self); // its range is `m` now
+        Ok(m)
+    }
+
+    /// Maps `len` bytes (a multiple of the page size) of private anonymous,
     /// `MAP_NORESERVE` memory at an address aligned to `align` (a power of
     /// two ≥ the page size), readable and, if `writable`, writable.
     pub fn anonymous(len: usize, align: usize, writable: bool) -> io::Result<Mapping> {
@@ -162,11 +230,7 @@ impl Mapping {
     /// protection forbids raises SIGSEGV; userfaultfd write-protection of
     /// its pages is kept either way.
     pub fn protect(&self, access: Access) -> io::Result<()> {
-        let prot = match access {
-            Access::None => libc::PROT_NONE,
-            Access::Read => libc::PROT_READ,
-            Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
-        };
+        let prot = prot(access);
         // SAFETY: the range is exactly this mapping; changing its protection
         // frees nothing and moves nothing. A later access through a view that
         // the protection forbids raises SIGSEGV (a crash, like any protected
@@ -270,6 +334,15 @@ pub enum Access {
     Read,
     /// Loads and stores.
     ReadWrite,
+}
+
+/// The `PROT_*` bits of `access`.
+fn prot(access: Access) -> libc::c_int {
+    match access {
+        Access::None => libc::PROT_NONE,
+        Access::Read => libc::PROT_READ,
+        Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+    }
 }
 
 /// Part of a [`Mapping`]. Operations that replace or discard memory

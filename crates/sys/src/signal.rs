@@ -68,6 +68,14 @@ pub fn in_sigbus_handler() -> bool {
     IN_HANDLER.with(Cell::get) > 0
 }
 
+/// Holds the installation lock (a fork `prepare` handler takes it so no
+/// other thread holds it at the fork: a child that starts a pager installs
+/// the handler again). Drop the guard in the parent and in the child, in
+/// the child before any installation.
+pub fn hold_install() -> std::sync::MutexGuard<'static, ()> {
+    INSTALL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A saved `struct sigaction`.
 struct Previous(libc::sigaction);
 

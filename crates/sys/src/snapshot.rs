@@ -8,19 +8,20 @@
 //! swap: every reader that could have loaded the old pointer counted
 //! itself in before loading it, so it is done by then.
 //!
-//! Writers are serialised by a mutex and may wait (microseconds: a reader's
-//! window is a binary search). A writer must never run inside a reader
-//! (never replace from a signal handler).
+//! Writers are serialised by a spin lock (a flag, so a fork child can clear
+//! it: [`SignalSafeCell::replace_in_child`]) and may wait (microseconds: a
+//! reader's window is a binary search). A writer must never run inside a
+//! reader (never replace from a signal handler).
 
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 /// See the module documentation.
 pub struct SignalSafeCell<T> {
     ptr: AtomicPtr<T>,
     readers: AtomicUsize,
-    writer: Mutex<()>,
+    /// Held by the one writer at work.
+    writer: AtomicBool,
 }
 
 // SAFETY: readers on any thread get `&T` (needs T: Sync); a writer drops
@@ -35,7 +36,7 @@ impl<T> SignalSafeCell<T> {
         SignalSafeCell {
             ptr: AtomicPtr::new(Box::into_raw(Box::new(value))),
             readers: AtomicUsize::new(0),
-            writer: Mutex::new(()),
+            writer: AtomicBool::new(false),
         }
     }
 
@@ -55,7 +56,15 @@ impl<T> SignalSafeCell<T> {
     /// Replaces the value with `f(current)` and frees the old one once no
     /// reader can hold it. Writers run one at a time.
     pub fn update(&self, f: impl FnOnce(&T) -> T) {
-        let _w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spins = 0u32;
+        while self
+            .writer
+            .compare_exchange_weak(false, true, SeqCst, SeqCst)
+            .is_err()
+        {
+            backoff(&mut spins);
+        }
+        let _unlock = Unlock(&self.writer); // also if `f` panics
         let cur = self.ptr.load(SeqCst);
         // SAFETY: only writers free values, and they are serialised by
         // `writer`, which this thread holds: `cur` is live.
@@ -63,18 +72,50 @@ impl<T> SignalSafeCell<T> {
         let old = self.ptr.swap(new, SeqCst);
         let mut spins = 0u32;
         while self.readers.load(SeqCst) != 0 {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else if spins < 256 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
+            backoff(&mut spins);
         }
         // SAFETY: `old` is retired (no longer reachable through `ptr`) and
         // no reader was in flight after the swap, so none holds it.
         drop(unsafe { Box::from_raw(old) });
+    }
+
+    /// Replaces the value in a fork child, where this is the only thread:
+    /// the threads of the parent that were reading or replacing it at the
+    /// fork do not exist here, so their reader counts and the writer lock
+    /// are cleared, and the old value is leaked, not dropped (it may refer
+    /// to the parent's threads and state, which the child must not touch).
+    ///
+    /// Call it only in a fork child before it starts a thread or installs a
+    /// handler that reads this cell (a `pthread_atfork` child handler); in
+    /// any other place it is still memory safe but may leak a value and
+    /// let a concurrent writer's value be lost.
+    pub fn replace_in_child(&self, value: T) {
+        let new = Box::into_raw(Box::new(value));
+        // The old value is leaked on purpose (see above).
+        let _old = self.ptr.swap(new, SeqCst);
+        self.readers.store(0, SeqCst);
+        self.writer.store(false, SeqCst);
+    }
+}
+
+/// Releases the writer lock when dropped.
+struct Unlock<'a>(&'a AtomicBool);
+
+impl Drop for Unlock<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, SeqCst);
+    }
+}
+
+/// Spin, then yield, then sleep 20 µs per round.
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else if *spins < 256 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
     }
 }
 

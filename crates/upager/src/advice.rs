@@ -100,6 +100,9 @@ impl Region {
         offset: u64,
         len: u64,
     ) -> Result<Vec<(Range<u64>, Residency)>, RangeError> {
+        if let Some(h) = self.heir() {
+            return h.residency(offset, len);
+        }
         let r = &self.inner;
         let folios = r.folio_range(offset, len, 4096)?;
         let end = offset + len;
@@ -120,6 +123,9 @@ impl Region {
     /// moved in whole; `PAGEMAP_SCAN`): 0 for other folio sizes, and for
     /// folios that were copied in as base pages (`thp_fill_fallback`).
     pub fn huge_bytes(&self) -> std::io::Result<u64> {
+        if let Some(h) = self.heir() {
+            return h.huge_bytes();
+        }
         let r = &self.inner;
         if r.folio != crate::thp::HUGE {
             return Ok(0);
@@ -137,6 +143,9 @@ impl Region {
     /// `mincore(2)`-shaped residency: one byte per 4 KiB page of the range,
     /// bit 0 set when the page is in memory.
     pub fn mincore(&self, offset: u64, len: u64) -> Result<Vec<u8>, RangeError> {
+        if let Some(h) = self.heir() {
+            return h.mincore(offset, len);
+        }
         self.per_page(offset, len, |s| {
             u8::from(matches!(
                 s,
@@ -149,6 +158,9 @@ impl Region {
     /// ("present") for pages in memory, bit 62 ("swapped") for pages whose
     /// contents are in the store (evicted).
     pub fn pagemap(&self, offset: u64, len: u64) -> Result<Vec<u64>, RangeError> {
+        if let Some(h) = self.heir() {
+            return h.pagemap(offset, len);
+        }
         self.per_page(offset, len, |s| match s {
             Residency::ResidentClean | Residency::ResidentDirty => PM_PRESENT,
             Residency::Evicted => PM_SWAPPED,
@@ -184,6 +196,9 @@ impl Region {
     /// Waits for folios busy with a fill or write-back to settle first.
     /// Returns the number of folios evicted.
     pub fn pageout(&self, offset: u64, len: u64) -> Result<u64, AdviseError> {
+        if let Some(h) = self.heir() {
+            return h.pageout(offset, len);
+        }
         let r = &self.inner;
         let folios = r.whole_folios(offset, len)?;
         let sh = &self.owner.shared;
@@ -208,6 +223,9 @@ impl Region {
     /// TLB shootdown per batch. Anonymous regions have nothing to re-read
     /// (nothing is dropped). Returns the folios dropped.
     pub fn invalidate(&self, offset: u64, len: u64) -> Result<u64, RangeError> {
+        if let Some(h) = self.heir() {
+            return h.invalidate(offset, len);
+        }
         let r = &self.inner;
         let head = offset % r.folio;
         let folios = r.folio_range(offset - head, len.saturating_add(head), 1)?;
@@ -226,6 +244,9 @@ impl Region {
     /// access to a folio whose fill finished does not fault. Prefetch stops
     /// early rather than evict more than one batch to make room.
     pub fn prefetch(&self, offset: u64, len: u64) -> Result<(), RangeError> {
+        if let Some(h) = self.heir() {
+            return h.prefetch(offset, len);
+        }
         let folios = self.inner.folio_range(offset, len, self.inner.folio)?;
         self.owner.prefetch(PrefetchRequest {
             region: Arc::clone(&self.inner),
@@ -247,6 +268,9 @@ impl Region {
     /// fails with EFAULT (or use [`Region::read_at`] / [`Region::write_at`],
     /// which copy through memory accesses). Works in both fault modes.
     pub fn fault_in(&self, offset: u64, len: u64, write: bool) -> Result<(), AdviseError> {
+        if let Some(h) = self.heir() {
+            return h.fault_in(offset, len, write);
+        }
         let r = &self.inner;
         let folios = r.folio_range(offset, len, 1)?;
         if write && !r.writable {
@@ -310,6 +334,9 @@ impl Region {
     /// (beyond that: an error, nothing pinned). `flush` still writes pinned
     /// folios back (they stay resident). Unmap drops every pin.
     pub fn pin(&self, offset: u64, len: u64, write: bool) -> Result<(), AdviseError> {
+        if let Some(h) = self.heir() {
+            return h.pin(offset, len, write);
+        }
         let r = &self.inner;
         let folios = r.folio_range(offset, len, 1)?;
         if write && !r.writable {
@@ -371,6 +398,9 @@ impl Region {
     /// Undoes one [`Region::pin`] of the range. Unpinning a folio that is
     /// not pinned is an error, and then nothing is unpinned.
     pub fn unpin(&self, offset: u64, len: u64) -> Result<(), AdviseError> {
+        if let Some(h) = self.heir() {
+            return h.unpin(offset, len);
+        }
         let r = &self.inner;
         let folios = r.folio_range(offset, len, 1)?;
         {
@@ -407,6 +437,9 @@ impl Region {
     /// Waits until every prefetch queued so far (by any region of this
     /// pager) has finished, or `timeout` passes; true if they finished.
     pub fn wait_prefetch(&self, timeout: std::time::Duration) -> bool {
+        if let Some(h) = self.heir() {
+            return h.wait_prefetch(timeout);
+        }
         let deadline = std::time::Instant::now() + timeout;
         while self.owner.shared.prefetch_pending.load(Ordering::Acquire) != 0 {
             if std::time::Instant::now() >= deadline {
@@ -423,6 +456,9 @@ impl Region {
     /// in the range that were not flushed or evicted are lost**. Waits for
     /// folios busy with I/O.
     pub fn discard(&self, offset: u64, len: u64) -> Result<(), AdviseError> {
+        if let Some(h) = self.heir() {
+            return h.discard(offset, len);
+        }
         let r = &self.inner;
         let folios = r.whole_folios(offset, len)?;
         // Everything in the range goes, whatever its state.

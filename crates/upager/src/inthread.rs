@@ -143,6 +143,24 @@ pub(crate) fn register(sh: &Arc<Shared>, r: &Arc<Area>) {
     });
 }
 
+/// Before a fork (the `prepare` handler): the registry and tombstones are
+/// initialised (a child must not find their initialisation in progress on
+/// a thread it does not have).
+pub(crate) fn before_fork() {
+    LazyLock::force(&REGISTRY);
+    LazyLock::force(&TOMBS);
+}
+
+/// In a fork child, before its engines start: empties the registry and
+/// the tombstones. Their entries are the parent's regions (whose ranges
+/// the child maps again, on its own engines); they are leaked, not
+/// dropped, and a reader or writer the parent had in flight is forgotten
+/// (its thread does not exist here).
+pub(crate) fn forget_parent() {
+    REGISTRY.replace_in_child(Vec::new());
+    TOMBS.replace_in_child(Vec::new());
+}
+
 /// Removes region `id` from the registry (after its range is inaccessible).
 pub(crate) fn unregister(id: u64, sh: &Shared) {
     let mine = |e: &Entry| e.area.id == id && std::ptr::eq(Arc::as_ptr(&e.shared), sh);

@@ -43,8 +43,12 @@
 //!
 //! # Requirements and non-goals
 //! Linux 6.16 or later (one TLB flush per `process_madvise` call), access to
-//! `/dev/userfaultfd` (root, or the device's permissions). Regions are not
-//! inherited by `fork` children. Read-only regions enforce read-only access
+//! `/dev/userfaultfd` (root, or the device's permissions). A `fork` child
+//! can use every file region it inherited, at the same address, on an
+//! engine of its own started before `fork()` returns there (cold, with a
+//! budget of the same size; the parent's writes made before the fork are
+//! flushed first); anonymous regions are not inherited (see [`after_fork`]
+//! and docs/design.md, "fork"). Read-only regions enforce read-only access
 //! with SIGSEGV like a `PROT_READ` mapping. Not a goal: sharing a region
 //! between processes (use the kernel's `MAP_SHARED`).
 #![deny(missing_docs)]
@@ -59,8 +63,10 @@ mod config;
 mod error;
 mod fault;
 mod folio;
+mod fork;
 mod gather;
 mod inthread;
+mod lineage;
 mod lru;
 mod pager;
 mod reclaim;
@@ -82,6 +88,7 @@ pub use error::{
     errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,
     RangeError, UnmapError,
 };
+pub use fork::after_fork;
 pub use pager::Pager;
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};
@@ -118,8 +125,8 @@ mod tests {
     /// before it.
     const LAYERS: &[&str] = &[
         "sync", "config", "error", "folio", "trace", "stats", "store", "budget", "area", "table",
-        "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread", "region", "advice",
-        "pager",
+        "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread", "lineage", "region",
+        "advice", "pager", "fork",
     ];
 
     /// The engine's modules form the DAG that lib.rs lists and

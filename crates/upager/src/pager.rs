@@ -57,7 +57,9 @@ impl Pager {
         Self::builder().budget(budget).build()
     }
 
-    pub(crate) fn from_builder(cfg: PagerBuilder) -> Result<Pager, PagerError> {
+    /// Starts a pager's engine (checks, core, threads); `fork.rs`'s
+    /// `from_builder` also records it for the fork handlers.
+    pub(crate) fn start(cfg: PagerBuilder) -> Result<Pager, PagerError> {
         if cfg.budget < MIN_FOLIO {
             return Err(PagerError::BudgetTooSmall(cfg.budget));
         }
@@ -136,10 +138,51 @@ impl Pager {
         &self.owner.shared
     }
 
+    /// In a fork child, for a handle inherited from an ancestor: a handle
+    /// of the pager started for it here. None for this process's own.
+    ///
+    /// # Panics
+    /// If the child could not start one (the error was logged then).
+    fn heir(&self) -> Option<Pager> {
+        let owner = crate::lineage::heir_of_pager(&self.owner, false)?;
+        Some(Pager {
+            owner: owner.unwrap_or_else(|| {
+                panic!(
+                    "this pager was inherited from the parent process, and this fork child \
+                     could not start one of its own (see the error logged at the fork)"
+                )
+            }),
+        })
+    }
+
+    pub(crate) fn owner(&self) -> &Arc<Owner> {
+        &self.owner
+    }
+
+    /// Maps `area`, a region of the parent process, again in a fork child:
+    /// at its old address (over `reserved`, the child's reservation of that
+    /// range), on `store`, cold (every folio is read again from the store).
+    pub(crate) fn map_again(
+        &self,
+        area: &Area,
+        store: Arc<dyn Store>,
+        reserved: Mapping,
+    ) -> Result<Region, MapError> {
+        let opts = MapOptions::new()
+            .folio(area.folio)
+            .writable(area.writable)
+            .offset(area.store_off)
+            .len(area.len);
+        self.map_inner_at(store, None, area.store_off, area.len, &opts, Some(reserved))
+    }
+
     /// Maps a file (or the range `offset..offset+len` of it). Read-only
     /// unless `opts.writable(true)`; writes reach the file on eviction and on
     /// [`Region::flush`].
     pub fn map_file(&self, path: impl AsRef<Path>, opts: &MapOptions) -> Result<Region, MapError> {
+        if let Some(p) = self.heir() {
+            return p.map_file(path, opts);
+        }
         let path = path.as_ref();
         check_folio(opts.folio)?;
         let open_error = |e: std::io::Error| {
@@ -190,6 +233,9 @@ impl Pager {
         file: std::fs::File,
         opts: &MapOptions,
     ) -> Result<Region, MapError> {
+        if let Some(p) = self.heir() {
+            return p.map_open_file(file, opts);
+        }
         check_folio(opts.folio)?;
         let fd_path = std::path::PathBuf::from("<file descriptor>");
         let (readable, writable) =
@@ -244,6 +290,9 @@ impl Pager {
     /// Maps any [`Store`] with file semantics (reads come from the store,
     /// writes go back to it).
     pub fn map_store(&self, store: Arc<dyn Store>, opts: &MapOptions) -> Result<Region, MapError> {
+        if let Some(p) = self.heir() {
+            return p.map_store(store, opts);
+        }
         check_folio(opts.folio)?;
         if opts.writable && !store.writable() {
             return Err(MapError::StoreReadOnly);
@@ -276,6 +325,9 @@ impl Pager {
     /// a private swap file (created 0600 in the swap directory and unlinked
     /// at once) when evicted. Always writable; `opts.offset` must be 0.
     pub fn map_anonymous(&self, len: u64, opts: &MapOptions) -> Result<Region, MapError> {
+        if let Some(p) = self.heir() {
+            return p.map_anonymous(len, opts);
+        }
         check_anonymous(len, opts)?;
         self.check_budget(opts.folio)?;
         let (swap, slots) = self.swap_space(opts.folio)?;
@@ -295,6 +347,9 @@ impl Pager {
         len: u64,
         opts: &MapOptions,
     ) -> Result<Region, MapError> {
+        if let Some(p) = self.heir() {
+            return p.map_anonymous_on(store, len, opts);
+        }
         check_anonymous(len, opts)?;
         if !store.writable() {
             return Err(MapError::StoreReadOnly);
@@ -341,6 +396,20 @@ impl Pager {
         len: u64,
         opts: &MapOptions,
     ) -> Result<Region, MapError> {
+        self.map_inner_at(store, slots, store_off, len, opts, None)
+    }
+
+    /// [`Pager::map_inner`] over `reserved` (a range this process reserved
+    /// for the region) if given.
+    fn map_inner_at(
+        &self,
+        store: Arc<dyn Store>,
+        slots: Option<Arc<Slots>>,
+        store_off: u64,
+        len: u64,
+        opts: &MapOptions,
+        reserved: Option<Mapping>,
+    ) -> Result<Region, MapError> {
         let (folio, writable) = (opts.folio, opts.writable);
         self.check_budget(folio)?;
         let sh = self.shared();
@@ -360,10 +429,23 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
-        let map = match opts.at {
-            None => Mapping::anonymous(map_len as usize, folio as usize, writable)
+        let map = match (opts.at, reserved) {
+            (None, Some(place)) => {
+                let addr = place.addr();
+                if place.len() as u64 != map_len {
+                    return Err(MapError::FixedTooSmall {
+                        addr,
+                        given: place.len() as u64,
+                        need: map_len,
+                    });
+                }
+                place
+                    .remap(writable)
+                    .map_err(|source| MapError::Fixed { addr, source })?
+            }
+            (None, None) => Mapping::anonymous(map_len as usize, folio as usize, writable)
                 .map_err(|source| mmap_error(map_len, source))?,
-            Some(at) => {
+            (Some(at), _) => {
                 if !at.addr().is_multiple_of(folio) {
                     return Err(MapError::FixedUnaligned {
                         addr: at.addr(),
@@ -474,6 +556,9 @@ impl Pager {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
+        if let Some(p) = self.heir() {
+            return p.stats();
+        }
         let sh = self.shared();
         let mut s = sh.counters.snapshot();
         s.resident_bytes = sh.budget.resident();
@@ -489,17 +574,26 @@ impl Pager {
     /// Where fills spend their time, if the pager was built with
     /// [`PagerBuilder::fault_timing`] (None otherwise).
     pub fn fault_phases(&self) -> Option<crate::FaultPhases> {
+        if let Some(p) = self.heir() {
+            return p.fault_phases();
+        }
         let sh = self.shared();
         sh.cfg.fault_timing.then(|| sh.phases.snapshot())
     }
 
     /// The budget in bytes.
     pub fn budget(&self) -> u64 {
+        if let Some(p) = self.heir() {
+            return p.budget();
+        }
         self.shared().budget.limit()
     }
 
     /// How this pager resolves faults.
     pub fn fault_mode(&self) -> crate::FaultMode {
+        if let Some(p) = self.heir() {
+            return p.fault_mode();
+        }
         self.shared().mode
     }
 
@@ -508,6 +602,9 @@ impl Pager {
     ///
     /// [`PagerBuilder::uffd_shards`]: crate::PagerBuilder::uffd_shards
     pub fn uffd_shards(&self) -> usize {
+        if let Some(p) = self.heir() {
+            return p.uffd_shards();
+        }
         self.shared().uffds.len()
     }
 }
@@ -533,9 +630,23 @@ fn check_folio(folio: u64) -> Result<(), MapError> {
     }
 }
 
+impl Drop for Pager {
+    fn drop(&mut self) {
+        // An inherited handle: the pager started for it here goes (with the
+        // last of its regions), the parent's is left alone (lineage.rs).
+        if let Some(heir) = crate::lineage::heir_of_pager(&self.owner, true) {
+            crate::lineage::forget_ancestor(&self.owner);
+            drop(heir);
+        }
+    }
+}
+
 impl Region {
     /// Counters of the pager this region belongs to.
     pub fn pager_stats(&self) -> Stats {
+        if let Some(h) = self.heir() {
+            return h.pager_stats();
+        }
         Pager {
             owner: Arc::clone(&self.owner),
         }

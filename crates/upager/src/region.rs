@@ -8,7 +8,11 @@
 //! range that leaves the userfaultfd while still mapped (it would fill
 //! faults with zeros).
 //!
-//! Uses: `area`, `error`, `folio`, `gather`, `shared`.
+//! In a fork child, a handle inherited from the parent stands for the
+//! region mapped again on the child's engine (`lineage`): each method that
+//! touches the engine asks [`Region::heir`] first and works on that one.
+//!
+//! Uses: `area`, `error`, `folio`, `gather`, `lineage`, `shared`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use crate::area::Area;
 use crate::error::{FlushError, UnmapError};
 use crate::folio::{self, Kind};
 use crate::gather::{Gather, Mode};
+use crate::lineage::{self, Heir};
 use crate::shared::{Owner, Shared};
 
 /// A mapped region: an ordinary pointer to `len()` bytes that fault in on
@@ -52,6 +57,55 @@ impl Region {
     }
     fn shared(&self) -> &Arc<Shared> {
         &self.owner.shared
+    }
+
+    /// The engine objects of a handle that will not unmap (fork.rs keeps
+    /// them in the lineage instead).
+    pub(crate) fn into_parts(mut self) -> (Arc<Area>, Arc<Owner>) {
+        self.done = true;
+        (Arc::clone(&self.inner), Arc::clone(&self.owner))
+    }
+
+    /// In a fork child, for a handle inherited from an ancestor: a handle
+    /// (that does not unmap on drop) of the region mapped again here.
+    /// None for a handle of this process's own.
+    ///
+    /// # Panics
+    /// If the region was not inherited (anonymous memory, a store a child
+    /// cannot use): the message says why.
+    pub(crate) fn heir(&self) -> Option<Region> {
+        match lineage::heir_of_region(&self.inner, &self.owner, false)? {
+            Heir::Mapped(inner, owner) => Some(Region {
+                inner,
+                owner,
+                done: true,
+            }),
+            Heir::Refused { why, reserve } => panic!(
+                "region at {:#x} ({} bytes) is not usable in this fork child: {why}{}",
+                self.inner.base(),
+                self.inner.len,
+                if reserve.is_some() {
+                    " (its range is kept inaccessible: an access raises SIGSEGV)"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+
+    /// In a fork child, ends an inherited handle: unmaps what stands for
+    /// it here (returned, to be dropped or unmapped by the caller) and lets
+    /// the ancestor's objects go without dropping them. None for a handle
+    /// of this process's own.
+    fn take_heir(&mut self) -> Option<Option<Region>> {
+        let heir = lineage::heir_of_region(&self.inner, &self.owner, true)?;
+        self.done = true;
+        lineage::forget_ancestor(&self.inner);
+        lineage::forget_ancestor(&self.owner);
+        Some(match heir {
+            Heir::Mapped(inner, owner) => Some(Region::new(inner, owner)),
+            Heir::Refused { .. } => None, // the reservation goes with the entry
+        })
     }
     /// First byte of the region.
     pub fn as_ptr(&self) -> *mut u8 {
@@ -116,20 +170,10 @@ impl Region {
         if !r.writable || r.is_anon() {
             return Ok(());
         }
-        let sh = self.shared();
-        // A BUSY folio may be a dirty one being evicted (its write-back not
-        // done yet) or one being made dirty: collect waits it out, so every
-        // write made before this call is on the store when we sync.
-        let mut batch = Gather::new(sh, Mode::Writeback, sh.batch_folios(r.folio));
-        batch.collect(r, r.touched_folios(), |s| s.kind() == Kind::Dirty);
-        let (_, first_err) = batch.finish();
-        let sticky = r.take_error();
-        if let Some(e) = first_err.or(sticky) {
-            return Err(FlushError::Writeback(e));
+        if let Some(h) = self.heir() {
+            return h.flush();
         }
-        r.store.sync().map_err(FlushError::Sync)?;
-        sh.counters.flushes.inc();
-        Ok(())
+        flush_area(self.shared(), r)
     }
 
     /// The recent state changes of the folio holding byte `offset` (and of
@@ -142,6 +186,9 @@ impl Region {
     /// # Panics
     /// If `offset` is beyond the region.
     pub fn folio_trace(&self, offset: u64, span: usize) -> String {
+        if let Some(h) = self.heir() {
+            return h.folio_trace(offset, span);
+        }
         let r = &self.inner;
         assert!(offset < r.len, "offset {offset} is beyond the region");
         let idx = (offset >> r.shift) as usize;
@@ -174,6 +221,9 @@ impl Region {
     /// the flush below), then the range becomes inaccessible, and only then
     /// does the engine let go of it. Never zero-filled or stale memory.
     pub fn unmap(mut self) -> Result<(), (UnmapError, Region)> {
+        if let Some(heir) = self.take_heir() {
+            return heir.map_or(Ok(()), Region::unmap);
+        }
         self.stop_writes(true);
         if let Err(e) = self.flush() {
             self.stop_writes(false);
@@ -320,10 +370,31 @@ impl Drop for Region {
         if self.done {
             return;
         }
+        if self.take_heir().is_some() {
+            return; // what stood for it here is dropped (unmapped) now
+        }
         self.stop_writes(true);
         if let Err(e) = self.flush() {
             log::warn!("region {} dropped with unwritten data: {e}", self.inner.id);
         }
         self.teardown();
     }
+}
+
+/// Writes every dirty folio of `r` back and syncs its store (see
+/// [`Region::flush`]); also the fork handlers' `prepare` step.
+pub(crate) fn flush_area(sh: &Shared, r: &Arc<Area>) -> Result<(), FlushError> {
+    // A BUSY folio may be a dirty one being evicted (its write-back not
+    // done yet) or one being made dirty: collect waits it out, so every
+    // write made before this call is on the store when we sync.
+    let mut batch = Gather::new(sh, Mode::Writeback, sh.batch_folios(r.folio));
+    batch.collect(r, r.touched_folios(), |s| s.kind() == Kind::Dirty);
+    let (_, first_err) = batch.finish();
+    let sticky = r.take_error();
+    if let Some(e) = first_err.or(sticky) {
+        return Err(FlushError::Writeback(e));
+    }
+    r.store.sync().map_err(FlushError::Sync)?;
+    sh.counters.flushes.inc();
+    Ok(())
 }

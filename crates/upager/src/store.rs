@@ -189,6 +189,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn signal_safe(&self) -> bool {
         false
     }
+    /// Whether a fork child may go on using this store object (the same
+    /// descriptors, no state shared with the parent's threads, no
+    /// connection whose protocol state the parent shares). The regions of
+    /// a store that says so are mapped again in a fork child on the same
+    /// store; the others are not inherited (docs/design.md, "fork").
+    /// Default false.
+    fn fork_safe(&self) -> bool {
+        false
+    }
 }
 
 /// A file (or a range of one) as a store: a regular file or a block
@@ -417,6 +426,12 @@ impl Store for FileStore {
     }
     fn signal_safe(&self) -> bool {
         true // pread into the caller's buffer
+    }
+    fn fork_safe(&self) -> bool {
+        // Positional I/O on inherited descriptors (no file offset used);
+        // rings made before a fork are never used by the child (RingPool),
+        // and its lock is only tried.
+        true
     }
 }
 

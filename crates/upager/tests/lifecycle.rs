@@ -2,7 +2,8 @@
 //! - no wrong word is ever read while a region is unmapped, dropped, or its
 //!   pager destroyed under running readers and writers: they see the right
 //!   data or get SIGSEGV (checked in child processes, many rounds);
-//! - a forked child gets SIGSEGV on a region, a clear signal;
+//! - a forked child gets SIGSEGV on an anonymous region (not inherited:
+//!   file regions are, tests/fork.rs), a clear signal;
 //! - 10,000 regions, file-backed and anonymous, under an open-file limit of
 //!   1,024; a limit that is hit is named in the error;
 //! - a full disk stops writes (EFAULT/SIGBUS for the write) but not reads,
@@ -157,8 +158,9 @@ fn no_wrong_word_is_read_while_a_region_is_unmapped_dropped_or_its_pager_destroy
     }
 }
 
-/// A forked child touching a region gets SIGSEGV (the range is
-/// MADV_DONTFORK: not in the child at all), and the parent goes on.
+/// A forked child touching an anonymous region gets SIGSEGV (the range is
+/// MADV_DONTFORK, and anonymous regions are not mapped again in a child:
+/// it is reserved inaccessible), and the parent goes on.
 fn fork_child() {
     let pager = Pager::new(8 * MIB).unwrap();
     let r = pager.map_anonymous(MIB, &MapOptions::new()).unwrap();
