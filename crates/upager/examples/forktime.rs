@@ -110,7 +110,7 @@ fn main() {
         read.push(msg[1]);
     }
     println!(
-        "regions {regions} x 8 MiB, dirty {dirty_mib} MiB: prepare (flush) {:.0} us, \
+        "regions {regions} x 8 MiB, dirty {dirty_mib} MiB: prepare (write-back) {:.0} us, \
          child handler (pager started, regions mapped again) {:.0} us, \
          child's first read {:.0} us (medians of {rounds})",
         median(prep),

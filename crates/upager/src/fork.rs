@@ -7,11 +7,12 @@
 //! not its own. The three `pthread_atfork` handlers, registered with the
 //! first pager of the process:
 //!
-//! 1. `prepare` (forking thread, the engine's threads still run): flush
-//!    every writable file region of every pager of the process (cheap when
-//!    clean: a walk of the touched chunks and one `fdatasync` per region),
-//!    so the child, which starts cold and reads the file, sees the writes
-//!    made before `fork()` was called. Then finish the in-thread
+//! 1. `prepare` (forking thread, the engine's threads still run): write
+//!    back every dirty folio of every writable file region of every pager
+//!    of the process (cheap when clean: a walk of the touched chunks; no
+//!    `fdatasync`, which the child does not need: it reads the same page
+//!    cache), so the child, which starts cold and reads the file, sees the
+//!    writes made before `fork()` was called. Then finish the in-thread
 //!    registry's initialisation and take the lineage lock and the SIGBUS
 //!    handler's installation lock, so no other thread holds them at the
 //!    fork.
@@ -146,9 +147,9 @@ extern "C" fn child() {
     let _ = std::panic::catch_unwind(after_fork);
 }
 
-/// The `prepare` flush: every writable file region of every pager of this
-/// process. Errors are logged (a fork cannot fail for them); the region
-/// keeps them for its next flush.
+/// The `prepare` write-back: every writable file region of every pager of
+/// this process. Errors are logged (a fork cannot fail for them); the
+/// failed folios stay dirty and the next flush reports them.
 fn flush_all() {
     let owners: Vec<Arc<Owner>> = {
         let l = lineage::lock();
@@ -160,9 +161,9 @@ fn flush_all() {
     for o in owners {
         for a in o.shared.table.all() {
             if a.writable && !a.is_anon() && !a.dying.load(Ordering::SeqCst) {
-                if let Err(e) = crate::region::flush_area(&o.shared, &a) {
+                if let Err(e) = crate::region::write_back_area(&o.shared, &a) {
                     log::warn!(
-                        "flushing region {} before a fork failed: {e}; the child reads \
+                        "writing region {} back before a fork failed: {e}; the child reads \
                          the file without the writes that are not on it",
                         a.id
                     );

@@ -384,12 +384,7 @@ impl Drop for Region {
 /// Writes every dirty folio of `r` back and syncs its store (see
 /// [`Region::flush`]); also the fork handlers' `prepare` step.
 pub(crate) fn flush_area(sh: &Shared, r: &Arc<Area>) -> Result<(), FlushError> {
-    // A BUSY folio may be a dirty one being evicted (its write-back not
-    // done yet) or one being made dirty: collect waits it out, so every
-    // write made before this call is on the store when we sync.
-    let mut batch = Gather::new(sh, Mode::Writeback, sh.batch_folios(r.folio));
-    batch.collect(r, r.touched_folios(), |s| s.kind() == Kind::Dirty);
-    let (_, first_err) = batch.finish();
+    let first_err = write_back_area(sh, r).err();
     let sticky = r.take_error();
     if let Some(e) = first_err.or(sticky) {
         return Err(FlushError::Writeback(e));
@@ -397,4 +392,20 @@ pub(crate) fn flush_area(sh: &Shared, r: &Arc<Area>) -> Result<(), FlushError> {
     r.store.sync().map_err(FlushError::Sync)?;
     sh.counters.flushes.inc();
     Ok(())
+}
+
+/// Writes every dirty folio of `r` back (they stay resident, CLEAN), without
+/// making the store durable and without taking the region's sticky error
+/// (a flush reports that): what a forked child needs to read the parent's
+/// writes from the store. The first write-back error, if any.
+pub(crate) fn write_back_area(sh: &Shared, r: &Arc<Area>) -> Result<(), std::io::Error> {
+    // A BUSY folio may be a dirty one being evicted (its write-back not
+    // done yet) or one being made dirty: collect waits it out, so every
+    // write made before this call is on the store when it returns.
+    let mut batch = Gather::new(sh, Mode::Writeback, sh.batch_folios(r.folio));
+    batch.collect(r, r.touched_folios(), |s| s.kind() == Kind::Dirty);
+    match batch.finish() {
+        (_, Some(e)) => Err(e),
+        (_, None) => Ok(()),
+    }
 }
