@@ -30,6 +30,10 @@
 //! before the fault and at most the configured readahead: the window grows
 //! 2, 4, 8, … like the kernel's context readahead, with no per-stream state.
 //!
+//! Several writers of one file (twins.rs): the write-protect fault keeps a
+//! twin of a CLEAN folio before unprotecting it, and a missing write fault
+//! is filled as a read so that it does.
+//!
 //! Counters: `faults_missing`, `faults_wp`, `faults_deferred`,
 //! `faults_stale`, `faults_failed`, `fills`, `fills_readahead`,
 //! `bytes_read`, `read_errors`, `refaults`, `refaults_activated`,
@@ -382,6 +386,10 @@ impl Shared {
                         if !ctx.in_signal {
                             self.counters.faults_missing.inc();
                         }
+                        // A file with several writers is filled for
+                        // reading: the write then faults on the protected
+                        // folio, which makes its twin (twins.rs).
+                        let write = write && !r.twinning();
                         return self.fill(ctx, r, idx, old, write, false);
                     }
                 }
@@ -420,9 +428,15 @@ impl Shared {
                     }
                 }
                 Kind::Clean | Kind::Dirty if wp && r.writable => {
-                    if let Some(old) =
-                        folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty))
-                    {
+                    // Several writers of the file: a twin first (twins.rs).
+                    let twin = match self.twin_charge(ctx.in_signal, r, idx, s) {
+                        Ok(t) => t,
+                        Err(out) => return out,
+                    };
+                    let claimed =
+                        folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty));
+                    self.twin_claimed(r, idx, claimed, twin);
+                    if let Some(old) = claimed {
                         self.counters.faults_wp.inc();
                         r.trace.record(idx, Path::WpClaim, old.kind(), Kind::Busy);
                         let fresh = old.kind() == Kind::Clean;
@@ -453,7 +467,7 @@ impl Shared {
     /// data) and poisoned for a moment, a missing one is poisoned. Returns
     /// false if the folio turned out dirty already (the write needs no new
     /// dirty memory: resolve it as usual).
-    fn refuse_write(&self, r: &Arc<Area>, idx: usize) -> bool {
+    pub(crate) fn refuse_write(&self, r: &Arc<Area>, idx: usize) -> bool {
         let w = r.state(idx);
         loop {
             let s = folio::load(w);

@@ -72,6 +72,7 @@ mod sync;
 mod table;
 mod thp;
 mod trace;
+mod twins;
 
 pub use advice::Residency;
 pub use config::{

@@ -19,6 +19,7 @@ use crate::region::Region;
 use crate::shared::{Owner, Shared};
 use crate::stats::Stats;
 use crate::store::{FileStore, Slots, Store, SwapFile};
+use crate::twins::FileWriters;
 use crate::MapOptions;
 
 /// A demand pager with a memory budget.
@@ -172,8 +173,17 @@ impl Pager {
         if let Some(kind) = crate::store::unpageable(&meta) {
             return Err(not_regular(kind));
         }
+        let writers = || {
+            file_writers(&meta, opts.writable, || {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+            })
+            .map_err(open_error)
+        };
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
-            return self.map_store(store, opts);
+            return self.map_store_of(store, opts, writers()?);
         }
         let store = FileStore::open(path, opts.writable, self.shared().cfg.direct_io)
             .map_err(open_error)?;
@@ -181,7 +191,7 @@ impl Pager {
             return Err(not_regular(kind));
         }
         let store = self.shared().stores.add_file(&meta, opts.writable, store);
-        self.map_store(store, opts)
+        self.map_store_of(store, opts, writers()?)
     }
 
     /// Maps an already open file. `opts.writable` must match how it was opened.
@@ -226,9 +236,16 @@ impl Pager {
                 advice: kind.advice(),
             });
         }
+        let writers =
+            file_writers(&meta, opts.writable, || file.try_clone()).map_err(|source| {
+                MapError::Open {
+                    path: fd_path.clone(),
+                    source,
+                }
+            })?;
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
             drop(file); // the shared store has descriptors of its own
-            return self.map_store(store, opts);
+            return self.map_store_of(store, opts, writers);
         }
         let store = FileStore::from_file(file, opts.writable, self.shared().cfg.direct_io)
             .map_err(|source| {
@@ -238,12 +255,23 @@ impl Pager {
                 })
             })?;
         let store = self.shared().stores.add_file(&meta, opts.writable, store);
-        self.map_store(store, opts)
+        self.map_store_of(store, opts, writers)
     }
 
     /// Maps any [`Store`] with file semantics (reads come from the store,
     /// writes go back to it).
     pub fn map_store(&self, store: Arc<dyn Store>, opts: &MapOptions) -> Result<Region, MapError> {
+        self.map_store_of(store, opts, None)
+    }
+
+    /// [`Pager::map_store`] of a file store, with this process's writers of
+    /// the file (writable regions: twins when it has several, twins.rs).
+    fn map_store_of(
+        &self,
+        store: Arc<dyn Store>,
+        opts: &MapOptions,
+        writers: Option<Arc<FileWriters>>,
+    ) -> Result<Region, MapError> {
         check_folio(opts.folio)?;
         if opts.writable && !store.writable() {
             return Err(MapError::StoreReadOnly);
@@ -269,7 +297,7 @@ impl Pager {
                 store_len,
             });
         }
-        self.map_inner(store, None, opts.offset, len, opts)
+        self.map_inner(store, None, opts.offset, len, opts, writers)
     }
 
     /// Maps `len` bytes of anonymous memory: zero on first touch, swapped to
@@ -279,7 +307,14 @@ impl Pager {
         check_anonymous(len, opts)?;
         self.check_budget(opts.folio)?;
         let (swap, slots) = self.swap_space(opts.folio)?;
-        self.map_inner(swap, Some(slots), 0, len, &opts.clone().writable(true))
+        self.map_inner(
+            swap,
+            Some(slots),
+            0,
+            len,
+            &opts.clone().writable(true),
+            None,
+        )
     }
 
     /// Maps `len` bytes of anonymous memory that swaps to `store` instead of
@@ -301,7 +336,14 @@ impl Pager {
         }
         self.check_budget(opts.folio)?;
         let slots = Arc::new(Slots::default());
-        self.map_inner(store, Some(slots), 0, len, &opts.clone().writable(true))
+        self.map_inner(
+            store,
+            Some(slots),
+            0,
+            len,
+            &opts.clone().writable(true),
+            None,
+        )
     }
 
     /// The swap file and slot allocator of anonymous regions with `folio`
@@ -340,8 +382,10 @@ impl Pager {
         store_off: u64,
         len: u64,
         opts: &MapOptions,
+        writers: Option<Arc<FileWriters>>,
     ) -> Result<Region, MapError> {
         let (folio, writable) = (opts.folio, opts.writable);
+        let writers = writers.filter(|_| writable);
         self.check_budget(folio)?;
         let sh = self.shared();
         let map_len = len
@@ -459,6 +503,8 @@ impl Pager {
             wb_backoff: crate::area::Backoff::default(),
             pins: Mutex::new(std::collections::HashMap::new()),
             trace: crate::trace::Trace::for_folios(len.div_ceil(folio) as usize),
+            writers,
+            twins: crate::twins::Twins::default(),
         });
         if folio == crate::thp::HUGE {
             // Until its teardown: the reclaimer stages huge pages for it.
@@ -468,6 +514,11 @@ impl Pager {
         sh.table.insert(Arc::clone(&inner));
         if sh.mode == crate::FaultMode::InThread {
             crate::inthread::register(sh, &inner);
+        }
+        // Another writer of the file (here or in another process): twins
+        // for it from now on, once the others have switched (twins.rs).
+        if let Some(w) = &inner.writers {
+            w.join(sh, &inner);
         }
         Ok(Region::new(inner, Arc::clone(&self.owner)))
     }
@@ -541,4 +592,19 @@ impl Region {
         }
         .stats()
     }
+}
+
+/// This process's writers of the file `meta` describes, for a writable
+/// mapping of a regular file (`open`: a new read-write description of it);
+/// `None` for read-only mappings and block devices.
+fn file_writers(
+    meta: &std::fs::Metadata,
+    writable: bool,
+    open: impl FnOnce() -> std::io::Result<std::fs::File>,
+) -> std::io::Result<Option<Arc<FileWriters>>> {
+    use std::os::unix::fs::MetadataExt;
+    if !writable || !meta.file_type().is_file() {
+        return Ok(None);
+    }
+    FileWriters::of(meta.dev(), meta.ino(), open).map(Some)
 }
