@@ -210,8 +210,9 @@ fn twins_are_charged_to_the_budget() {
 /// Entry point of the child processes (does nothing in a normal run).
 /// `UPAGER_CHILD=writer`: maps `WRITERS_PATH` writable, waits for the file
 /// `WRITERS_GO` (if set), writes share `WRITERS_WHO` of `WRITERS_N`
-/// (runs of `WRITERS_RUN` bytes) in `[WRITERS_LO, WRITERS_HI)`, flushes,
-/// prints "written", waits for `WRITERS_END` (if set), flushes, exits.
+/// (runs of `WRITERS_RUN` bytes) in `[WRITERS_LO, WRITERS_HI)`, waits for
+/// `WRITERS_END` (if set; after printing "dirty"), flushes, prints
+/// "written", exits.
 #[test]
 fn child_main() {
     if std::env::var("UPAGER_CHILD").as_deref() != Ok("writer") {
@@ -237,10 +238,10 @@ fn child_main() {
         lo,
         hi,
     );
-    r.flush().unwrap();
-    println!("written twins={}", p.stats().twins_made);
+    println!("dirty");
     wait_for("WRITERS_END");
     r.flush().unwrap();
+    println!("written twins={}", p.stats().twins_made);
     drop(r);
 }
 
@@ -309,6 +310,13 @@ fn a_process_arriving_after_the_first_has_dirty_folios() {
     let p = pager(16 * MIB);
     let a = map_rw(&p, &path);
     write_share(&a, 0, 2, 5, 0, len / 2);
+    // The second half resident too (clean): older than the file once the
+    // child has flushed.
+    let sum: u64 = a.bytes()[len as usize / 2..]
+        .iter()
+        .map(|b| u64::from(b.load(Relaxed)))
+        .sum();
+    assert_eq!(sum, 0);
     assert_eq!(p.stats().twins_made, 0);
     let mut child = spawn_writer(&path, 1, 2, 5, 0, len, &[]);
     child.wait_line("written", Duration::from_secs(60));
@@ -320,8 +328,8 @@ fn a_process_arriving_after_the_first_has_dirty_folios() {
 }
 
 /// Several processes, each writing its own block of rows whose boundaries
-/// are not folio-aligned (the README's spawn pattern), all mapped at once:
-/// the file is exact after they exit.
+/// are not folio-aligned (the README's spawn pattern), all mapped at once,
+/// all dirty before any flushes: the file is exact after they exit.
 #[test]
 fn processes_writing_unaligned_blocks_lose_nothing() {
     let dir = ram_dir();
@@ -329,6 +337,7 @@ fn processes_writing_unaligned_blocks_lose_nothing() {
     let len = 4 * MIB + 12_345;
     let path = zero_file(dir.path(), len);
     let go = dir.path().join("go");
+    let end = dir.path().join("end");
     let block = len / n + 777; // rows of 7 bytes, unaligned blocks
     let mut kids: Vec<ChildProc> = (0..n)
         .map(|w| {
@@ -342,7 +351,10 @@ fn processes_writing_unaligned_blocks_lose_nothing() {
                 1,
                 lo,
                 hi,
-                &[("WRITERS_GO", go.display().to_string())],
+                &[
+                    ("WRITERS_GO", go.display().to_string()),
+                    ("WRITERS_END", end.display().to_string()),
+                ],
             )
         })
         .collect();
@@ -350,6 +362,10 @@ fn processes_writing_unaligned_blocks_lose_nothing() {
         k.wait_line("mapped", Duration::from_secs(30));
     }
     std::fs::write(&go, b"").unwrap();
+    for k in &mut kids {
+        k.wait_line("dirty", Duration::from_secs(60));
+    }
+    std::fs::write(&end, b"").unwrap();
     for k in &mut kids {
         assert!(k.wait(Duration::from_secs(60)).success());
     }
