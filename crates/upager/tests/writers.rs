@@ -33,8 +33,13 @@ fn owns(i: u64, who: u64, n: u64, run: u64) -> bool {
 }
 
 fn pager(budget: u64) -> Pager {
+    pager_in(budget, upager::FaultMode::Handlers)
+}
+
+fn pager_in(budget: u64, mode: upager::FaultMode) -> Pager {
     Pager::builder()
         .budget(budget)
+        .fault_mode(mode)
         .build()
         .expect("pager (needs /dev/userfaultfd: run as root)")
 }
@@ -86,16 +91,12 @@ fn wrong_bytes(path: &Path, n: u64, run: u64, upto: &[u64]) -> usize {
 /// Two regions: one pager or two. Writes interleaved at byte granularity
 /// (runs of 3 bytes: never aligned to a word), flushed in both orders and
 /// in the middle of writing.
-fn two_writers(two_pagers: bool) {
+fn two_writers(two_pagers: bool, mode: upager::FaultMode) {
     let dir = ram_dir();
     let len = 2 * MIB + 1000; // a short last folio
     let path = zero_file(dir.path(), len);
-    let pa = pager(64 * MIB);
-    let pb = if two_pagers {
-        Some(pager(64 * MIB))
-    } else {
-        None
-    };
+    let pa = pager_in(64 * MIB, mode);
+    let pb = two_pagers.then(|| pager_in(64 * MIB, mode));
     let a = map_rw(&pa, &path);
     let b = map_rw(pb.as_ref().unwrap_or(&pa), &path);
     let half = len / 2;
@@ -121,12 +122,19 @@ fn two_writers(two_pagers: bool) {
 
 #[test]
 fn two_regions_of_one_pager_write_disjoint_bytes_of_the_same_folios() {
-    two_writers(false);
+    two_writers(false, upager::FaultMode::Handlers);
 }
 
 #[test]
 fn two_pagers_write_disjoint_bytes_of_the_same_folios() {
-    two_writers(true);
+    two_writers(true, upager::FaultMode::Handlers);
+}
+
+/// In-thread faults: a write that needs a twin is handed to a resolver
+/// thread (the copy allocates, which a SIGBUS handler may not).
+#[test]
+fn two_in_thread_pagers_write_disjoint_bytes_of_the_same_folios() {
+    two_writers(true, upager::FaultMode::InThread);
 }
 
 /// A file mapped writable once keeps the single-writer path: no twin.
