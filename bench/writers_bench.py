@@ -21,7 +21,7 @@ only a diff against a twin keeps both halves.
 How: the file (zeros, `--size`, default 2 GiB) is made on `--dir` (default
 /dev/shm) by this process, outside any cgroup. Workers are spawned
 (multiprocessing "spawn"); each opens the file, waits at a barrier (all
-have mapped), writes its rows 8 MiB at a time (`a[lo:hi] = arange + 1`),
+have mapped), writes its rows 1 MiB at a time (`a[lo:hi] = arange + 1`),
 flushes. memmap workers run in a cgroup v1 memory group limited to
 `workers * budget` (created under /sys/fs/cgroup/memory, needs root;
 without it they run unconstrained and the report says so). On tmpfs the
@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 ROW = 3  # uint64 values per row: 24-byte rows, never folio-aligned
-CHUNK_ROWS = (8 << 20) // (ROW * 8)
+CHUNK_ROWS = (1 << 20) // (ROW * 8)
 
 
 def parse_size(s):
@@ -129,7 +129,21 @@ def run(engine, path, rows, workers, budget):
         p.start()
     if cg:
         cg.leave()
-    stats = [q.get(timeout=1200) for _ in procs]
+    import queue
+
+    stats = []
+    deadline = time.monotonic() + 1800
+    while len(stats) < workers:
+        try:
+            stats.append(q.get(timeout=1))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                if cg:
+                    cg.remove()
+                raise SystemExit(f"{engine}: a worker died ({dead}; -9: the OOM killer?) or timed out")
     for p in procs:
         p.join(600)
         if p.exitcode != 0:
