@@ -83,8 +83,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use upager_sys::io::{ofd_lock, ofd_probe, LockKind};
@@ -183,6 +183,19 @@ pub(crate) struct FileWriters {
     /// Diff write-backs of this process, one at a time: OFD locks of one
     /// description do not exclude each other.
     io: Mutex<()>,
+    /// When [`FileWriters::poll`] last probed (ms since `EPOCH`): every
+    /// pager's reclaimer polls every file it writes, one probe per
+    /// [`POLL_EVERY`] is enough.
+    polled_ms: AtomicU64,
+}
+
+/// Least time between two probes of one file by [`FileWriters::poll`] (the
+/// reclaimer's tick).
+const POLL_EVERY: Duration = Duration::from_millis(50);
+
+fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 type Table = HashMap<(u64, u64), Weak<FileWriters>>;
@@ -227,6 +240,7 @@ impl FileWriters {
             twinning: AtomicBool::new(false),
             members: Mutex::new(Vec::new()),
             io: Mutex::new(()),
+            polled_ms: AtomicU64::new(0),
         });
         t.insert((dev, ino), Arc::downgrade(&w));
         Ok(w)
@@ -277,7 +291,16 @@ impl FileWriters {
     /// The reclaimer's look (every tick, while the file is not twinned):
     /// another process arrived? Then switch.
     pub fn poll(&self) {
-        if self.twinning() || !self.other_process() {
+        let now = now_ms();
+        let last = self.polled_ms.load(Ordering::Relaxed);
+        if self.twinning()
+            || now.saturating_sub(last) < POLL_EVERY.as_millis() as u64 - 5
+            || self
+                .polled_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+            || !self.other_process()
+        {
             return;
         }
         let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
@@ -519,6 +542,7 @@ mod tests {
             twinning: AtomicBool::new(true),
             members: Mutex::new(Vec::new()),
             io: Mutex::new(()),
+            polled_ms: AtomicU64::new(0),
         };
         let twin = vec![1u8; 4096];
         let mut a = twin.clone();
