@@ -29,9 +29,14 @@ file's pages are the page cache, charged to this process that made them,
 so the cgroup bounds memmap's anonymous memory only: the comparison is of
 time and correctness, not of memory.
 
+Engine `upager-own-files` runs the same writes with each worker writing
+its block to a file of its own (one writer per file: no twins), to price
+the twins.
+
 Usage:
     python3 bench/writers_bench.py [--size 2GiB] [--workers 4]
-        [--budget 64MiB] [--dir /dev/shm] [--engines upager,memmap]
+        [--budget 64MiB] [--dir /dev/shm]
+        [--engines upager,memmap,upager-own-files]
 Prints one line per engine and a markdown table at the end.
 """
 import argparse
@@ -53,7 +58,15 @@ def parse_size(s):
 
 
 def worker(engine, path, rows, lo, hi, budget, barrier, q):
-    if engine == "upager":
+    base = 0
+    if engine == "upager-own-files":
+        # The same writes, each worker to a file of its own (its block):
+        # the single-writer path, for the cost of twins.
+        import upager
+
+        path, base, rows = f"{path}.{lo}", lo, hi - lo
+        a = upager.open_array(path, np.uint64, (rows, ROW), mode="r+", budget=budget)
+    elif engine == "upager":
         import upager
 
         a = upager.open_array(path, np.uint64, (rows, ROW), mode="r+", budget=budget)
@@ -62,10 +75,10 @@ def worker(engine, path, rows, lo, hi, budget, barrier, q):
     barrier.wait(timeout=600)
     for s in range(lo, hi, CHUNK_ROWS):
         e = min(s + CHUNK_ROWS, hi)
-        a[s:e] = np.arange(s * ROW, e * ROW, dtype=np.uint64).reshape(-1, ROW) + 1
+        a[s - base:e - base] = np.arange(s * ROW, e * ROW, dtype=np.uint64).reshape(-1, ROW) + 1
     a.flush()
     stats = {}
-    if engine == "upager":
+    if engine.startswith("upager"):
         st = a.pager_stats()
         stats = {k: st[k] for k in ("bytes_written", "twins_made", "diff_writebacks",
                                      "writer_switches", "resident_peak_bytes")}
@@ -152,12 +165,19 @@ def run(engine, path, rows, workers, budget):
     peak = cg.peak() if cg else None
     if cg:
         cg.remove()
-    got = np.memmap(path, dtype=np.uint64, mode="r")
     lost = 0
-    for s in range(0, got.size, 1 << 22):
-        e = min(s + (1 << 22), got.size)
-        lost += int((got[s:e] != np.arange(s, e, dtype=np.uint64) + 1).sum())
-    del got
+    parts = [(path, 0)]
+    if engine == "upager-own-files":
+        parts = [(f"{path}.{bounds[k]}", bounds[k] * ROW) for k in range(workers)]
+    for part, first in parts:
+        got = np.memmap(part, dtype=np.uint64, mode="r")
+        for s in range(0, got.size, 1 << 22):
+            e = min(s + (1 << 22), got.size)
+            want = np.arange(first + s, first + e, dtype=np.uint64) + 1
+            lost += int((got[s:e] != want).sum())
+        del got
+        if part != path:
+            os.unlink(part)
     out = {"engine": engine, "seconds": took, "lost": lost}
     for k in ("bytes_written", "twins_made", "diff_writebacks", "writer_switches"):
         if stats and k in stats[0]:
@@ -183,11 +203,16 @@ def main():
     results = []
     try:
         for engine in args.engines.split(","):
-            with open(path, "wb") as f:  # zeros, allocated here (not sparse)
-                chunk = bytes(8 << 20)
-                left = rows * ROW * 8
-                while left > 0:
-                    left -= f.write(chunk[:min(left, len(chunk))])
+            files = [(path, rows)]
+            if engine == "upager-own-files":
+                b = [rows * k // args.workers for k in range(args.workers + 1)]
+                files = [(f"{path}.{b[k]}", b[k + 1] - b[k]) for k in range(args.workers)]
+            for name, nrows in files:
+                with open(name, "wb") as f:  # zeros, allocated here (not sparse)
+                    chunk = bytes(8 << 20)
+                    left = nrows * ROW * 8
+                    while left > 0:
+                        left -= f.write(chunk[:min(left, len(chunk))])
             r = run(engine, path, rows, args.workers, budget)
             print(r, flush=True)
             results.append(r)
