@@ -1273,3 +1273,55 @@ impl Shared {
         self.lru.add_poisoned(r, idx);
     }
 }
+
+/// Several writers of one file (twins.rs): the twin of a folio at its
+/// first write.
+impl Shared {
+    /// Before a write-protect fault claims folio `idx` (state `s`) of `r`:
+    /// if it is CLEAN and its file keeps twins, charge the twin's memory.
+    /// `Ok(true)`: charged (hand it to [`Shared::twin_claimed`]). `Err`:
+    /// the fault ends here (handed off from a signal handler, which may not
+    /// allocate; or refused because the budget has no room).
+    pub(crate) fn twin_charge(
+        &self,
+        in_signal: bool,
+        r: &Arc<Area>,
+        idx: usize,
+        s: State,
+    ) -> Result<bool, Outcome> {
+        if s.kind() != Kind::Clean || !r.twinning() {
+            return Ok(false);
+        }
+        if in_signal {
+            return Err(Outcome::HandOff);
+        }
+        if self.reserve(r.folio) {
+            return Ok(true);
+        }
+        log::error!(
+            "region {}: no room in the budget for the twin of folio {idx} (its file has several writers): the write is refused",
+            r.id
+        );
+        if self.refuse_write(r, idx) {
+            return Err(Outcome::Done);
+        }
+        Ok(false)
+    }
+
+    /// After the claim of folio `idx` (previous state `old`) by a
+    /// write-protect fault that charged a twin (`charged`): keep the copy
+    /// if the folio was CLEAN, else give the charge back.
+    pub(crate) fn twin_claimed(&self, r: &Area, idx: usize, old: Option<State>, charged: bool) {
+        if !charged {
+            return;
+        }
+        if old.is_some_and(|o| o.kind() == Kind::Clean) {
+            let mut t = vec![0u8; r.folio as usize].into_boxed_slice();
+            r.map.read_at(idx << r.shift, &mut t);
+            r.twins.insert(idx, t);
+            self.counters.twins_made.inc();
+        } else {
+            self.budget.uncharge(r.folio);
+        }
+    }
+}

@@ -705,3 +705,38 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
     sh.counters.discards.add(victims.len() as u64);
     victims.len()
 }
+
+/// Several writers of one file (twins.rs): the diff write-back.
+impl Shared {
+    /// Writes back claimed, write-protected folio `idx` of `r` as a diff
+    /// against its twin (taken from `r`), at store offset `off`. On success
+    /// the twin is dropped and its charge returned; on failure it is put
+    /// back (the folio stays DIRTY). Returns the bytes written.
+    pub(crate) fn write_back_diff(&self, r: &Area, idx: usize, off: u64) -> io::Result<u64> {
+        let Some(twin) = r.twins.take(idx) else {
+            return Err(io::Error::other("no twin"));
+        };
+        let len = r.valid_len(idx) as usize;
+        let mut view = vec![0u8; len];
+        r.map.read_at(idx << r.shift, &mut view);
+        let w = r.writers.as_ref().expect("a twin belongs to a shared file");
+        match w.write_diff(&view, &twin[..len], off) {
+            Ok(n) => {
+                self.budget.uncharge(r.folio);
+                self.counters.diff_writebacks.inc();
+                Ok(n)
+            }
+            Err(e) => {
+                r.twins.insert(idx, twin);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops folio `idx`'s twin, if any (the folio was discarded).
+    pub(crate) fn drop_twin(&self, r: &Area, idx: usize) {
+        if r.twins.take(idx).is_some() {
+            self.budget.uncharge(r.folio);
+        }
+    }
+}

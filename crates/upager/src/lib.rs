@@ -118,9 +118,9 @@ mod tests {
     /// The engine's modules, lowest layer first: each may use only the ones
     /// before it.
     const LAYERS: &[&str] = &[
-        "sync", "config", "error", "folio", "trace", "stats", "store", "budget", "area", "table",
-        "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread", "region", "advice",
-        "pager",
+        "sync", "config", "error", "folio", "trace", "stats", "store", "twins", "budget", "area",
+        "table", "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread", "region",
+        "advice", "pager",
     ];
 
     /// The engine's modules form the DAG that lib.rs lists and

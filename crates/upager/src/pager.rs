@@ -518,7 +518,7 @@ impl Pager {
         // Another writer of the file (here or in another process): twins
         // for it from now on, once the others have switched (twins.rs).
         if let Some(w) = &inner.writers {
-            w.join(sh, &inner);
+            w.join(inner.id, write_back_all(sh, &inner));
         }
         Ok(Region::new(inner, Arc::clone(&self.owner)))
     }
@@ -607,4 +607,36 @@ fn file_writers(
         return Ok(None);
     }
     FileWriters::of(meta.dev(), meta.ino(), open).map(Some)
+}
+
+/// What a switch to twins does to region `r` of pager `sh` (twins.rs):
+/// write back every dirty folio (made without a twin), keep it resident.
+/// Holds both weakly: a no-op once the region or its pager is gone.
+fn write_back_all(sh: &Arc<Shared>, r: &Arc<crate::area::Area>) -> crate::twins::WriteBackAll {
+    let (sh, r) = (Arc::downgrade(sh), Arc::downgrade(r));
+    Box::new(move || {
+        let (Some(sh), Some(r)) = (sh.upgrade(), r.upgrade()) else {
+            return;
+        };
+        sh.counters.writer_switches.inc();
+        if r.dying.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // its unmap flushed it
+        }
+        let mut batch = crate::gather::Gather::new(
+            &sh,
+            crate::gather::Mode::Writeback,
+            sh.batch_folios(r.folio),
+        );
+        batch.collect(&r, r.touched_folios(), |s| {
+            s.kind() == crate::folio::Kind::Dirty
+        });
+        if let (_, Some(e)) = batch.finish() {
+            // Kept dirty and twinless: written whole later.
+            log::error!(
+                "region {}: writing back its dirty folios before twins were turned on failed: {e}; those folios are written whole later and may overwrite another writer's bytes",
+                r.id
+            );
+            r.record_error(e);
+        }
+    })
 }

@@ -75,9 +75,14 @@
 //! after a warning, and that process's pre-switch dirty folios may
 //! overwrite what the newcomer writes to the same folios meanwhile).
 //!
+//! Where the rest lives: the fault hooks (`twin_charge`, `twin_claimed`)
+//! at the end of fault.rs, the diff write-back in gather.rs, the switch's
+//! write-back of a region (a closure each member gives [`FileWriters::join`])
+//! in pager.rs, the reclaimer's [`FileWriters::poll`] in reclaim.rs.
+//!
 //! Counters: `twins_made`, `diff_writebacks`, `writer_switches`.
 //!
-//! Uses: `area`, `folio`, `gather`, `shared`.
+//! Uses: nothing of the engine (below `area`, which holds both types).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -88,11 +93,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use upager_sys::io::{ofd_lock, ofd_probe, LockKind};
-
-use crate::area::Area;
-use crate::folio::{Kind, State};
-use crate::gather::{Gather, Mode};
-use crate::shared::Shared;
 
 /// Held shared by every process that maps the file writable.
 pub(crate) const MARK_WRITER: u64 = i64::MAX as u64 - 1;
@@ -127,7 +127,8 @@ impl Twins {
                 .unwrap_or_else(|e| e.into_inner())
                 .contains_key(&idx)
     }
-    fn insert(&self, idx: usize, twin: Box<[u8]>) {
+    /// Keeps `twin` as folio `idx`'s twin.
+    pub fn insert(&self, idx: usize, twin: Box<[u8]>) {
         let old = self
             .map
             .lock()
@@ -162,11 +163,14 @@ impl Twins {
     }
 }
 
+/// Writes back every dirty folio of one writable region of the file (made
+/// by the region's pager, holding it weakly: a no-op once it is gone).
+pub(crate) type WriteBackAll = Box<dyn Fn() + Send + Sync>;
+
 /// A writable region of the file, in this process.
 struct Member {
     id: u64,
-    area: Weak<Area>,
-    sh: Weak<Shared>,
+    write_back: WriteBackAll,
 }
 
 /// This process's writers of one file (see the module doc).
@@ -261,18 +265,14 @@ impl FileWriters {
         )
     }
 
-    /// Adds writable region `r` of pager `sh`; switches the file to twins
-    /// if it has another writer, here or elsewhere, and then waits for the
-    /// other processes' switch (bounded by [`ALONE_WAIT`]).
-    pub fn join(&self, sh: &Arc<Shared>, r: &Arc<Area>) {
+    /// Adds writable region `id` (`write_back` writes its dirty folios
+    /// back); switches the file to twins if it has another writer, here or
+    /// elsewhere, and then waits for the other processes' switch (bounded
+    /// by [`ALONE_WAIT`]).
+    pub fn join(&self, id: u64, write_back: WriteBackAll) {
         let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
-        members.retain(|m| m.area.strong_count() > 0);
         let here = !members.is_empty();
-        members.push(Member {
-            id: r.id,
-            area: Arc::downgrade(r),
-            sh: Arc::downgrade(sh),
-        });
+        members.push(Member { id, write_back });
         if !self.twinning() && (here || self.other_process()) {
             self.switch(&members);
         }
@@ -285,7 +285,7 @@ impl FileWriters {
     /// Region `id` is gone.
     pub fn leave(&self, id: u64) {
         let mut members = self.members.lock().unwrap_or_else(|e| e.into_inner());
-        members.retain(|m| m.id != id && m.area.strong_count() > 0);
+        members.retain(|m| m.id != id);
     }
 
     /// The reclaimer's look (every tick, while the file is not twinned):
@@ -314,23 +314,7 @@ impl FileWriters {
     fn switch(&self, members: &[Member]) {
         self.twinning.store(true, Ordering::SeqCst);
         for m in members {
-            let (Some(r), Some(sh)) = (m.area.upgrade(), m.sh.upgrade()) else {
-                continue;
-            };
-            sh.counters.writer_switches.inc();
-            if r.dying.load(Ordering::SeqCst) {
-                continue; // its unmap flushed it
-            }
-            let mut batch = Gather::new(&sh, Mode::Writeback, sh.batch_folios(r.folio));
-            batch.collect(&r, r.touched_folios(), |s| s.kind() == Kind::Dirty);
-            if let (_, Some(e)) = batch.finish() {
-                // Kept dirty and twinless: written whole later (logged).
-                log::error!(
-                    "region {}: writing back its dirty folios before twins were turned on failed: {e}; those folios are written whole later and may overwrite another writer's bytes",
-                    r.id
-                );
-                r.record_error(e);
-            }
+            (m.write_back)();
         }
         if let Err(e) = ofd_lock(&self.fd, LockKind::Unlock, MARK_ALONE, 1, false) {
             log::error!("releasing the single-writer marker failed: {e}");
@@ -358,7 +342,7 @@ impl FileWriters {
     /// Writes the bytes of `view` that differ from `twin` to the file at
     /// `off`, under a lock of the range (module doc). Returns the bytes
     /// written.
-    fn write_diff(&self, view: &[u8], twin: &[u8], off: u64) -> io::Result<u64> {
+    pub fn write_diff(&self, view: &[u8], twin: &[u8], off: u64) -> io::Result<u64> {
         let runs = diff_runs(view, twin);
         if runs.is_empty() {
             return Ok(0);
@@ -422,88 +406,6 @@ fn diff_runs(view: &[u8], twin: &[u8]) -> Vec<(usize, usize)> {
         .filter(|&i| view[i] != twin[i])
         .for_each(push);
     runs
-}
-
-impl Shared {
-    /// Before a write-protect fault claims folio `idx` (state `s`) of `r`:
-    /// if it is CLEAN and its file keeps twins, charge the twin's memory.
-    /// `Ok(true)`: charged (hand it to [`Shared::twin_claimed`]). `Err`:
-    /// the fault ends here (handed off from a signal handler, which may not
-    /// allocate; or refused because the budget has no room).
-    pub(crate) fn twin_charge(
-        &self,
-        in_signal: bool,
-        r: &Arc<Area>,
-        idx: usize,
-        s: State,
-    ) -> Result<bool, crate::fault::Outcome> {
-        if s.kind() != Kind::Clean || !r.twinning() {
-            return Ok(false);
-        }
-        if in_signal {
-            return Err(crate::fault::Outcome::HandOff);
-        }
-        if self.reserve(r.folio) {
-            return Ok(true);
-        }
-        log::error!(
-            "region {}: no room in the budget for the twin of folio {idx} (its file has several writers): the write is refused",
-            r.id
-        );
-        if self.refuse_write(r, idx) {
-            return Err(crate::fault::Outcome::Done);
-        }
-        Ok(false)
-    }
-
-    /// After the claim of folio `idx` (previous state `old`) by a
-    /// write-protect fault that charged a twin (`charged`): keep the copy
-    /// if the folio was CLEAN, else give the charge back.
-    pub(crate) fn twin_claimed(&self, r: &Area, idx: usize, old: Option<State>, charged: bool) {
-        if !charged {
-            return;
-        }
-        if old.is_some_and(|o| o.kind() == Kind::Clean) {
-            let mut t = vec![0u8; r.folio as usize].into_boxed_slice();
-            r.map.read_at(idx << r.shift, &mut t);
-            r.twins.insert(idx, t);
-            self.counters.twins_made.inc();
-        } else {
-            self.budget.uncharge(r.folio);
-        }
-    }
-
-    /// Writes back claimed, write-protected folio `idx` of `r` as a diff
-    /// against its twin (taken from `r`), at store offset `off`. On success
-    /// the twin is dropped and its charge returned; on failure it is put
-    /// back (the folio stays DIRTY). Returns the bytes written.
-    pub(crate) fn write_back_diff(&self, r: &Area, idx: usize, off: u64) -> io::Result<u64> {
-        let Some(twin) = r.twins.take(idx) else {
-            return Err(io::Error::other("no twin"));
-        };
-        let len = r.valid_len(idx) as usize;
-        let mut view = vec![0u8; len];
-        r.map.read_at(idx << r.shift, &mut view);
-        let w = r.writers.as_ref().expect("a twin belongs to a shared file");
-        match w.write_diff(&view, &twin[..len], off) {
-            Ok(n) => {
-                self.budget.uncharge(r.folio);
-                self.counters.diff_writebacks.inc();
-                Ok(n)
-            }
-            Err(e) => {
-                r.twins.insert(idx, twin);
-                Err(e)
-            }
-        }
-    }
-
-    /// Drops folio `idx`'s twin, if any (the folio was discarded).
-    pub(crate) fn drop_twin(&self, r: &Area, idx: usize) {
-        if r.twins.take(idx).is_some() {
-            self.budget.uncharge(r.folio);
-        }
-    }
 }
 
 #[cfg(test)]
