@@ -5,10 +5,10 @@
   the file;
 - pickling a PagedArray (and views of it) reopens it;
 - multiprocessing.Pool with each start method and ProcessPoolExecutor, 2 to
-  8 workers each writing a block of rows: with the blocks in folios of
-  their own the file is exact after the join; blocks that share folios
-  (boundaries not folio-aligned) and a parent and child writing halves of
-  one folio wait for issue 21 item 2 (xfail, not strict).
+  8 workers each writing a block of rows: the file is exact after the
+  join, with the blocks in folios of their own and with blocks that share
+  folios (boundaries not folio-aligned: twins and diffs, issue 21 item 2);
+  a parent and its fork child writing halves of one folio both land.
 
 Every wait has a timeout; forked children are reaped (killed if overdue).
 """
@@ -28,8 +28,6 @@ import upager
 MIB = 1 << 20
 FOLIO = 64 << 10
 COLS = 1000  # a row is 8,000 bytes: row boundaries are not folio-aligned
-ITEM2 = ("issue 21 item 2 (twins and diffs): until it lands, two processes "
-         "writing one folio can overwrite each other's bytes at write-back")
 
 
 def _reap(pid, timeout=120):
@@ -254,7 +252,6 @@ def test_workers_writing_blocks_in_folios_of_their_own_leave_the_file_exact(
     _check_blocks(path, rows, blocks)
 
 
-@pytest.mark.xfail(strict=False, reason=ITEM2)
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_workers_writing_blocks_that_share_folios_leave_the_file_exact(table, method):
     path, rows = table
@@ -265,7 +262,6 @@ def test_workers_writing_blocks_that_share_folios_leave_the_file_exact(table, me
     _check_blocks(path, rows, blocks)
 
 
-@pytest.mark.xfail(strict=False, reason=ITEM2)
 def test_parent_and_child_writing_halves_of_one_folio_both_land(table):
     path, rows = table
     a = upager.memmap(path, np.float64, mode="r+", budget="2MiB")

@@ -218,6 +218,9 @@ PINNED_STAT_NAMES = [
     "kernel_call_errors",
     "writebacks_aged",
     "faults_slow",
+    "twins_made",
+    "diff_writebacks",
+    "writer_switches",
 ]
 
 

@@ -42,6 +42,7 @@ build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
 build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build store_redis "$SRC/store_redis.c" $(pkg-config --cflags --libs upager) $RPATH
 build dirty_expire "$SRC/dirty_expire.c" $(pkg-config --cflags --libs upager) $RPATH
+build writers "$SRC/writers.c" $(pkg-config --cflags --libs upager) $RPATH
 build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
 build fork "$SRC/fork.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
@@ -85,6 +86,7 @@ run "$OUT/dirty_expire"
 # fork (issue 21): children and a grandchild use the inherited region.
 run env UPAGER_FAULT_MODE=handlers "$OUT/fork"
 run env UPAGER_FAULT_MODE=in-thread "$OUT/fork"
+run "$OUT/writers"
 # The fault mode (issue 12): options, defaults from UPAGER_FAULT_MODE, both
 # modes at work; the UMap drop-in under each value of the variable.
 run env -u UPAGER_FAULT_MODE "$OUT/fault_mode"

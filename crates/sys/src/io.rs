@@ -1,5 +1,5 @@
 //! Positional I/O from mapping addresses, hole punching, poll, eventfd,
-//! thread ids, CPU pinning, file-system type and free space.
+//! thread ids, CPU pinning, file-system type and free space, OFD locks.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -202,4 +202,128 @@ pub fn open_file_limit() -> io::Result<(u64, u64)> {
     // SAFETY: getrlimit writes one rlimit into the live struct passed.
     cvt(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }.into())?;
     Ok((lim.rlim_cur, lim.rlim_max))
+}
+
+/// The kind of an open-file-description lock ([`ofd_lock`], [`ofd_probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockKind {
+    /// Shared (`F_RDLCK`): any number of descriptions may hold it at once.
+    Read,
+    /// Exclusive (`F_WRLCK`).
+    Write,
+    /// Release (`F_UNLCK`).
+    Unlock,
+}
+
+fn flock_for(kind: LockKind, start: u64, len: u64) -> io::Result<libc::flock> {
+    let bad = || io::Error::from_raw_os_error(libc::EINVAL);
+    let start = libc::off_t::try_from(start).map_err(|_| bad())?;
+    let len = libc::off_t::try_from(len).map_err(|_| bad())?;
+    // SAFETY: flock is a plain C struct of integers; all-zero is valid
+    // (l_pid must be 0 for the F_OFD_* commands).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = match kind {
+        LockKind::Read => libc::F_RDLCK,
+        LockKind::Write => libc::F_WRLCK,
+        LockKind::Unlock => libc::F_UNLCK,
+    } as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    Ok(fl)
+}
+
+/// Sets, changes or releases an open-file-description lock on the bytes
+/// `[start, start+len)` of `fd`'s file (`fcntl(F_OFD_SETLKW)` when `wait`,
+/// else `F_OFD_SETLK`, which fails with `EAGAIN` on a conflict).
+///
+/// OFD locks belong to the open file description, not to the process:
+/// two descriptions of one file conflict even within one process, a `dup`
+/// (or a forked child's copy) of the descriptor shares the lock, and the
+/// lock goes away when the description's last descriptor closes. A wait
+/// interrupted by a signal returns `EINTR`; the kernel detects no
+/// deadlock for OFD locks.
+pub fn ofd_lock(fd: impl AsFd, kind: LockKind, start: u64, len: u64, wait: bool) -> io::Result<()> {
+    let fl = flock_for(kind, start, len)?;
+    let cmd = if wait {
+        libc::F_OFD_SETLKW
+    } else {
+        libc::F_OFD_SETLK
+    };
+    // SAFETY: F_OFD_SETLK(W) reads one struct flock through the pointer,
+    // which points to a live local; the kernel keeps no reference to it.
+    let r = unsafe { libc::fcntl(fd.as_fd().as_raw_fd(), cmd, &fl as *const libc::flock) };
+    cvt(r.into()).map(|_| ())
+}
+
+/// Whether a lock of `kind` on `[start, start+len)` could be placed through
+/// `fd`'s open file description (`fcntl(F_OFD_GETLK)`): `None` if it could,
+/// else the kind of a conflicting lock held by another description (the
+/// kernel reports one; locks of `fd`'s own description never conflict).
+pub fn ofd_probe(
+    fd: impl AsFd,
+    kind: LockKind,
+    start: u64,
+    len: u64,
+) -> io::Result<Option<LockKind>> {
+    let mut fl = flock_for(kind, start, len)?;
+    // SAFETY: F_OFD_GETLK reads and overwrites one struct flock through
+    // the pointer, which points to a live local of the right type.
+    let r = unsafe {
+        libc::fcntl(
+            fd.as_fd().as_raw_fd(),
+            libc::F_OFD_GETLK,
+            &mut fl as *mut libc::flock,
+        )
+    };
+    cvt(r.into())?;
+    Ok(match i32::from(fl.l_type) {
+        libc::F_UNLCK => None,
+        libc::F_RDLCK => Some(LockKind::Read),
+        _ => Some(LockKind::Write),
+    })
+}
+
+#[cfg(test)]
+mod ofd_tests {
+    use super::*;
+
+    /// Two descriptions of one file: a read lock of one is seen by the
+    /// other's probe, not by its own; write locks exclude each other.
+    #[test]
+    fn ofd_locks_conflict_between_descriptions_only() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let a = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(f.path())
+            .unwrap();
+        let b = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(f.path())
+            .unwrap();
+        let far = i64::MAX as u64 - 1;
+        ofd_lock(&a, LockKind::Read, far, 1, false).unwrap();
+        assert_eq!(ofd_probe(&a, LockKind::Write, far, 1).unwrap(), None);
+        assert_eq!(
+            ofd_probe(&b, LockKind::Write, far, 1).unwrap(),
+            Some(LockKind::Read)
+        );
+        assert_eq!(ofd_probe(&b, LockKind::Read, far, 1).unwrap(), None);
+        ofd_lock(&a, LockKind::Write, 0, 4096, true).unwrap();
+        let e = ofd_lock(&b, LockKind::Write, 100, 1, false).unwrap_err();
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)),
+            "{e}"
+        );
+        ofd_lock(&a, LockKind::Unlock, 0, 4096, false).unwrap();
+        ofd_lock(&b, LockKind::Write, 100, 1, false).unwrap();
+        drop(a);
+        assert_eq!(
+            ofd_probe(&b, LockKind::Write, far, 1).unwrap(),
+            None,
+            "closed: released"
+        );
+    }
 }

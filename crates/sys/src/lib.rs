@@ -17,7 +17,8 @@
 //! - [`mem`]: anonymous mappings, `madvise`, one-call batched
 //!   `process_madvise`, `mincore`, page-aligned buffers, zeroed atomic tables.
 //! - [`io`]: positional I/O from raw mapping addresses, hole punching, poll,
-//!   eventfd, thread ids and CPU pinning.
+//!   eventfd, thread ids and CPU pinning, open-file-description byte-range
+//!   locks (`F_OFD_SETLK(W)`, `F_OFD_GETLK`).
 //! - [`pagemap`]: `/proc/self/pagemap` and the `PAGEMAP_SCAN` ioctl.
 //! - [`fork`]: `pthread_atfork` handlers (regions rebuilt in a fork child).
 //! - [`futex`]: futex wait/wake on atomics (async-signal-safe waits).

@@ -67,6 +67,12 @@ pub(crate) struct Area {
     /// Recent folio state changes (trace.rs), dumped when a check finds a
     /// folio holding the wrong data.
     pub trace: crate::trace::Trace,
+    /// This process's writers of the region's file (writable regions of
+    /// files only): whether its writes keep twins (twins.rs).
+    pub writers: Option<Arc<crate::twins::FileWriters>>,
+    /// Twins of this region's dirty folios (empty unless its file has
+    /// several writers).
+    pub twins: crate::twins::Twins,
 }
 
 /// How a region of `nfolios` folios of `folio` bytes is split over
@@ -280,6 +286,11 @@ impl Area {
     }
     pub fn state(&self, idx: usize) -> &AtomicU64 {
         &self.states[idx]
+    }
+    /// Whether a first write to a clean folio must keep a twin (its file
+    /// is mapped writable more than once: twins.rs).
+    pub fn twinning(&self) -> bool {
+        self.writers.as_ref().is_some_and(|w| w.twinning())
     }
     pub fn is_anon(&self) -> bool {
         self.slots.is_some()

@@ -30,6 +30,10 @@
 //! before the fault and at most the configured readahead: the window grows
 //! 2, 4, 8, … like the kernel's context readahead, with no per-stream state.
 //!
+//! Several writers of one file (twins.rs): the write-protect fault keeps a
+//! twin of a CLEAN folio before unprotecting it, and a missing write fault
+//! is filled as a read so that it does.
+//!
 //! Counters: `faults_missing`, `faults_wp`, `faults_deferred`,
 //! `faults_stale`, `faults_failed`, `fills`, `fills_readahead`,
 //! `bytes_read`, `read_errors`, `refaults`, `refaults_activated`,
@@ -382,6 +386,10 @@ impl Shared {
                         if !ctx.in_signal {
                             self.counters.faults_missing.inc();
                         }
+                        // A file with several writers is filled for
+                        // reading: the write then faults on the protected
+                        // folio, which makes its twin (twins.rs).
+                        let write = write && !r.twinning();
                         return self.fill(ctx, r, idx, old, write, false);
                     }
                 }
@@ -420,9 +428,15 @@ impl Shared {
                     }
                 }
                 Kind::Clean | Kind::Dirty if wp && r.writable => {
-                    if let Some(old) =
-                        folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty))
-                    {
+                    // Several writers of the file: a twin first (twins.rs).
+                    let twin = match self.twin_charge(ctx.in_signal, r, idx, s) {
+                        Ok(t) => t,
+                        Err(out) => return out,
+                    };
+                    let claimed =
+                        folio::try_claim(w, |s| matches!(s.kind(), Kind::Clean | Kind::Dirty));
+                    self.twin_claimed(r, idx, claimed, twin);
+                    if let Some(old) = claimed {
                         self.counters.faults_wp.inc();
                         r.trace.record(idx, Path::WpClaim, old.kind(), Kind::Busy);
                         let fresh = old.kind() == Kind::Clean;
@@ -453,7 +467,7 @@ impl Shared {
     /// data) and poisoned for a moment, a missing one is poisoned. Returns
     /// false if the folio turned out dirty already (the write needs no new
     /// dirty memory: resolve it as usual).
-    fn refuse_write(&self, r: &Arc<Area>, idx: usize) -> bool {
+    pub(crate) fn refuse_write(&self, r: &Arc<Area>, idx: usize) -> bool {
         let w = r.state(idx);
         loop {
             let s = folio::load(w);
@@ -1257,5 +1271,57 @@ impl Shared {
             let _ = self.uffd_of(r, idx).wake(r.folio_addr(idx), r.folio);
         }
         self.lru.add_poisoned(r, idx);
+    }
+}
+
+/// Several writers of one file (twins.rs): the twin of a folio at its
+/// first write.
+impl Shared {
+    /// Before a write-protect fault claims folio `idx` (state `s`) of `r`:
+    /// if it is CLEAN and its file keeps twins, charge the twin's memory.
+    /// `Ok(true)`: charged (hand it to [`Shared::twin_claimed`]). `Err`:
+    /// the fault ends here (handed off from a signal handler, which may not
+    /// allocate; or refused because the budget has no room).
+    pub(crate) fn twin_charge(
+        &self,
+        in_signal: bool,
+        r: &Arc<Area>,
+        idx: usize,
+        s: State,
+    ) -> Result<bool, Outcome> {
+        if s.kind() != Kind::Clean || !r.twinning() {
+            return Ok(false);
+        }
+        if in_signal {
+            return Err(Outcome::HandOff);
+        }
+        if self.reserve(r.folio) {
+            return Ok(true);
+        }
+        log::error!(
+            "region {}: no room in the budget for the twin of folio {idx} (its file has several writers): the write is refused",
+            r.id
+        );
+        if self.refuse_write(r, idx) {
+            return Err(Outcome::Done);
+        }
+        Ok(false)
+    }
+
+    /// After the claim of folio `idx` (previous state `old`) by a
+    /// write-protect fault that charged a twin (`charged`): keep the copy
+    /// if the folio was CLEAN, else give the charge back.
+    pub(crate) fn twin_claimed(&self, r: &Area, idx: usize, old: Option<State>, charged: bool) {
+        if !charged {
+            return;
+        }
+        if old.is_some_and(|o| o.kind() == Kind::Clean) {
+            let mut t = vec![0u8; r.folio as usize].into_boxed_slice();
+            r.map.read_at(idx << r.shift, &mut t);
+            r.twins.insert(idx, t);
+            self.counters.twins_made.inc();
+        } else {
+            self.budget.uncharge(r.folio);
+        }
     }
 }

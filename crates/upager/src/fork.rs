@@ -12,10 +12,13 @@
 //!    of the process (cheap when clean: a walk of the touched chunks; no
 //!    `fdatasync`, which the child does not need: it reads the same page
 //!    cache), so the child, which starts cold and reads the file, sees the
-//!    writes made before `fork()` was called. Then finish the in-thread
-//!    registry's initialisation and take the lineage lock and the SIGBUS
-//!    handler's installation lock, so no other thread holds them at the
-//!    fork.
+//!    writes made before `fork()` was called, and switch each of those
+//!    files to twins (twins.rs: parent and child are two writers of it from
+//!    now on; the child's region joins the file's writers on a description
+//!    of its own). Then finish the in-thread
+//!    registry's initialisation and take the lineage lock, the SIGBUS
+//!    handler's installation lock and the writers' table, so no other
+//!    thread holds them at the fork.
 //! 2. `parent`: release the locks.
 //! 3. `child` (the forking thread is the only thread, before `fork()`
 //!    returns there): for each pager of the parent, start a fresh engine
@@ -75,6 +78,7 @@ use crate::store::Store;
 struct Held {
     lineage: MutexGuard<'static, Lineage>,
     install: MutexGuard<'static, ()>,
+    writers: crate::twins::TableHeld,
 }
 
 thread_local! {
@@ -118,8 +122,13 @@ fn install() {
 pub fn after_fork() {
     let held = HELD.with(|h| h.borrow_mut().take());
     let mut g = match held {
-        Some(Held { lineage, install }) => {
+        Some(Held {
+            lineage,
+            install,
+            writers,
+        }) => {
             drop(install); // before a pager here installs the handler
+            drop(writers); // before a region here joins its file's writers
             lineage
         }
         None => lineage::lock(),
@@ -135,7 +144,14 @@ extern "C" fn prepare() {
         crate::inthread::before_fork();
         let lineage = lineage::lock();
         let install = upager_sys::signal::hold_install();
-        HELD.with(|h| *h.borrow_mut() = Some(Held { lineage, install }));
+        let writers = crate::twins::hold_table();
+        HELD.with(|h| {
+            *h.borrow_mut() = Some(Held {
+                lineage,
+                install,
+                writers,
+            })
+        });
     });
 }
 
@@ -167,6 +183,10 @@ fn flush_all() {
                          the file without the writes that are not on it",
                         a.id
                     );
+                }
+                // The child writes the file too: twins from now on.
+                if let Some(w) = &a.writers {
+                    w.switch_before_fork();
                 }
             }
         }

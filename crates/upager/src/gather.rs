@@ -43,6 +43,10 @@
 //! `pwrite` each, at the same writes/s there (zram compresses inside the
 //! submitting call: 8–9 µs per folio either way; docs/benchmarks.md).
 //!
+//! A dirty folio with a twin (its file has several writers, twins.rs) is
+//! written in 3) on its own, as a diff against the twin under a byte-range
+//! lock, and its twin dropped; a discard drops the twin too.
+//!
 //! Counters: `evictions`, `evict_{direct,background,pageout}`,
 //! `evict_batches`, `tlb_flush_batches`, `writebacks`, `writeback_errors`,
 //! `bytes_written`, `writeback_submits` (system calls that submitted the
@@ -315,11 +319,29 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
                 k += 1;
                 continue;
             }
+            let off = r.store_offset(v.idx, v.old).expect("file offset");
+            if r.twins.has(v.idx) {
+                // Its file has several writers: only what this region
+                // changed goes back, merged into the file (twins.rs).
+                let res = sh.write_back_diff(&r, v.idx, off);
+                let bytes = *res.as_ref().unwrap_or(&0);
+                account_write(
+                    sh,
+                    &r,
+                    &mut failed[k..k + 1],
+                    res.map(|_| ()),
+                    bytes,
+                    &mut first_err,
+                );
+                k += 1;
+                continue;
+            }
             let mut e = k + 1;
             while e < j
                 && victims[e].old.kind() == Kind::Dirty
                 && !unprotected[e]
                 && victims[e].idx == victims[e - 1].idx + 1
+                && !r.twins.has(victims[e].idx)
             {
                 e += 1;
             }
@@ -327,7 +349,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             let bytes = ((last - first) as u64 * r.folio) + r.valid_len(last);
             writes.push(Write {
                 src: r.src(first, bytes),
-                offset: r.store_offset(first, v.old).expect("file offset"),
+                offset: off,
             });
             runs.push((k, e, bytes));
             k = e;
@@ -653,6 +675,7 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
         }
         if v.old.kind() == Kind::Dirty {
             sh.dirty_sub(r, 1);
+            sh.drop_twin(r, v.idx);
         }
     }
     for chunk in ranges.chunks(MAX_IOV) {
@@ -689,4 +712,39 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
     sh.budget.uncharge(resident);
     sh.counters.discards.add(victims.len() as u64);
     victims.len()
+}
+
+/// Several writers of one file (twins.rs): the diff write-back.
+impl Shared {
+    /// Writes back claimed, write-protected folio `idx` of `r` as a diff
+    /// against its twin (taken from `r`), at store offset `off`. On success
+    /// the twin is dropped and its charge returned; on failure it is put
+    /// back (the folio stays DIRTY). Returns the bytes written.
+    pub(crate) fn write_back_diff(&self, r: &Area, idx: usize, off: u64) -> io::Result<u64> {
+        let Some(twin) = r.twins.take(idx) else {
+            return Err(io::Error::other("no twin"));
+        };
+        let len = r.valid_len(idx) as usize;
+        let mut view = vec![0u8; len];
+        r.map.read_at(idx << r.shift, &mut view);
+        let w = r.writers.as_ref().expect("a twin belongs to a shared file");
+        match w.write_diff(&view, &twin[..len], off) {
+            Ok(n) => {
+                self.budget.uncharge(r.folio);
+                self.counters.diff_writebacks.inc();
+                Ok(n)
+            }
+            Err(e) => {
+                r.twins.insert(idx, twin);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops folio `idx`'s twin, if any (the folio was discarded).
+    pub(crate) fn drop_twin(&self, r: &Area, idx: usize) {
+        if r.twins.take(idx).is_some() {
+            self.budget.uncharge(r.folio);
+        }
+    }
 }

@@ -78,6 +78,7 @@ mod sync;
 mod table;
 mod thp;
 mod trace;
+mod twins;
 
 pub use advice::Residency;
 pub use config::{
@@ -124,9 +125,9 @@ mod tests {
     /// The engine's modules, lowest layer first: each may use only the ones
     /// before it.
     const LAYERS: &[&str] = &[
-        "sync", "config", "error", "folio", "trace", "stats", "store", "budget", "area", "table",
-        "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread", "lineage", "region",
-        "advice", "pager", "fork",
+        "sync", "config", "error", "folio", "trace", "stats", "store", "twins", "budget", "area",
+        "table", "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread", "lineage",
+        "region", "advice", "pager", "fork",
     ];
 
     /// The engine's modules form the DAG that lib.rs lists and

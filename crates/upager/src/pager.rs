@@ -19,6 +19,7 @@ use crate::region::Region;
 use crate::shared::{Owner, Shared};
 use crate::stats::Stats;
 use crate::store::{FileStore, Slots, Store, SwapFile};
+use crate::twins::FileWriters;
 use crate::MapOptions;
 
 /// A demand pager with a memory budget.
@@ -173,7 +174,25 @@ impl Pager {
             .writable(area.writable)
             .offset(area.store_off)
             .len(area.len);
-        self.map_inner_at(store, None, area.store_off, area.len, &opts, Some(reserved))
+        // The file's writers here: a description of the child's own (the
+        // inherited one is the parent's too), so each sees the other as
+        // another writer and both keep twins (twins.rs).
+        let writers = match &area.writers {
+            Some(w) => Some(w.reopen_in_child().map_err(|source| MapError::Open {
+                path: "<inherited file>".into(),
+                source,
+            })?),
+            None => None,
+        };
+        self.map_inner_at(
+            store,
+            None,
+            area.store_off,
+            area.len,
+            &opts,
+            writers,
+            Some(reserved),
+        )
     }
 
     /// Maps a file (or the range `offset..offset+len` of it). Read-only
@@ -215,8 +234,17 @@ impl Pager {
         if let Some(kind) = crate::store::unpageable(&meta) {
             return Err(not_regular(kind));
         }
+        let writers = || {
+            file_writers(&meta, opts.writable, || {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+            })
+            .map_err(open_error)
+        };
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
-            return self.map_store(store, opts);
+            return self.map_store_of(store, opts, writers()?);
         }
         let store = FileStore::open(path, opts.writable, self.shared().cfg.direct_io)
             .map_err(open_error)?;
@@ -224,7 +252,7 @@ impl Pager {
             return Err(not_regular(kind));
         }
         let store = self.shared().stores.add_file(&meta, opts.writable, store);
-        self.map_store(store, opts)
+        self.map_store_of(store, opts, writers()?)
     }
 
     /// Maps an already open file. `opts.writable` must match how it was opened.
@@ -272,9 +300,16 @@ impl Pager {
                 advice: kind.advice(),
             });
         }
+        let writers =
+            file_writers(&meta, opts.writable, || file.try_clone()).map_err(|source| {
+                MapError::Open {
+                    path: fd_path.clone(),
+                    source,
+                }
+            })?;
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
             drop(file); // the shared store has descriptors of its own
-            return self.map_store(store, opts);
+            return self.map_store_of(store, opts, writers);
         }
         let store = FileStore::from_file(file, opts.writable, self.shared().cfg.direct_io)
             .map_err(|source| {
@@ -284,7 +319,7 @@ impl Pager {
                 })
             })?;
         let store = self.shared().stores.add_file(&meta, opts.writable, store);
-        self.map_store(store, opts)
+        self.map_store_of(store, opts, writers)
     }
 
     /// Maps any [`Store`] with file semantics (reads come from the store,
@@ -293,6 +328,17 @@ impl Pager {
         if let Some(p) = self.heir() {
             return p.map_store(store, opts);
         }
+        self.map_store_of(store, opts, None)
+    }
+
+    /// [`Pager::map_store`] of a file store, with this process's writers of
+    /// the file (writable regions: twins when it has several, twins.rs).
+    fn map_store_of(
+        &self,
+        store: Arc<dyn Store>,
+        opts: &MapOptions,
+        writers: Option<Arc<FileWriters>>,
+    ) -> Result<Region, MapError> {
         check_folio(opts.folio)?;
         if opts.writable && !store.writable() {
             return Err(MapError::StoreReadOnly);
@@ -318,7 +364,7 @@ impl Pager {
                 store_len,
             });
         }
-        self.map_inner(store, None, opts.offset, len, opts)
+        self.map_inner(store, None, opts.offset, len, opts, writers)
     }
 
     /// Maps `len` bytes of anonymous memory: zero on first touch, swapped to
@@ -331,7 +377,14 @@ impl Pager {
         check_anonymous(len, opts)?;
         self.check_budget(opts.folio)?;
         let (swap, slots) = self.swap_space(opts.folio)?;
-        self.map_inner(swap, Some(slots), 0, len, &opts.clone().writable(true))
+        self.map_inner(
+            swap,
+            Some(slots),
+            0,
+            len,
+            &opts.clone().writable(true),
+            None,
+        )
     }
 
     /// Maps `len` bytes of anonymous memory that swaps to `store` instead of
@@ -356,7 +409,14 @@ impl Pager {
         }
         self.check_budget(opts.folio)?;
         let slots = Arc::new(Slots::default());
-        self.map_inner(store, Some(slots), 0, len, &opts.clone().writable(true))
+        self.map_inner(
+            store,
+            Some(slots),
+            0,
+            len,
+            &opts.clone().writable(true),
+            None,
+        )
     }
 
     /// The swap file and slot allocator of anonymous regions with `folio`
@@ -395,8 +455,9 @@ impl Pager {
         store_off: u64,
         len: u64,
         opts: &MapOptions,
+        writers: Option<Arc<FileWriters>>,
     ) -> Result<Region, MapError> {
-        self.map_inner_at(store, slots, store_off, len, opts, None)
+        self.map_inner_at(store, slots, store_off, len, opts, writers, None)
     }
 
     /// [`Pager::map_inner`] over `reserved` (a range this process reserved
@@ -408,9 +469,11 @@ impl Pager {
         store_off: u64,
         len: u64,
         opts: &MapOptions,
+        writers: Option<Arc<FileWriters>>,
         reserved: Option<Mapping>,
     ) -> Result<Region, MapError> {
         let (folio, writable) = (opts.folio, opts.writable);
+        let writers = writers.filter(|_| writable);
         self.check_budget(folio)?;
         let sh = self.shared();
         let map_len = len
@@ -541,6 +604,8 @@ impl Pager {
             wb_backoff: crate::area::Backoff::default(),
             pins: Mutex::new(std::collections::HashMap::new()),
             trace: crate::trace::Trace::for_folios(len.div_ceil(folio) as usize),
+            writers,
+            twins: crate::twins::Twins::default(),
         });
         if folio == crate::thp::HUGE {
             // Until its teardown: the reclaimer stages huge pages for it.
@@ -550,6 +615,11 @@ impl Pager {
         sh.table.insert(Arc::clone(&inner));
         if sh.mode == crate::FaultMode::InThread {
             crate::inthread::register(sh, &inner);
+        }
+        // Another writer of the file (here or in another process): twins
+        // for it from now on, once the others have switched (twins.rs).
+        if let Some(w) = &inner.writers {
+            w.join(inner.id, write_back_all(sh, &inner));
         }
         Ok(Region::new(inner, Arc::clone(&self.owner)))
     }
@@ -652,4 +722,43 @@ impl Region {
         }
         .stats()
     }
+}
+
+/// This process's writers of the file `meta` describes, for a writable
+/// mapping of a regular file (`open`: a new read-write description of it);
+/// `None` for read-only mappings and block devices.
+fn file_writers(
+    meta: &std::fs::Metadata,
+    writable: bool,
+    open: impl FnOnce() -> std::io::Result<std::fs::File>,
+) -> std::io::Result<Option<Arc<FileWriters>>> {
+    use std::os::unix::fs::MetadataExt;
+    if !writable || !meta.file_type().is_file() {
+        return Ok(None);
+    }
+    FileWriters::of(meta.dev(), meta.ino(), open).map(Some)
+}
+
+/// What a switch to twins does to region `r` of pager `sh` (twins.rs):
+/// write back every dirty folio (made without a twin), keep it resident.
+/// Holds both weakly: a no-op once the region or its pager is gone.
+fn write_back_all(sh: &Arc<Shared>, r: &Arc<crate::area::Area>) -> crate::twins::WriteBackAll {
+    let (sh, r) = (Arc::downgrade(sh), Arc::downgrade(r));
+    Box::new(move || {
+        let (Some(sh), Some(r)) = (sh.upgrade(), r.upgrade()) else {
+            return;
+        };
+        sh.counters.writer_switches.inc();
+        if r.dying.load(std::sync::atomic::Ordering::SeqCst) {
+            return; // its unmap flushed it
+        }
+        if let Err(e) = crate::region::write_back_area(&sh, &r) {
+            // Kept dirty and twinless: written whole later.
+            log::error!(
+                "region {}: writing back its dirty folios before twins were turned on failed: {e}; those folios are written whole later and may overwrite another writer's bytes",
+                r.id
+            );
+            r.record_error(e);
+        }
+    })
 }

@@ -348,6 +348,13 @@ impl Shared {
             }
             self.clear_poison(false);
             self.log_slow_fault();
+            // Another process started writing a file mapped writable here
+            // alone so far? Then twins from now on (twins.rs).
+            for r in self.table.all() {
+                if let Some(w) = r.writers.as_ref().filter(|w| !w.twinning()) {
+                    w.poll();
+                }
+            }
         }
     }
 

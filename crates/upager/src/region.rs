@@ -328,6 +328,12 @@ impl Region {
         }
         sh.budget.uncharge(resident);
         sh.dirty_sub(r, dirty);
+        // Twins of folios whose write-back failed; the file's writers
+        // forget the region.
+        sh.budget.uncharge(r.twins.clear() * r.folio);
+        if let Some(w) = &r.writers {
+            w.leave(r.id);
+        }
         if r.folio == crate::thp::HUGE {
             sh.thp.unwant(&sh.budget);
         }

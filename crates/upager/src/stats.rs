@@ -147,6 +147,12 @@ counters! {
     writebacks_aged,
     /// Faults (or waits of a faulting thread) that took longer than a second; each logged with its folio's trace.
     faults_slow,
+    /// Twins made: copies of a clean folio taken at its first write because its file is mapped writable more than once (in this process or another); charged to the budget until the folio is written back or dropped.
+    twins_made,
+    /// Folios written back as a diff against their twin (only the bytes this region changed, merged into the store's current contents under a byte-range lock of the folio).
+    diff_writebacks,
+    /// Times this pager found a second writer of a file it maps writable (another region, pager or process) and turned twins on for that file, writing back its dirty folios first.
+    writer_switches,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

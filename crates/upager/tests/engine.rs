@@ -606,7 +606,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
 /// removing or reordering a counter fails here; a new counter goes at the
 /// end, here and in the same lists of crates/capi/tests/c/stat_names.c and
 /// python/tests/test_upager.py.
-const STAT_NAMES: [&str; 48] = [
+const STAT_NAMES: [&str; 51] = [
     "faults_missing",
     "faults_wp",
     "faults_deferred",
@@ -655,6 +655,9 @@ const STAT_NAMES: [&str; 48] = [
     "kernel_call_errors",
     "writebacks_aged",
     "faults_slow",
+    "twins_made",
+    "diff_writebacks",
+    "writer_switches",
 ];
 
 #[test]

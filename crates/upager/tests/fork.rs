@@ -8,6 +8,8 @@
 //! - forks while other threads fault (and evict) all the time;
 //! - a fork from a thread that is not the main one;
 //! - a child that forks again (a grandchild);
+//! - parent and child writing different words of the same folios: both
+//!   land (the fork makes them two writers of the file: twins and diffs);
 //! - a child that drops the inherited handles and exits: no parent
 //!   destructor runs there (it would wait for threads that do not exist).
 //!
@@ -43,6 +45,7 @@ fn child_main() {
         "inflight" => inflight(),
         "thread" => from_thread(),
         "grandchild" => grandchild(),
+        "halves" => halves(),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -359,6 +362,70 @@ fn grandchild() {
     say("GRANDCHILD OK");
 }
 
+/// Parent and child write different words of the same folios (the
+/// parent's even words, the child's odd ones; every folio resident and
+/// clean in the parent at the fork, and some dirty), and flush in both
+/// orders (round 0: the child first; round 1: the parent first, the child
+/// waiting for a sign): every word of both is in the file, and both keep
+/// twins (the fork made them two writers of the file). Without twins on
+/// either side, the whole-folio write-back of the one that flushes last
+/// puts back the other's words as it last read them.
+fn halves() {
+    let dir = ram_dir();
+    let len = 2 * MIB;
+    let (path, pager, r) = setup(dir.path(), len);
+    let words = (len / 8) as usize;
+    let val = |round: u64, who: u64, w: usize| (round << 60) | (who << 56) | w as u64;
+    let mut sum = 0u64;
+    for w in (0..words).step_by(512) {
+        sum = sum.wrapping_add(r.words()[w].load(Relaxed));
+    }
+    for round in 0..2u64 {
+        let sign = dir.path().join(format!("parent-flushed-{round}"));
+        // Resident at the fork; the first quarter dirty.
+        for w in (0..words / 4).step_by(2) {
+            r.words()[w].store(val(round, 1, w), Relaxed);
+        }
+        let child = fork_and(|| {
+            for w in (1..words).step_by(2) {
+                r.words()[w].store(val(round, 2, w), Relaxed);
+            }
+            if round == 1 {
+                let start = Instant::now();
+                while !sign.exists() {
+                    assert!(start.elapsed() < Duration::from_secs(60), "no sign");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+            r.flush().unwrap();
+            let st = r.pager_stats();
+            assert!(st.twins_made > 0, "the child keeps twins: {st:?}");
+            true
+        });
+        for w in (0..words).step_by(2) {
+            r.words()[w].store(val(round, 1, w), Relaxed);
+        }
+        if round == 0 {
+            assert_eq!(reap(child, 60), 0, "the child failed (see its stderr)");
+            r.flush().unwrap();
+        } else {
+            r.flush().unwrap();
+            std::fs::write(&sign, b"").unwrap();
+            assert_eq!(reap(child, 60), 0, "the child failed (see its stderr)");
+        }
+        assert!(pager.stats().twins_made > 0, "the parent keeps twins");
+        let data = std::fs::read(&path).unwrap();
+        for (w, c) in data.chunks(8).enumerate() {
+            let got = u64::from_le_bytes(c.try_into().unwrap());
+            let want = val(round, if w % 2 == 0 { 1 } else { 2 }, w);
+            assert_eq!(got, want, "round {round}: word {w} of the file (sum {sum})");
+        }
+        // The child's words reach the parent's copy once it drops it.
+        r.invalidate(0, len).unwrap();
+    }
+    say("HALVES OK");
+}
+
 fn run(scenario: &str, ok: &str) {
     for mode in ["handlers", "in-thread"] {
         let out = run_child_env(
@@ -390,6 +457,11 @@ fn forks_while_other_threads_fault_give_children_the_right_data() {
 #[test]
 fn a_fork_from_another_thread_works() {
     run("thread", "THREAD OK");
+}
+
+#[test]
+fn parent_and_child_writing_different_words_of_the_same_folios_both_land() {
+    run("halves", "HALVES OK");
 }
 
 #[test]

@@ -57,6 +57,9 @@ static const char *const names[] = {
     "kernel_call_errors",
     "writebacks_aged",
     "faults_slow",
+    "twins_made",
+    "diff_writebacks",
+    "writer_switches",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
