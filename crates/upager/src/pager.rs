@@ -187,8 +187,7 @@ impl Pager {
         self.map_inner_at(
             store,
             None,
-            area.store_off,
-            area.len,
+            (area.store_off, area.len),
             &opts,
             writers,
             Some(reserved),
@@ -457,7 +456,7 @@ impl Pager {
         opts: &MapOptions,
         writers: Option<Arc<FileWriters>>,
     ) -> Result<Region, MapError> {
-        self.map_inner_at(store, slots, store_off, len, opts, writers, None)
+        self.map_inner_at(store, slots, (store_off, len), opts, writers, None)
     }
 
     /// [`Pager::map_inner`] over `reserved` (a range this process reserved
@@ -466,8 +465,7 @@ impl Pager {
         &self,
         store: Arc<dyn Store>,
         slots: Option<Arc<Slots>>,
-        store_off: u64,
-        len: u64,
+        (store_off, len): (u64, u64),
         opts: &MapOptions,
         writers: Option<Arc<FileWriters>>,
         reserved: Option<Mapping>,
