@@ -64,6 +64,19 @@ pub(crate) struct Area {
     /// and, in a `huge_view`, a page table is left there, to be dropped
     /// before a huge page is moved in. Empty for other folio sizes.
     pub tables: upager_sys::mem::AtomicTable,
+    /// Folios per 2 MiB run where sequential runs are filled as one huge
+    /// page (mixed folio sizes, issue 23); 0: never (folios of 2 MiB, or
+    /// read-only, anonymous, small or unaligned regions, or turned off).
+    pub run_folios: usize,
+    /// One bit per 2 MiB run (with `run_folios`): the run was moved in as
+    /// one PMD-mapped huge page and nothing has split it since, as far as
+    /// the engine knows. A hint: eviction moves such a run out whole into
+    /// a staging slot (thp.rs `recycle`, which checks that it got a huge
+    /// page) when a batch holds all of its folios. Cleared by anything
+    /// that may split the PMD (a write-protect change or eviction of part
+    /// of the run); the kernel keeps a split run correct on its own
+    /// (split PTEs keep the uffd-wp bit), only slower to evict.
+    pub runs: upager_sys::mem::AtomicTable,
     /// Recent folio state changes (trace.rs), dumped when a check finds a
     /// folio holding the wrong data.
     pub trace: crate::trace::Trace,
@@ -203,6 +216,41 @@ impl Area {
                 & (1 << (idx % 64))
                 != 0;
         !self.huge_view || had
+    }
+
+    /// The first folio of the 2 MiB run of folio `idx` (with `run_folios`).
+    pub fn run_start(&self, idx: usize) -> usize {
+        idx - idx % self.run_folios.max(1)
+    }
+
+    /// Records that run `[idx, idx + run_folios)` is one PMD-mapped huge page.
+    pub fn set_run_mapped(&self, idx: usize) {
+        if self.run_folios > 0 {
+            let k = idx / self.run_folios;
+            self.runs[k / 64].fetch_or(1 << (k % 64), Ordering::AcqRel);
+        }
+    }
+
+    /// Forgets that the run of folio `idx` may be one PMD-mapped huge
+    /// page; true if it was thought to be.
+    pub fn clear_run_mapped(&self, idx: usize) -> bool {
+        if self.run_folios == 0 {
+            return false;
+        }
+        let k = idx / self.run_folios;
+        let bit = 1u64 << (k % 64);
+        self.runs[k / 64].load(Ordering::Acquire) & bit != 0
+            && self.runs[k / 64].fetch_and(!bit, Ordering::AcqRel) & bit != 0
+    }
+
+    /// Whether the run of folio `idx` is thought to be one PMD-mapped huge
+    /// page (see [`Area::runs`]).
+    pub fn run_mapped(&self, idx: usize) -> bool {
+        if self.run_folios == 0 {
+            return false;
+        }
+        let k = idx / self.run_folios;
+        self.runs[k / 64].load(Ordering::Acquire) & (1 << (k % 64)) != 0
     }
 
     /// Bytes of this region's folio tables that may be resident: the touched

@@ -503,6 +503,8 @@ impl Shared {
     fn make_dirty(&self, r: &Area, idx: usize, quiet: bool, fresh: bool) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
+        // (In a huge run this splits the PMD: the run is base pages now.)
+        r.clear_run_mapped(idx);
         let res = self
             .uffd_of(r, idx)
             .writeprotect(r.span(idx, 1), false, false);
@@ -640,7 +642,11 @@ impl Shared {
         // (thp.rs); without one it is copied as base pages. Read-only
         // regions copy: UFFDIO_MOVE moves only between writable mappings
         // (EINVAL otherwise).
-        let huge = folio == crate::thp::HUGE && n == 1 && self.thp.usable();
+        // A region of smaller folios fills a whole 2 MiB-aligned run the
+        // same way (mixed folio sizes: claim_readahead ends a sequential
+        // window at its run's end, so a stream's next fault starts a run).
+        let run = r.run_folios > 0 && n == r.run_folios && idx.is_multiple_of(n);
+        let huge = (folio == crate::thp::HUGE && n == 1 || run) && self.thp.usable();
         if huge && !r.writable {
             self.counters.thp_fill_fallback.inc();
         }
@@ -721,7 +727,7 @@ impl Shared {
         // A huge read fill that a write raced (see install_huge) is DIRTY.
         let mut raced = false;
         let ok = if let Some(st) = staged.as_mut() {
-            match self.install_huge(r, idx, st, write, quiet) {
+            match self.install_huge(r, idx, n, st, write, quiet) {
                 Some(written) => {
                     raced = written;
                     true
@@ -778,8 +784,13 @@ impl Shared {
         // faulting thread and any waiters (the COPY did not: whoever runs
         // next sees the folios resident and counted), then the LRU (one
         // lock) unless queued above.
+        // A store that raced the protection of a huge run landed in one of
+        // its folios, which one is not known: all of them are DIRTY.
+        let all_dirty = raced && n > 1;
         let write = write || raced;
-        if write {
+        if all_dirty {
+            self.dirty_add(r, n as u64);
+        } else if write {
             self.dirty_add(r, 1);
         }
         if ctx.in_signal {
@@ -801,7 +812,7 @@ impl Shared {
                 self.counters.refaults.inc();
                 self.counters.refaults_activated.add(u64::from(hot));
             }
-            let kind = if k == 0 && write {
+            let kind = if (k == 0 && write) || all_dirty {
                 Kind::Dirty
             } else {
                 Kind::Clean
@@ -939,7 +950,15 @@ impl Shared {
         let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
         // A run is filled by one UFFDIO_COPY, which must stay inside one
         // registration: readahead stops at the shard's end.
-        let end = (idx + 1 + window).min(r.shard_end(idx)).min(end_folio);
+        let mut end = (idx + 1 + window).min(r.shard_end(idx)).min(end_folio);
+        // Mixed folio sizes: once the window has grown to 2 MiB, it ends
+        // at the end of the faulting folio's 2 MiB run, so the stream's
+        // next fault starts a run, which fill_claimed fills as one huge
+        // page (a whole run claimed from its first folio). A run cut by
+        // the end of the file or a resident folio stays base folios.
+        if r.run_folios > 0 && 2 * run >= r.run_folios {
+            end = end.min(r.run_start(idx) + r.run_folios);
+        }
         for j in idx + 1..end {
             if !self.budget.try_charge(r.folio) {
                 break;
@@ -979,7 +998,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Installs claimed 2 MiB folio `idx` from staged huge page `st`
+    /// Installs claimed 2 MiB folio `idx` (or the `n` folios of a 2 MiB run
+    /// from `idx`, mixed folio sizes) from staged huge page `st`
     /// (holding its data): one `UFFDIO_MOVE` of the whole PMD, then, for a
     /// read fill of a writable region, write-protect it (CLEAN) before
     /// anyone is woken. A move the kernel refuses (or makes partly) is
@@ -1000,12 +1020,13 @@ impl Shared {
         &self,
         r: &Area,
         idx: usize,
+        n: usize,
         st: &mut crate::thp::Staged,
         write: bool,
         quiet: bool,
     ) -> Option<bool> {
         let uffd = self.uffd_of(r, idx);
-        let span = r.span(idx, 1);
+        let span = r.span(idx, n);
         let wp = !write && r.writable;
         let len = span.len() as usize;
         let before = wp.then(|| crate::thp::digest_bytes(&st.buf[..len]));
@@ -1052,6 +1073,7 @@ impl Shared {
         }
         if done == len {
             self.counters.thp_fills.inc();
+            r.set_run_mapped(idx);
         } else {
             self.counters.thp_fill_fallback.inc();
             // What did not move is still in the staged buffer (what moved

@@ -383,14 +383,36 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     // 4) unmap: one process_madvise per ≤ 1024 merged ranges. A huge page
     // moved in whole is moved out into a free staging slot instead (thp.rs:
     // recycled, not freed; its charge stays, as the staged page's).
+    // A huge run of a region of smaller folios (mixed folio sizes) is
+    // recycled the same way when the batch holds all its folios (`kept` is
+    // sorted and distinct: its first and last suffice); evicted in part,
+    // it is no longer one PMD.
     let mut ranges: Vec<MapRange<'_>> = Vec::with_capacity(kept.len());
     let mut recycled = 0u64;
-    for (v, _) in &kept {
-        let span = v.region.span(v.idx, 1);
-        if v.region.folio == crate::thp::HUGE
-            && v.region.pmd_mapped(v.idx)
-            && sh.thp.recycle(&sh.uffds[0], span, &sh.budget)
-        {
+    let mut huge = 0u64;
+    let mut i = 0;
+    while i < kept.len() {
+        let v = &kept[i].0;
+        let n = v.region.run_folios;
+        let whole_run = n > 0
+            && v.idx.is_multiple_of(n)
+            && kept
+                .get(i + n - 1)
+                .is_some_and(|(w, _)| w.region.id == v.region.id && w.idx == v.idx + n - 1);
+        let (span, step) = if whole_run && v.region.clear_run_mapped(v.idx) {
+            huge += 1;
+            (v.region.span(v.idx, n), n)
+        } else {
+            v.region.clear_run_mapped(v.idx);
+            (v.region.span(v.idx, 1), 1)
+        };
+        i += step;
+        let pmd = if step > 1 {
+            true
+        } else {
+            v.region.folio == crate::thp::HUGE && v.region.pmd_mapped(v.idx)
+        };
+        if pmd && sh.thp.recycle(&sh.uffds[0], span, &sh.budget) {
             recycled += 1;
             continue;
         }
@@ -465,7 +487,6 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     let seq_end = sh.evict_seq.fetch_add(pages, Ordering::Relaxed) + pages;
     let mut bytes = 0u64;
     let n = kept.len();
-    let mut huge = 0u64;
     for (v, new_slot) in kept {
         bytes += v.region.folio;
         huge += u64::from(v.region.folio == crate::thp::HUGE);

@@ -360,8 +360,18 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
+        // Mixed folio sizes (issue 23, fault.rs): writable file regions of
+        // folios below 2 MiB, big enough, fill sequential 2 MiB runs as huge
+        // pages; their view is 2 MiB-aligned so runs are PMDs.
+        let mixed = opts.huge_runs.unwrap_or(sh.cfg.huge_runs)
+            && folio < crate::thp::HUGE
+            && writable
+            && slots.is_none()
+            && len >= crate::config::HUGE_RUNS_MIN_BYTES
+            && sh.thp.usable();
+        let align = if mixed { crate::thp::HUGE } else { folio };
         let map = match opts.at {
-            None => Mapping::anonymous(map_len as usize, folio as usize, writable)
+            None => Mapping::anonymous(map_len as usize, align as usize, writable)
                 .map_err(|source| mmap_error(map_len, source))?,
             Some(at) => {
                 if !at.addr().is_multiple_of(folio) {
@@ -415,6 +425,17 @@ impl Pager {
             0
         })
         .map_err(|source| mmap_error(map_len / folio / 8, source))?;
+        let run_folios = if mixed && map.addr().is_multiple_of(crate::thp::HUGE) {
+            (crate::thp::HUGE / folio) as usize
+        } else {
+            0
+        };
+        let runs = upager_sys::mem::AtomicTable::zeroed(if run_folios > 0 {
+            nfolios.div_ceil(run_folios).div_ceil(64)
+        } else {
+            0
+        })
+        .map_err(|source| mmap_error(map_len / crate::thp::HUGE / 8, source))?;
         let _ = map.advise(0, map.len(), Advice::DontFork);
         // In-thread: upager's SIGBUS handler must be the process's (a
         // program may have replaced it since the pager was built, e.g.
@@ -443,6 +464,8 @@ impl Pager {
             shard_first,
             huge_view,
             tables,
+            run_folios,
+            runs,
             id,
             states,
             map,
@@ -460,7 +483,7 @@ impl Pager {
             pins: Mutex::new(std::collections::HashMap::new()),
             trace: crate::trace::Trace::for_folios(len.div_ceil(folio) as usize),
         });
-        if folio == crate::thp::HUGE {
+        if folio == crate::thp::HUGE || run_folios > 0 {
             // Until its teardown: the reclaimer stages huge pages for it.
             sh.thp.want();
             sh.kick_reclaimer();

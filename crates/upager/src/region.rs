@@ -278,7 +278,7 @@ impl Region {
         }
         sh.budget.uncharge(resident);
         sh.dirty_sub(r, dirty);
-        if r.folio == crate::thp::HUGE {
+        if r.folio == crate::thp::HUGE || r.run_folios > 0 {
             sh.thp.unwant(&sh.budget);
         }
         let pinned = r
