@@ -191,11 +191,17 @@ impl Area {
     }
 
     /// Notes that base pages (a page table) may be installed under folios
-    /// `idx..idx + n` of a region of 2 MiB folios; no-op otherwise.
+    /// `idx..idx + n` of a region of 2 MiB folios, or of a region with
+    /// huge runs (one bit per run there); no-op otherwise.
     pub fn note_table(&self, idx: usize, n: usize) {
-        if !self.tables.is_empty() {
-            for k in idx..idx + n {
-                self.tables[k / 64].fetch_or(1 << (k % 64), Ordering::AcqRel);
+        if self.tables.is_empty() || n == 0 {
+            return;
+        }
+        let per = self.run_folios.max(1);
+        for k in idx / per..=(idx + n - 1) / per {
+            let bit = 1u64 << (k % 64);
+            if self.tables[k / 64].load(Ordering::Acquire) & bit == 0 {
+                self.tables[k / 64].fetch_or(bit, Ordering::AcqRel);
             }
         }
     }
@@ -210,12 +216,20 @@ impl Area {
     /// Whether a page table may be under folio `idx` (always in a view
     /// that is not `huge_view`: its missing faults allocate one), forgetting
     /// it: the caller drops it.
+    ///
+    /// With huge runs (mixed folio sizes) a bit stands for a run, and is
+    /// set by everything that may leave a page table there: a fault in
+    /// the run (`resolve`: a missing fault allocates one before it is
+    /// raised, a write-protect fault splits a huge run), base pages copied
+    /// in or poisoned, a write-protect change or unmap of part of a huge
+    /// run (gather.rs). A run nobody touched has none: a fill moving a huge
+    /// page there drops nothing (a TLB flush saved).
     pub fn take_table(&self, idx: usize) -> bool {
+        let k = idx / self.run_folios.max(1);
         let had = !self.tables.is_empty()
-            && self.tables[idx / 64].fetch_and(!(1 << (idx % 64)), Ordering::AcqRel)
-                & (1 << (idx % 64))
+            && self.tables[k / 64].fetch_and(!(1 << (k % 64)), Ordering::AcqRel) & (1 << (k % 64))
                 != 0;
-        !self.huge_view || had
+        !(self.huge_view || self.run_folios > 0) || had
     }
 
     /// The first folio of the 2 MiB run of folio `idx` (with `run_folios`).

@@ -348,6 +348,11 @@ impl Shared {
         let in_thread = self.mode == FaultMode::InThread;
         let idx = ((addr - r.base()) >> r.shift) as usize;
         let w = r.state(idx);
+        // A fault at PTE level: a page table is under this run now (a huge
+        // fill there must drop it first; see Area::take_table).
+        if r.run_folios > 0 {
+            r.note_table(idx, 1);
+        }
         // The dirty limit: a write that would make a file folio dirty waits
         // for write-back above it, and is refused (SIGBUS) when the store
         // refuses writes. Reads never wait here.
@@ -608,8 +613,57 @@ impl Shared {
             self.claim_readahead(r, idx, &mut extras);
         }
         let out = self.fill_claimed(ctx, r, idx, old, &extras, write, prefetch);
+        // Mixed folio sizes: a stream's fault that filled a whole run as a
+        // huge page fills the next run too, ahead of the stream. No thread
+        // has touched that one, so no page table is there to drop first (a
+        // TLB flush per run saved: the stream's next fault is two runs on).
+        let n = r.run_folios;
+        if out == Outcome::Done && !write && !prefetch && n > 0 && extras.len() + 1 == n {
+            extras.clear();
+            if r.run_mapped(idx) {
+                if let Some(first) = self.claim_run_ahead(r, idx + n, &mut extras) {
+                    let _ = self.fill_claimed(ctx, r, idx + n, first, &extras, false, true);
+                }
+            }
+        }
         ctx.extras = extras;
         out
+    }
+
+    /// Claims all folios of the 2 MiB run from `start` (mixed folio
+    /// sizes) if every one is non-resident and the budget has room without
+    /// reclaim: the first one's old state is returned, the others' pushed
+    /// to `out`. Nothing is claimed (or charged) otherwise.
+    fn claim_run_ahead(&self, r: &Area, start: usize, out: &mut Vec<State>) -> Option<State> {
+        let n = r.run_folios;
+        let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
+        let gone = |k: usize| matches!(folio::load(r.state(k)).kind(), Kind::Never | Kind::Evicted);
+        if start + n > end_folio.min(r.nfolios())
+            || r.shard_end(start) < start + n
+            || !(start..start + n).all(gone)
+            || !self.budget.try_charge(r.folio * n as u64)
+        {
+            return None;
+        }
+        let pred = |s: State| matches!(s.kind(), Kind::Never | Kind::Evicted);
+        let mut first = None;
+        for k in start..start + n {
+            match folio::try_claim(r.state(k), pred) {
+                Some(o) if k == start => first = Some(o),
+                Some(o) => out.push(o),
+                None => {
+                    // Someone else got there: give back what was claimed.
+                    for (j, o) in first.iter().chain(out.iter()).enumerate() {
+                        let prev = folio::release(r.state(start + j), |_| *o);
+                        self.wake_if_waiter(r, start + j, prev);
+                    }
+                    out.clear();
+                    self.budget.uncharge(r.folio * n as u64);
+                    return None;
+                }
+            }
+        }
+        first
     }
 
     /// [`fill`](Self::fill) once the budget is reserved and the readahead
@@ -793,7 +847,7 @@ impl Shared {
         } else if write {
             self.dirty_add(r, 1);
         }
-        if ctx.in_signal {
+        if ctx.in_signal && !prefetch {
             self.counters.faults_missing.inc();
             if ctx.mark.is_some() {
                 self.phases.fills.inc();

@@ -403,7 +403,10 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             huge += 1;
             (v.region.span(v.idx, n), n)
         } else {
-            v.region.clear_run_mapped(v.idx);
+            if v.region.clear_run_mapped(v.idx) {
+                // Unmapping part of a huge run splits its PMD: a table.
+                v.region.note_table(v.idx, 1);
+            }
             (v.region.span(v.idx, 1), 1)
         };
         i += step;
@@ -551,6 +554,7 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
         })
         .is_some()
         {
+            r.note_table(i, 1); // splits a huge run
             if let Err(e) = sh.uffd_of(r, i).writeprotect(r.span(i, 1), false, false) {
                 // Still protected: its next write faults and unprotects it.
                 sh.counters.kernel_call_errors.inc();
@@ -569,6 +573,13 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
 /// VMAs before the one it refused, and reports no progress: the whole span
 /// counts as refused.)
 fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) -> bool {
+    // Protecting part of a huge run (mixed folio sizes) splits its PMD.
+    for k in [first, last] {
+        let run = r.run_start(k);
+        if r.run_folios > 0 && (run < first || run + r.run_folios - 1 > last) {
+            r.note_table(k, 1);
+        }
+    }
     // Each shard's part on the userfaultfd it is registered on (a span
     // crosses a shard boundary rarely: one call more then).
     let mut ok = true;
@@ -656,6 +667,9 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
     for v in &victims {
         let r = &v.region;
         if matches!(v.old.kind(), Kind::Clean | Kind::Dirty | Kind::Poisoned) {
+            // Part of a huge run unmapped: its PMD splits.
+            r.clear_run_mapped(v.idx);
+            r.note_table(v.idx, 1);
             let span = r.span(v.idx, 1);
             if !ranges.last_mut().is_some_and(|last| last.try_extend(&span)) {
                 ranges.push(span);

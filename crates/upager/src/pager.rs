@@ -419,12 +419,7 @@ impl Pager {
         if !huge_view {
             let _ = map.advise(0, map.len(), Advice::NoHugePage);
         }
-        let tables = upager_sys::mem::AtomicTable::zeroed(if folio == crate::thp::HUGE {
-            nfolios.div_ceil(64)
-        } else {
-            0
-        })
-        .map_err(|source| mmap_error(map_len / folio / 8, source))?;
+
         let run_folios = if mixed && map.addr().is_multiple_of(crate::thp::HUGE) {
             (crate::thp::HUGE / folio) as usize
         } else {
@@ -436,6 +431,14 @@ impl Pager {
             0
         })
         .map_err(|source| mmap_error(map_len / crate::thp::HUGE / 8, source))?;
+        let tables = upager_sys::mem::AtomicTable::zeroed(if folio == crate::thp::HUGE {
+            nfolios.div_ceil(64)
+        } else if run_folios > 0 {
+            nfolios.div_ceil(run_folios).div_ceil(64)
+        } else {
+            0
+        })
+        .map_err(|source| mmap_error(map_len / folio / 8, source))?;
         let _ = map.advise(0, map.len(), Advice::DontFork);
         // In-thread: upager's SIGBUS handler must be the process's (a
         // program may have replaced it since the pager was built, e.g.
