@@ -30,6 +30,23 @@
 //! before the fault and at most the configured readahead: the window grows
 //! 2, 4, 8, … like the kernel's context readahead, with no per-stream state.
 //!
+//! Mixed folio sizes (issue 23; `huge_runs`, writable file regions of
+//! folios below 2 MiB, at least 8 MiB, 2 MiB-aligned view): once the window
+//! has grown to 2 MiB (a stream of 1 MiB resident before the fault), it
+//! ends at the end of the faulting folio's 2 MiB run, so the stream's next
+//! fault starts a run; a read fault at a run's first folio with the window
+//! grown claims the whole run and fills it as one huge page (a staged THP
+//! moved in with one `UFFDIO_MOVE`, as 2 MiB folios are, thp.rs), then
+//! fills the next run the same way ahead of the stream (nobody touched it:
+//! no page table to drop first). Random faults, write faults, a run cut
+//! by the end of the file or by a resident folio, and fills that find no
+//! staged page stay the region's folios. The folio state words stay per
+//! folio: a huge run is N folios CLEAN (or DIRTY) together. The first write
+//! to one of them unprotects that folio only (the kernel splits the PMD and
+//! keeps the uffd-wp bit on the other PTEs); eviction takes a run that is
+//! still one PMD whole (reclaim.rs `claim_run_rest`, gather.rs: moved out
+//! into a staging slot or unmapped with one range).
+//!
 //! Counters: `faults_missing`, `faults_wp`, `faults_deferred`,
 //! `faults_stale`, `faults_failed`, `fills`, `fills_readahead`,
 //! `bytes_read`, `read_errors`, `refaults`, `refaults_activated`,

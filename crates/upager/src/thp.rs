@@ -18,6 +18,11 @@
 //! pages use at most an eighth of the budget (one per 16 MiB, at most 16;
 //! none under 16 MiB).
 //!
+//! Regions of smaller folios use the same pool for their 2 MiB runs read
+//! in sequence (mixed folio sizes, issue 23; fault.rs): a run of N folios
+//! is filled, protected, digested and recycled exactly like one 2 MiB
+//! folio.
+//!
 //! Evicted huge pages are recycled: the slots are registered with the
 //! pager's first userfaultfd (write-protect mode only: touching them faults
 //! nothing to the engine), so eviction can move a PMD-mapped 2 MiB folio
