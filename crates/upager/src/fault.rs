@@ -718,10 +718,12 @@ impl Shared {
         // window at its run's end, so a stream's next fault starts a run).
         let run = r.run_folios > 0 && n == r.run_folios && idx.is_multiple_of(n);
         let huge = (folio == crate::thp::HUGE && n == 1 || run) && self.thp.usable();
-        if huge && !r.writable {
+        // (A huge run of a read-only region is moved in through a moment of
+        // write access: install_huge.)
+        if huge && !r.writable && !run {
             self.counters.thp_fill_fallback.inc();
         }
-        let mut staged = if huge && r.writable {
+        let mut staged = if huge && (r.writable || run) {
             let s = self.thp.take(&self.budget);
             if s.is_none() {
                 self.counters.thp_fill_fallback.inc();
@@ -1111,11 +1113,26 @@ impl Shared {
         if r.take_table(idx) {
             self.zap(&[span], "a page table before a huge fill", quiet);
         }
+        // A read-only region (a huge run, mixed folio sizes): the kernel
+        // moves pages only into writable mappings (validate_move_areas), so
+        // the run is writable from just before the move until just after
+        // it (two mprotect calls; the second flushes the run's TLB entry).
+        // Its folios are BUSY meanwhile: a thread touching the run waits on
+        // the fault, except one that touches it in that window for the
+        // first time, whose store lands instead of raising SIGSEGV; a
+        // read-only region is never written back, so the store reaches no
+        // file, and it is gone at the next eviction (docs/benchmarks.md,
+        // issue 23).
+        let opened = !r.writable && span.protect(upager_sys::mem::Access::ReadWrite).is_ok();
         let mut done = match uffd.move_in(span, &mut st.buf, 0) {
+            _ if !r.writable && !opened => 0,
             Ok(Fill::Done) => len,
             Ok(Fill::Retry { done } | Fill::Exists { done }) => done as usize,
             Err(_) => 0,
         };
+        if opened {
+            self.close_read_only(r, span, idx, quiet);
+        }
         if done > 0 {
             // The staged page left (all or part of it): its charge goes
             // back, the fill's own charge covers the folio.
@@ -1181,6 +1198,22 @@ impl Shared {
             self.counters.thp_fill_raced.inc();
         }
         Some(raced)
+    }
+
+    /// Makes `span` of read-only region `r` read-only again after a huge
+    /// page moved through it (see install_huge, gather.rs); a refusal is
+    /// logged (unless `quiet`) and counted: stores there would land
+    /// without SIGSEGV (never written back: nothing is lost).
+    pub(crate) fn close_read_only(&self, r: &Area, span: MapRange<'_>, idx: usize, quiet: bool) {
+        if let Err(e) = span.protect(upager_sys::mem::Access::Read) {
+            self.counters.kernel_call_errors.inc();
+            if !quiet {
+                log::error!(
+                    "region {}: making folios {idx}.. of the read-only region read-only again failed: {e}; stores there land without SIGSEGV",
+                    r.id
+                );
+            }
+        }
     }
 
     /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. `Err(done)`

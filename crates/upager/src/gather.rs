@@ -415,7 +415,15 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         } else {
             v.region.folio == crate::thp::HUGE && v.region.pmd_mapped(v.idx)
         };
-        if pmd && sh.thp.recycle(&sh.uffds[0], span, &sh.budget) {
+        // A read-only region's run moves out through a moment of write
+        // access, as it moved in (fault.rs install_huge).
+        let ro = step > 1 && !v.region.writable;
+        let opened = ro && span.protect(upager_sys::mem::Access::ReadWrite).is_ok();
+        let moved = pmd && (!ro || opened) && sh.thp.recycle(&sh.uffds[0], span, &sh.budget);
+        if opened {
+            sh.close_read_only(&v.region, span, v.idx, false);
+        }
+        if moved {
             recycled += 1;
             continue;
         }

@@ -365,7 +365,6 @@ impl Pager {
         // pages; their view is 2 MiB-aligned so runs are PMDs.
         let mixed = opts.huge_runs.unwrap_or(sh.cfg.huge_runs)
             && folio < crate::thp::HUGE
-            && writable
             && slots.is_none()
             && len >= crate::config::HUGE_RUNS_MIN_BYTES
             && sh.thp.usable();

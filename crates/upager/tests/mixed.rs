@@ -157,7 +157,7 @@ fn huge_runs_off_fills_the_folio_size_only() {
 }
 
 #[test]
-fn small_and_read_only_regions_have_no_huge_runs() {
+fn small_regions_and_regions_with_huge_runs_off_have_none() {
     if !thp_available() {
         return;
     }
@@ -165,9 +165,6 @@ fn small_and_read_only_regions_have_no_huge_runs() {
     let path = pattern_file(dir.path(), "data", 64 * MIB, 24);
     let small = pattern_file(dir.path(), "small", 6 * MIB, 25);
     let pager = Pager::builder().budget(32 * MIB).build().unwrap();
-    let ro = pager
-        .map_file(&path, &MapOptions::new().folio(4096))
-        .unwrap();
     let sm = pager
         .map_file(&small, &MapOptions::new().folio(4096).writable(true))
         .unwrap();
@@ -179,10 +176,61 @@ fn small_and_read_only_regions_have_no_huge_runs() {
         .unwrap();
     // Let the reclaimer stage pages (it would for a region with runs).
     std::thread::sleep(std::time::Duration::from_millis(50));
-    scan(&ro, 24, &[]);
     scan(&sm, 25, &[]);
     scan(&off, 24, &[]);
     assert_eq!(pager.stats().thp_fills, 0, "{:?}", pager.stats());
+}
+
+/// The VMAs of /proc/self/maps inside `r`: (start, end, permissions).
+fn vmas(r: &Region) -> Vec<(u64, u64, String)> {
+    let (lo, hi) = (r.as_ptr() as u64, r.as_ptr() as u64 + r.len() as u64);
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (s, e) = f.next()?.split_once('-')?;
+            let (s, e) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
+            (s < hi && e > lo).then(|| (s, e, f.next().unwrap_or("").to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn read_only_regions_fill_huge_runs_and_stay_read_only() {
+    if !thp_available() {
+        return;
+    }
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 64 * MIB, 27);
+    let pager = Pager::builder().budget(32 * MIB).build().unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(4096))
+        .unwrap();
+    let mut passes = 0;
+    wait_until("a huge run fill in a read-only region", 20, || {
+        scan(&r, 27, &[]);
+        passes += 1;
+        passes >= 2 && pager.stats().thp_fills > 0
+    });
+    let s = pager.stats();
+    assert!(s.thp_evictions > 0, "{s:?}");
+    assert!(s.thp_recycled > 0, "huge runs of a read-only region recycled: {s:?}");
+    assert_eq!(s.kernel_call_errors, 0, "{s:?}");
+    assert!(r.huge_bytes().unwrap() > 0, "{s:?}");
+    // Every byte of the region is read-only again, in one VMA.
+    let v = vmas(&r);
+    assert!(
+        v.iter().all(|(_, _, p)| p.starts_with("r-")),
+        "a writable VMA left in a read-only region: {v:?}"
+    );
+    // (One VMA per userfaultfd shard: VMAs of two userfaultfds never merge.)
+    assert!(
+        v.len() <= pager.uffd_shards(),
+        "the VMAs split for the moves merged again: {v:?}"
+    );
+    r.unmap().unwrap();
+    assert_eq!(pager.stats().resident_bytes, 0);
 }
 
 /// Writers storing into a region while a scanner's sequential faults fill
