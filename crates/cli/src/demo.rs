@@ -339,9 +339,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let path = dir.0.join("dataset.bin");
     // The pager first: a bad option (or UPAGER_FAULT_MODE) fails before
     // the dataset is made.
-    let mut b = Pager::builder()
-        .budget(a.budget)
-        .huge_runs(!a.no_huge_runs);
+    let mut b = Pager::builder().budget(a.budget).huge_runs(!a.no_huge_runs);
     if let Some(m) = a.fault_mode {
         b = b.fault_mode(m);
     }

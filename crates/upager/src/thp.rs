@@ -370,7 +370,10 @@ mod digest_tests {
             assert_ne!(digest_bytes(&c), d, "swapping word 0 and byte {other}");
         }
         // A length that is not a multiple of the lanes.
-        assert_ne!(digest_bytes(&b[..8 * 11]), digest_bytes(&c_change(&b[..8 * 11])));
+        assert_ne!(
+            digest_bytes(&b[..8 * 11]),
+            digest_bytes(&c_change(&b[..8 * 11]))
+        );
     }
 
     fn c_change(b: &[u8]) -> Vec<u8> {

@@ -68,7 +68,11 @@ fn mixed_region(folio: u64, on: bool) {
         .map_file(&path, &MapOptions::new().folio(folio).writable(true))
         .unwrap();
     if on {
-        assert_eq!(r.as_ptr() as u64 % HUGE, 0, "a mixed region is 2 MiB-aligned");
+        assert_eq!(
+            r.as_ptr() as u64 % HUGE,
+            0,
+            "a mixed region is 2 MiB-aligned"
+        );
     }
     // Sequential passes, until one fill moved a huge page in (the
     // reclaimer stages them off the fault path, a moment after the map).
@@ -92,7 +96,11 @@ fn mixed_region(folio: u64, on: bool) {
     let nruns = len / HUGE;
     let run = (0..nruns).rev().find(|&k| huge(&r, k));
     assert_eq!(run.is_some(), on, "a PMD-mapped run exists iff huge_runs");
-    assert_eq!(r.huge_bytes().unwrap() > 0, on, "huge_bytes counts huge runs");
+    assert_eq!(
+        r.huge_bytes().unwrap() > 0,
+        on,
+        "huge_bytes counts huge runs"
+    );
     // A write into a huge run: a write-protect fault; it splits the PMD;
     // it is kept through flush and eviction.
     let mut written = Vec::new();
@@ -120,7 +128,9 @@ fn mixed_region(folio: u64, on: bool) {
     r.pageout(0, r.len() as u64 / folio * folio).unwrap();
     let mut x = 0x2323u64;
     for _ in 0..200 {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let i = ((x >> 11) % (r.len() as u64 / 8)) as usize;
         let want = written
             .iter()
@@ -129,11 +139,18 @@ fn mixed_region(folio: u64, on: bool) {
         assert_eq!(r.words()[i].load(Relaxed), want, "word {i}");
     }
     let after = pager.stats();
-    assert_eq!(after.thp_fills, before.thp_fills, "random faults filled huge pages");
+    assert_eq!(
+        after.thp_fills, before.thp_fills,
+        "random faults filled huge pages"
+    );
     // The partial run at the end is read right (base folios).
     let tail = (nruns * HUGE / 8) as usize;
     for i in tail..(len / 8) as usize {
-        assert_eq!(r.words()[i].load(Relaxed), word(i as u64 * 8, 23), "tail word {i}");
+        assert_eq!(
+            r.words()[i].load(Relaxed),
+            word(i as u64 * 8, 23),
+            "tail word {i}"
+        );
     }
     // Once more in sequence, the write included.
     scan(&r, 23, &written);
@@ -171,7 +188,10 @@ fn small_regions_and_regions_with_huge_runs_off_have_none() {
     let off = pager
         .map_file(
             &path,
-            &MapOptions::new().folio(4096).writable(true).huge_runs(false),
+            &MapOptions::new()
+                .folio(4096)
+                .writable(true)
+                .huge_runs(false),
         )
         .unwrap();
     // Let the reclaimer stage pages (it would for a region with runs).
@@ -190,7 +210,10 @@ fn vmas(r: &Region) -> Vec<(u64, u64, String)> {
         .filter_map(|l| {
             let mut f = l.split_whitespace();
             let (s, e) = f.next()?.split_once('-')?;
-            let (s, e) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
+            let (s, e) = (
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            );
             (s < hi && e > lo).then(|| (s, e, f.next().unwrap_or("").to_string()))
         })
         .collect()
@@ -215,7 +238,10 @@ fn read_only_regions_fill_huge_runs_and_stay_read_only() {
     });
     let s = pager.stats();
     assert!(s.thp_evictions > 0, "{s:?}");
-    assert!(s.thp_recycled > 0, "huge runs of a read-only region recycled: {s:?}");
+    assert!(
+        s.thp_recycled > 0,
+        "huge runs of a read-only region recycled: {s:?}"
+    );
     assert_eq!(s.kernel_call_errors, 0, "{s:?}");
     assert!(r.huge_bytes().unwrap() > 0, "{s:?}");
     // Every byte of the region is read-only again, in one VMA.
@@ -266,7 +292,9 @@ fn stores_racing_huge_run_fills_are_kept() {
             let mut model = std::collections::HashMap::new();
             let mut x = 0x26u64;
             for n in 1..=40_000u64 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let page = ((x >> 17) % (nwords as u64 / 512)) as usize;
                 let w = page * 512 + 1;
                 r.words()[w].store(n, Relaxed);
@@ -287,7 +315,12 @@ fn stores_racing_huge_run_fills_are_kept() {
         }
     }
     let s = pager.stats();
-    assert_eq!(lost, 0, "{lost} of {} stores lost ({passes} passes): {s:?}", stores.len());
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} stores lost ({passes} passes): {s:?}",
+        stores.len()
+    );
     assert!(s.resident_peak_bytes <= 24 * MIB, "{s:?}");
     r.unmap().unwrap();
 }
