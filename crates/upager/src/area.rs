@@ -239,8 +239,7 @@ impl Area {
 
     /// Records that run `[idx, idx + run_folios)` is one PMD-mapped huge page.
     pub fn set_run_mapped(&self, idx: usize) {
-        if self.run_folios > 0 {
-            let k = idx / self.run_folios;
+        if let Some(k) = idx.checked_div(self.run_folios) {
             self.runs[k / 64].fetch_or(1 << (k % 64), Ordering::AcqRel);
         }
     }
