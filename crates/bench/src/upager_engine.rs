@@ -125,6 +125,23 @@ impl UpagerEngine {
                 &[Scenario::MmapRead],
             ),
             e(
+                "upager no-huge-runs",
+                UpagerConfig {
+                    huge_runs: Some(false),
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ),
+            e(
+                "upager in-thread no-huge-runs",
+                UpagerConfig {
+                    huge_runs: Some(false),
+                    fault_mode: FaultMode::InThread,
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ),
+            e(
                 "upager rw no-huge-runs",
                 UpagerConfig {
                     writable: true,
