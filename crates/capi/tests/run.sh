@@ -42,6 +42,7 @@ build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
 build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build store_redis "$SRC/store_redis.c" $(pkg-config --cflags --libs upager) $RPATH
 build dirty_expire "$SRC/dirty_expire.c" $(pkg-config --cflags --libs upager) $RPATH
+build huge_runs "$SRC/huge_runs.c" $(pkg-config --cflags --libs upager) $RPATH
 build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 # UMap's C++ API (header-only over the C library): the system's g++.
@@ -81,6 +82,7 @@ run "$OUT/stat_names"
 # Readers racing an unmap (issue 20): right data or SIGSEGV, never SIGBUS.
 run "$OUT/unmap_race"
 run "$OUT/dirty_expire"
+run "$OUT/huge_runs"
 # The fault mode (issue 12): options, defaults from UPAGER_FAULT_MODE, both
 # modes at work; the UMap drop-in under each value of the variable.
 run env -u UPAGER_FAULT_MODE "$OUT/fault_mode"
