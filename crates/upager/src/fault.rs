@@ -36,9 +36,10 @@
 //! ends at the end of the faulting folio's 2 MiB run, so the stream's next
 //! fault starts a run; a read fault at a run's first folio with the window
 //! grown claims the whole run and fills it as one huge page (a staged THP
-//! moved in with one `UFFDIO_MOVE`, as 2 MiB folios are, thp.rs), then
-//! fills the next run the same way ahead of the stream (nobody touched it:
-//! no page table to drop first). Random faults, write faults, a run cut
+//! moved in with one `UFFDIO_MOVE`, as 2 MiB folios are, thp.rs), then,
+//! in-thread, fills the next run the same way ahead of the stream (nobody
+//! touched it: no page table to drop first; a handler thread doing so kept
+//! the stream waiting, see `fill`). Random faults, write faults, a run cut
 //! by the end of the file or by a resident folio, and fills that find no
 //! staged page stay the region's folios. The folio state words stay per
 //! folio: a huge run is N folios CLEAN (or DIRTY) together. The first write
