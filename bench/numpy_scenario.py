@@ -37,7 +37,7 @@ by the suite's worker runner (crates/bench/src/worker.rs): prints
 shape of the Rust workers' WorkerResult) or ``error <message>``. The JSON
 is the suite's ``Workload::Numpy``: file, backend ("memmap" or "upager"),
 budget, folio_kb, fault_mode ("handlers" or "in-thread"), slice_bytes,
-random_ops, seed.
+random_ops, seed, huge_runs (upager's mixed folio sizes, default true).
 """
 import gc
 import json
@@ -94,6 +94,8 @@ def open_upager(upager, path, np, cfg):
     keyword where the package has it, else UPAGER_FAULT_MODE (read by the
     engine's builder when the pager is made)."""
     kwargs = dict(mode="r+", budget=cfg["budget"], folio=cfg["folio_kb"] * 1024)
+    if not cfg.get("huge_runs", True):
+        kwargs["huge_runs"] = False  # issue 23's ablation: base folios only
     os.environ["UPAGER_FAULT_MODE"] = cfg["fault_mode"]
     try:
         return upager.open_array(path, np.float64, fault_mode=cfg["fault_mode"], **kwargs)

@@ -142,7 +142,12 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 ///
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
-///       dirty_limit=None, fault_mode=None, dirty_expire=None)
+///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=True)
+///
+/// `huge_runs` (default True): mixed folio sizes — a writable file region
+/// of folios below 2 MiB (and at least 8 MiB) fills 2 MiB-aligned runs
+/// that are read in sequence as one huge page each (counter `thp_fills`);
+/// random faults keep the region's folio size. False: the folio size only.
 ///
 /// `fault_mode`: "handlers" (the default: handler threads resolve faults)
 /// or "in-thread" (the faulting thread resolves its own fault in a SIGBUS
@@ -220,7 +225,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -235,6 +240,7 @@ impl PyPager {
         dirty_limit: Option<&Bound<'_, PyAny>>,
         fault_mode: Option<&Bound<'_, PyAny>>,
         dirty_expire: Option<f64>,
+        huge_runs: bool,
     ) -> PyResult<Self> {
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
         let folio = opt_size(folio, "folio")?.unwrap_or(upager::DEFAULT_FOLIO);
@@ -251,7 +257,8 @@ impl PyPager {
         let mut b = Pager::builder()
             .budget(budget)
             .direct_io(direct_io)
-            .background_reclaim(background_reclaim);
+            .background_reclaim(background_reclaim)
+            .huge_runs(huge_runs);
         if let Some(n) = batch {
             b = b.batch(n);
         }

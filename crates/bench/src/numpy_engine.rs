@@ -73,6 +73,7 @@ pub struct NumpyEngine {
     backend: NumpyBackend,
     folio_kb: u64,
     fault_mode: FaultMode,
+    huge_runs: bool,
 }
 
 impl NumpyEngine {
@@ -83,6 +84,7 @@ impl NumpyEngine {
             backend: NumpyBackend::Memmap,
             folio_kb: 4,
             fault_mode: FaultMode::Handlers,
+            huge_runs: false,
         }
     }
 
@@ -93,6 +95,17 @@ impl NumpyEngine {
             backend: NumpyBackend::Upager,
             folio_kb,
             fault_mode: mode,
+            huge_runs: true,
+        }
+    }
+
+    /// [`NumpyEngine::upager`] without mixed folio sizes (`huge_runs =
+    /// False`): the folio size only (issue 23's ablation).
+    pub fn upager_no_huge_runs(folio_kb: u64, mode: FaultMode) -> Self {
+        NumpyEngine {
+            name: format!("upager {} {}K no-huge-runs", mode.name(), folio_kb),
+            huge_runs: false,
+            ..Self::upager(folio_kb, mode)
         }
     }
 
@@ -104,6 +117,9 @@ impl NumpyEngine {
             for &m in modes {
                 v.push(Box::new(Self::upager(folio, m)));
             }
+        }
+        for &m in modes {
+            v.push(Box::new(Self::upager_no_huge_runs(4, m)));
         }
         v
     }
@@ -122,6 +138,7 @@ impl NumpyEngine {
             slice_bytes: p.slice_bytes,
             random_ops: p.random_ops,
             seed: p.seed,
+            huge_runs: self.huge_runs,
         })
     }
 }

@@ -113,6 +113,43 @@ impl UpagerEngine {
                 UpagerConfig { folio_kb: 4, ..d() },
                 &[Scenario::TlbReach],
             ),
+            // Mixed folio sizes (issue 23) act in writable regions only
+            // (UFFDIO_MOVE moves between writable mappings): the defaults
+            // mapped read-write, with and without them.
+            e(
+                "upager rw",
+                UpagerConfig {
+                    writable: true,
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ),
+            e(
+                "upager no-huge-runs",
+                UpagerConfig {
+                    huge_runs: Some(false),
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ),
+            e(
+                "upager in-thread no-huge-runs",
+                UpagerConfig {
+                    huge_runs: Some(false),
+                    fault_mode: FaultMode::InThread,
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ),
+            e(
+                "upager rw no-huge-runs",
+                UpagerConfig {
+                    writable: true,
+                    huge_runs: Some(false),
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ),
             e(
                 "upager handlers 1-uffd",
                 UpagerConfig {

@@ -69,6 +69,8 @@ pub struct UpagerConfig {
     /// With `store`: one pipeline per node per batch (true) or one round
     /// trip per folio (false, the ablation).
     pub store_pipelined: bool,
+    /// Mixed folio sizes (issue 23; `None` = the engine's default, on).
+    pub huge_runs: Option<bool>,
 }
 
 /// [`FaultMode`] in JSON as its name (`"in-thread"`).
@@ -104,6 +106,7 @@ impl Default for UpagerConfig {
             fault_mode: FaultMode::Handlers,
             store: None,
             store_pipelined: true,
+            huge_runs: None,
         }
     }
 }
@@ -227,6 +230,9 @@ fn pager(budget: u64, c: &UpagerConfig) -> Result<Pager, WorkloadError> {
     }
     if let Some(d) = &c.swap_dir {
         b = b.swap_dir(d);
+    }
+    if let Some(on) = c.huge_runs {
+        b = b.huge_runs(on);
     }
     b.build().map_err(invalid)
 }

@@ -152,6 +152,9 @@ pub enum Workload {
         random_ops: u64,
         /// Seed of the random indices.
         seed: u64,
+        /// upager's mixed folio sizes (`huge_runs`; default on).
+        #[serde(default = "huge_runs_default")]
+        huge_runs: bool,
     },
 }
 
@@ -209,6 +212,10 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
         } => kernel::mixed(file, *threads, *reads_per_thread, *writes_per_thread, *seed),
         Workload::Numpy { .. } => Err(w.python_only()),
     }
+}
+
+fn huge_runs_default() -> bool {
+    true
 }
 
 #[cfg(test)]

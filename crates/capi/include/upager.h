@@ -149,6 +149,12 @@ struct upager_options {
                                  it): in the page cache, durable only after
                                  upager_flush(). -1 = default (5000); 0 =
                                  off. */
+    int huge_runs;            /* mixed folio sizes: a writable file region of
+                                 folios below 2 MiB and at least 8 MiB fills
+                                 a 2 MiB-aligned run read in sequence as one
+                                 huge page (random faults keep the region's
+                                 folios). Counters thp_fills, thp_evictions.
+                                 -1 = default (on), 0 = off, 1 = on. */
 };
 
 /* Fills *opts with the defaults (including opts->size; fault_mode from

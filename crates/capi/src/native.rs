@@ -57,6 +57,9 @@ pub struct upager_options {
     pub fault_mode: c_int,
     /// Background write-back of data dirty this long (ms); -1 default, 0 off.
     pub dirty_expire_ms: i64,
+    /// Fill sequential 2 MiB runs as huge pages (mixed folio sizes):
+    /// -1 default (on), 0 off, 1 on.
+    pub huge_runs: c_int,
 }
 
 /// Region options (`struct upager_map_options`); see upager.h.
@@ -152,6 +155,7 @@ fn default_options() -> upager_options {
         dirty_limit: 0,
         fault_mode: fault_mode_from_env(),
         dirty_expire_ms: -1,
+        huge_runs: -1,
     }
 }
 
@@ -321,6 +325,9 @@ pub unsafe extern "C" fn upager_create(
         }
         if let Some(on) = tri(o.background_reclaim, "background_reclaim")? {
             b = b.background_reclaim(on);
+        }
+        if let Some(on) = tri(o.huge_runs, "huge_runs")? {
+            b = b.huge_runs(on);
         }
         if let Some(m) = fault_mode_arg(o.fault_mode)? {
             b = b.fault_mode(m);

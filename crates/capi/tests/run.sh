@@ -43,6 +43,7 @@ build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $R
 build store_redis "$SRC/store_redis.c" $(pkg-config --cflags --libs upager) $RPATH
 build dirty_expire "$SRC/dirty_expire.c" $(pkg-config --cflags --libs upager) $RPATH
 build writers "$SRC/writers.c" $(pkg-config --cflags --libs upager) $RPATH
+build huge_runs "$SRC/huge_runs.c" $(pkg-config --cflags --libs upager) $RPATH
 build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
 build fork "$SRC/fork.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
@@ -87,6 +88,7 @@ run "$OUT/dirty_expire"
 run env UPAGER_FAULT_MODE=handlers "$OUT/fork"
 run env UPAGER_FAULT_MODE=in-thread "$OUT/fork"
 run "$OUT/writers"
+run "$OUT/huge_runs"
 # The fault mode (issue 12): options, defaults from UPAGER_FAULT_MODE, both
 # modes at work; the UMap drop-in under each value of the variable.
 run env -u UPAGER_FAULT_MODE "$OUT/fault_mode"

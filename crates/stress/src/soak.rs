@@ -25,6 +25,10 @@
 //!           region until every writer has reached the tail: each must be
 //!           the value verified after the previous round or a store of
 //!           this round to that very word
+//!  scanners (`--mixed`, issue 23) S threads load one word per 4 KiB page
+//!           in order, wrapping around, checked as the readers' are: their
+//!           faults are sequential, so the pager fills 2 MiB runs as huge
+//!           pages among the writers' folios (mixed folio sizes)
 //!  pre      after the writers are joined, every word, without a fault:
 //!           present pages (pagemap) from the region, the others from the
 //!           file (an eviction writes back before it unmaps): a word wrong
@@ -358,6 +362,9 @@ pub struct Config {
     pub writers: usize,
     /// Reader threads (variants with readers). Default 2.
     pub readers: usize,
+    /// Sequential scanner threads (all variants). Default 0; `--mixed`
+    /// runs one, so 2 MiB runs are filled as huge pages.
+    pub scanners: usize,
     /// Sweep stride in words. Default 509 (≈ 4 KiB, prime: every round's
     /// sweep hits every folio at other words).
     pub stride_words: u64,
@@ -396,6 +403,7 @@ impl Config {
             folio: 16 << 10,
             writers: 2,
             readers: 2,
+            scanners: 0,
             stride_words: 509,
             handler_threads: 2,
             seed: 20,
@@ -797,7 +805,8 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         // are still dirty when the flush comes.
         let done = AtomicBool::new(false);
         let in_tail = std::sync::atomic::AtomicUsize::new(0);
-        let barrier = Barrier::new(cfg.writers + usize::from(variant.anon) + nreaders);
+        let barrier =
+            Barrier::new(cfg.writers + usize::from(variant.anon) + nreaders + cfg.scanners);
         let committed_ref = &committed;
         let (wreps, areps, rreps) = std::thread::scope(|s| {
             let mut writers = Vec::new();
@@ -845,17 +854,19 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
                     )
                 })
             });
-            let readers: Vec<_> = (0..nreaders)
+            // Readers first, then scanners (reported as readers too).
+            let readers: Vec<_> = (0..nreaders + cfg.scanners)
                 .map(|k| {
                     let (barrier, done) = (&barrier, &done);
                     let seed = cfg.seed ^ (round << 8) ^ k as u64;
+                    let scan = k >= nreaders;
                     s.spawn(move || {
                         read_phase(
                             words,
                             &plan,
                             round,
                             committed_ref,
-                            seed,
+                            (seed, scan),
                             cfg.stall,
                             barrier,
                             done,
@@ -1210,6 +1221,10 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         "evictions",
         "writebacks",
         "wp_unprotects",
+        "thp_fills",
+        "thp_fill_raced",
+        "thp_evictions",
+        "thp_recycled",
         "resident_peak_bytes",
     ] {
         let _ = write!(c, "{name} {} ", s.get(name).unwrap_or(0));
@@ -1352,14 +1367,16 @@ fn store_phase(
     rep
 }
 
-/// One reader's loads until the writers are done.
+/// One reader's loads until the writers are done: random words, or with
+/// `scan` one word per 4 KiB page in order from a random page on,
+/// wrapping around (a scanner).
 #[allow(clippy::too_many_arguments)]
 fn read_phase(
     words: &[AtomicU64],
     plan: &Plan,
     round: u64,
     committed: &[u64],
-    seed: u64,
+    (seed, scan): (u64, bool),
     stall: Duration,
     barrier: &Barrier,
     done: &AtomicBool,
@@ -1368,11 +1385,19 @@ fn read_phase(
     let mut rep = ThreadReport::default();
     let mut rng = Rng::new(seed);
     let n = words.len() as u64;
+    const PAGE_WORDS: u64 = 512;
+    let mut next = rng.below(n) / PAGE_WORDS * PAGE_WORDS;
     barrier.wait();
     let mut timer = Instant::now();
     while !done.load(Relaxed) {
         for _ in 0..TIMED_BATCH {
-            let w = rng.below(n) as usize;
+            let w = if scan {
+                let w = next as usize;
+                next = (next + PAGE_WORDS) % n;
+                w
+            } else {
+                rng.below(n) as usize
+            };
             let got = words[w].load(Relaxed);
             if got != committed[w] && !plan.is_store_to(got, w as u64, round) {
                 rep.reader_errors += 1;

@@ -401,6 +401,29 @@ impl MapRange<'_> {
         assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
         self.map.range(self.off + off, len)
     }
+    /// Changes the protection of this range of its mapping (`mprotect`;
+    /// the kernel splits the mapping's VMA and merges it again when the
+    /// protections match once more). Async-signal-safe (one system call).
+    pub fn protect(&self, access: Access) -> io::Result<()> {
+        let prot = match access {
+            Access::None => libc::PROT_NONE,
+            Access::Read => libc::PROT_READ,
+            Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        };
+        // SAFETY: the range lies inside the mapping (checked when it was
+        // made) and the mapping is alive for 'a; changing its protection
+        // frees nothing and moves nothing. An access the new protection
+        // forbids raises SIGSEGV; it cannot reach memory it should not.
+        let ret = unsafe {
+            libc::mprotect(
+                (self.map.addr() as usize + self.off) as *mut libc::c_void,
+                self.len,
+                prot,
+            )
+        };
+        cvt(ret.into())?;
+        Ok(())
+    }
     /// Extends this range by `next` if `next` starts where it ends, in the
     /// same mapping; false (nothing changed) otherwise.
     pub fn try_extend(&mut self, next: &MapRange<'_>) -> bool {

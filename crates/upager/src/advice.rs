@@ -122,22 +122,31 @@ impl Region {
     /// Bytes of the region the view maps with huge pages now (2 MiB folios
     /// moved in whole; `PAGEMAP_SCAN`): 0 for other folio sizes, and for
     /// folios that were copied in as base pages (`thp_fill_fallback`).
+    /// With mixed folio sizes (issue 23), the 2 MiB runs of smaller folios
+    /// moved in whole count too.
     pub fn huge_bytes(&self) -> std::io::Result<u64> {
         if let Some(h) = self.heir() {
             return h.huge_bytes();
         }
         let r = &self.inner;
-        if r.folio != crate::thp::HUGE {
+        let step = if r.folio == crate::thp::HUGE {
+            1
+        } else if r.run_folios > 0 {
+            r.run_folios
+        } else {
             return Ok(0);
-        }
+        };
+        let huge = crate::thp::HUGE;
         let pagemap = std::fs::File::open("/proc/self/pagemap")?;
-        let mut huge = 0;
-        for idx in r.touched_folios() {
-            if upager_sys::pagemap::is_huge(&pagemap, r.folio_addr(idx), r.folio)? {
-                huge += r.folio;
+        let mut bytes = 0;
+        for idx in r.touched_folios().filter(|i| i.is_multiple_of(step)) {
+            if r.folio_addr(idx) + huge <= r.base() + r.map_len()
+                && upager_sys::pagemap::is_huge(&pagemap, r.folio_addr(idx), huge)?
+            {
+                bytes += huge;
             }
         }
-        Ok(huge)
+        Ok(bytes)
     }
 
     /// `mincore(2)`-shaped residency: one byte per 4 KiB page of the range,

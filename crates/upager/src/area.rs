@@ -64,6 +64,19 @@ pub(crate) struct Area {
     /// and, in a `huge_view`, a page table is left there, to be dropped
     /// before a huge page is moved in. Empty for other folio sizes.
     pub tables: upager_sys::mem::AtomicTable,
+    /// Folios per 2 MiB run where sequential runs are filled as one huge
+    /// page (mixed folio sizes, issue 23); 0: never (folios of 2 MiB, or
+    /// read-only, anonymous, small or unaligned regions, or turned off).
+    pub run_folios: usize,
+    /// One bit per 2 MiB run (with `run_folios`): the run was moved in as
+    /// one PMD-mapped huge page and nothing has split it since, as far as
+    /// the engine knows. A hint: eviction moves such a run out whole into
+    /// a staging slot (thp.rs `recycle`, which checks that it got a huge
+    /// page) when a batch holds all of its folios. Cleared by anything
+    /// that may split the PMD (a write-protect change or eviction of part
+    /// of the run); the kernel keeps a split run correct on its own
+    /// (split PTEs keep the uffd-wp bit), only slower to evict.
+    pub runs: upager_sys::mem::AtomicTable,
     /// Recent folio state changes (trace.rs), dumped when a check finds a
     /// folio holding the wrong data.
     pub trace: crate::trace::Trace,
@@ -184,11 +197,17 @@ impl Area {
     }
 
     /// Notes that base pages (a page table) may be installed under folios
-    /// `idx..idx + n` of a region of 2 MiB folios; no-op otherwise.
+    /// `idx..idx + n` of a region of 2 MiB folios, or of a region with
+    /// huge runs (one bit per run there); no-op otherwise.
     pub fn note_table(&self, idx: usize, n: usize) {
-        if !self.tables.is_empty() {
-            for k in idx..idx + n {
-                self.tables[k / 64].fetch_or(1 << (k % 64), Ordering::AcqRel);
+        if self.tables.is_empty() || n == 0 {
+            return;
+        }
+        let per = self.run_folios.max(1);
+        for k in idx / per..=(idx + n - 1) / per {
+            let bit = 1u64 << (k % 64);
+            if self.tables[k / 64].load(Ordering::Acquire) & bit == 0 {
+                self.tables[k / 64].fetch_or(bit, Ordering::AcqRel);
             }
         }
     }
@@ -203,12 +222,54 @@ impl Area {
     /// Whether a page table may be under folio `idx` (always in a view
     /// that is not `huge_view`: its missing faults allocate one), forgetting
     /// it: the caller drops it.
+    ///
+    /// With huge runs (mixed folio sizes) a bit stands for a run, and is
+    /// set by everything that may leave a page table there: a fault in
+    /// the run (`resolve`: a missing fault allocates one before it is
+    /// raised, a write-protect fault splits a huge run), base pages copied
+    /// in or poisoned, a write-protect change or unmap of part of a huge
+    /// run (gather.rs). A run nobody touched has none: a fill moving a huge
+    /// page there drops nothing (a TLB flush saved).
     pub fn take_table(&self, idx: usize) -> bool {
+        let k = idx / self.run_folios.max(1);
         let had = !self.tables.is_empty()
-            && self.tables[idx / 64].fetch_and(!(1 << (idx % 64)), Ordering::AcqRel)
-                & (1 << (idx % 64))
+            && self.tables[k / 64].fetch_and(!(1 << (k % 64)), Ordering::AcqRel) & (1 << (k % 64))
                 != 0;
-        !self.huge_view || had
+        !(self.huge_view || self.run_folios > 0) || had
+    }
+
+    /// The first folio of the 2 MiB run of folio `idx` (with `run_folios`).
+    pub fn run_start(&self, idx: usize) -> usize {
+        idx - idx % self.run_folios.max(1)
+    }
+
+    /// Records that run `[idx, idx + run_folios)` is one PMD-mapped huge page.
+    pub fn set_run_mapped(&self, idx: usize) {
+        if let Some(k) = idx.checked_div(self.run_folios) {
+            self.runs[k / 64].fetch_or(1 << (k % 64), Ordering::AcqRel);
+        }
+    }
+
+    /// Forgets that the run of folio `idx` may be one PMD-mapped huge
+    /// page; true if it was thought to be.
+    pub fn clear_run_mapped(&self, idx: usize) -> bool {
+        if self.run_folios == 0 {
+            return false;
+        }
+        let k = idx / self.run_folios;
+        let bit = 1u64 << (k % 64);
+        self.runs[k / 64].load(Ordering::Acquire) & bit != 0
+            && self.runs[k / 64].fetch_and(!bit, Ordering::AcqRel) & bit != 0
+    }
+
+    /// Whether the run of folio `idx` is thought to be one PMD-mapped huge
+    /// page (see [`Area::runs`]).
+    pub fn run_mapped(&self, idx: usize) -> bool {
+        if self.run_folios == 0 {
+            return false;
+        }
+        let k = idx / self.run_folios;
+        self.runs[k / 64].load(Ordering::Acquire) & (1 << (k % 64)) != 0
     }
 
     /// Bytes of this region's folio tables that may be resident: the touched

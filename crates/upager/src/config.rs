@@ -103,6 +103,12 @@ impl std::fmt::Display for FaultMode {
     }
 }
 
+/// Smallest region that fills sequential 2 MiB runs as huge pages
+/// ([`PagerBuilder::huge_runs`]): four huge pages. (A guess: below that a
+/// region's whole sequential pass is a few faults either way, and the
+/// staged pages a pager keeps would outweigh it.)
+pub const HUGE_RUNS_MIN_BYTES: u64 = 4 * MAX_FOLIO;
+
 /// Default of [`PagerBuilder::dirty_expire`]: a few seconds, so a worker
 /// killed a little after its writes keeps them (the kernel waits 30 s).
 pub const DEFAULT_DIRTY_EXPIRE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -129,6 +135,7 @@ pub struct PagerBuilder {
     pub(crate) fault_mode: Result<FaultMode, String>,
     pub(crate) debug_lru_try_fail_every: u32,
     pub(crate) dirty_expire: std::time::Duration,
+    pub(crate) huge_runs: bool,
 }
 
 impl Default for PagerBuilder {
@@ -151,6 +158,7 @@ impl Default for PagerBuilder {
             fault_mode: FaultMode::from_env().map(Option::unwrap_or_default),
             debug_lru_try_fail_every: 0,
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
+            huge_runs: true,
         }
     }
 }
@@ -208,6 +216,18 @@ impl PagerBuilder {
     /// most 64 MiB.
     pub fn readahead(mut self, bytes: u64) -> Self {
         self.readahead = bytes;
+        self
+    }
+    /// Mixed folio sizes (issue 23): a writable file region of folios below
+    /// 2 MiB, at least [`HUGE_RUNS_MIN_BYTES`] long, fills a 2 MiB-aligned
+    /// run of its folios as one huge page (one `UFFDIO_MOVE` of a PMD) when
+    /// the faults there are sequential and the readahead window has grown
+    /// to 2 MiB; random faults, a partial run at the end of the file and
+    /// fills that find no staged huge page use the region's folios as
+    /// before. Default on; [`MapOptions::huge_runs`] overrides it for one
+    /// region.
+    pub fn huge_runs(mut self, on: bool) -> Self {
+        self.huge_runs = on;
         self
     }
     /// Directory for anonymous regions' private swap files (created 0600 and
@@ -307,6 +327,7 @@ pub struct MapOptions {
     pub(crate) offset: u64,
     pub(crate) len: Option<u64>,
     pub(crate) at: Option<upager_sys::mem::FixedRange>,
+    pub(crate) huge_runs: Option<bool>,
 }
 
 impl Default for MapOptions {
@@ -317,6 +338,7 @@ impl Default for MapOptions {
             offset: 0,
             len: None,
             at: None,
+            huge_runs: None,
         }
     }
 }
@@ -359,6 +381,14 @@ impl MapOptions {
     /// chooses.
     pub fn at(mut self, range: upager_sys::mem::FixedRange) -> Self {
         self.at = Some(range);
+        self
+    }
+    /// Fill sequentially read 2 MiB runs of this region as huge pages
+    /// ([`PagerBuilder::huge_runs`]). Default: the pager's setting (on).
+    /// Only writable file regions of at least [`HUGE_RUNS_MIN_BYTES`] with
+    /// folios below 2 MiB have huge runs; for others this changes nothing.
+    pub fn huge_runs(mut self, on: bool) -> Self {
+        self.huge_runs = Some(on);
         self
     }
     /// The folio size set ([`MapOptions::folio`]), for stores that check

@@ -34,6 +34,24 @@
 //! twin of a CLEAN folio before unprotecting it, and a missing write fault
 //! is filled as a read so that it does.
 //!
+//! Mixed folio sizes (issue 23; `huge_runs`, writable file regions of
+//! folios below 2 MiB, at least 8 MiB, 2 MiB-aligned view): once the window
+//! has grown to 2 MiB (a stream of 1 MiB resident before the fault), it
+//! ends at the end of the faulting folio's 2 MiB run, so the stream's next
+//! fault starts a run; a read fault at a run's first folio with the window
+//! grown claims the whole run and fills it as one huge page (a staged THP
+//! moved in with one `UFFDIO_MOVE`, as 2 MiB folios are, thp.rs), then,
+//! in-thread, fills the next run the same way ahead of the stream (nobody
+//! touched it: no page table to drop first; a handler thread doing so kept
+//! the stream waiting, see `fill`). Random faults, write faults, a run cut
+//! by the end of the file or by a resident folio, and fills that find no
+//! staged page stay the region's folios. The folio state words stay per
+//! folio: a huge run is N folios CLEAN (or DIRTY) together. The first write
+//! to one of them unprotects that folio only (the kernel splits the PMD and
+//! keeps the uffd-wp bit on the other PTEs); eviction takes a run that is
+//! still one PMD whole (reclaim.rs `claim_run_rest`, gather.rs: moved out
+//! into a staging slot or unmapped with one range).
+//!
 //! Counters: `faults_missing`, `faults_wp`, `faults_deferred`,
 //! `faults_stale`, `faults_failed`, `fills`, `fills_readahead`,
 //! `bytes_read`, `read_errors`, `refaults`, `refaults_activated`,
@@ -352,6 +370,11 @@ impl Shared {
         let in_thread = self.mode == FaultMode::InThread;
         let idx = ((addr - r.base()) >> r.shift) as usize;
         let w = r.state(idx);
+        // A fault at PTE level: a page table is under this run now (a huge
+        // fill there must drop it first; see Area::take_table).
+        if r.run_folios > 0 {
+            r.note_table(idx, 1);
+        }
         // The dirty limit: a write that would make a file folio dirty waits
         // for write-back above it, and is refused (SIGBUS) when the store
         // refuses writes. Reads never wait here.
@@ -517,6 +540,8 @@ impl Shared {
     fn make_dirty(&self, r: &Area, idx: usize, quiet: bool, fresh: bool) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
+        // (In a huge run this splits the PMD: the run is base pages now.)
+        r.clear_run_mapped(idx);
         let res = self
             .uffd_of(r, idx)
             .writeprotect(r.span(idx, 1), false, false);
@@ -620,8 +645,66 @@ impl Shared {
             self.claim_readahead(r, idx, &mut extras);
         }
         let out = self.fill_claimed(ctx, r, idx, old, &extras, write, prefetch);
+        // Mixed folio sizes: a stream's fault that filled a whole run as a
+        // huge page fills the next run too, ahead of the stream. No thread
+        // has touched that one, so no page table is there to drop first (a
+        // TLB flush per run saved: the stream's next fault is two runs on).
+        // Only in-thread: a handler thread doing it keeps the stream's next
+        // fault (on the run it is filling) waiting longer than the fault
+        // would take (mmap-read, issue 23: 2.6x slower in handler mode).
+        let n = r.run_folios;
+        if out == Outcome::Done
+            && !write
+            && !prefetch
+            && n > 0
+            && extras.len() + 1 == n
+            && self.mode == FaultMode::InThread
+        {
+            extras.clear();
+            if r.run_mapped(idx) {
+                if let Some(first) = self.claim_run_ahead(r, idx + n, &mut extras) {
+                    let _ = self.fill_claimed(ctx, r, idx + n, first, &extras, false, true);
+                }
+            }
+        }
         ctx.extras = extras;
         out
+    }
+
+    /// Claims all folios of the 2 MiB run from `start` (mixed folio
+    /// sizes) if every one is non-resident and the budget has room without
+    /// reclaim: the first one's old state is returned, the others' pushed
+    /// to `out`. Nothing is claimed (or charged) otherwise.
+    fn claim_run_ahead(&self, r: &Area, start: usize, out: &mut Vec<State>) -> Option<State> {
+        let n = r.run_folios;
+        let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
+        let gone = |k: usize| matches!(folio::load(r.state(k)).kind(), Kind::Never | Kind::Evicted);
+        if start + n > end_folio.min(r.nfolios())
+            || r.shard_end(start) < start + n
+            || !(start..start + n).all(gone)
+            || !self.budget.try_charge(r.folio * n as u64)
+        {
+            return None;
+        }
+        let pred = |s: State| matches!(s.kind(), Kind::Never | Kind::Evicted);
+        let mut first = None;
+        for k in start..start + n {
+            match folio::try_claim(r.state(k), pred) {
+                Some(o) if k == start => first = Some(o),
+                Some(o) => out.push(o),
+                None => {
+                    // Someone else got there: give back what was claimed.
+                    for (j, o) in first.iter().chain(out.iter()).enumerate() {
+                        let prev = folio::release(r.state(start + j), |_| *o);
+                        self.wake_if_waiter(r, start + j, prev);
+                    }
+                    out.clear();
+                    self.budget.uncharge(r.folio * n as u64);
+                    return None;
+                }
+            }
+        }
+        first
     }
 
     /// [`fill`](Self::fill) once the budget is reserved and the readahead
@@ -654,11 +737,17 @@ impl Shared {
         // (thp.rs); without one it is copied as base pages. Read-only
         // regions copy: UFFDIO_MOVE moves only between writable mappings
         // (EINVAL otherwise).
-        let huge = folio == crate::thp::HUGE && n == 1 && self.thp.usable();
-        if huge && !r.writable {
+        // A region of smaller folios fills a whole 2 MiB-aligned run the
+        // same way (mixed folio sizes: claim_readahead ends a sequential
+        // window at its run's end, so a stream's next fault starts a run).
+        let run = r.run_folios > 0 && n == r.run_folios && idx.is_multiple_of(n);
+        let huge = (folio == crate::thp::HUGE && n == 1 || run) && self.thp.usable();
+        // (A huge run of a read-only region is moved in through a moment of
+        // write access: install_huge.)
+        if huge && !r.writable && !run {
             self.counters.thp_fill_fallback.inc();
         }
-        let mut staged = if huge && r.writable {
+        let mut staged = if huge && (r.writable || run) {
             let s = self.thp.take(&self.budget);
             if s.is_none() {
                 self.counters.thp_fill_fallback.inc();
@@ -735,7 +824,7 @@ impl Shared {
         // A huge read fill that a write raced (see install_huge) is DIRTY.
         let mut raced = false;
         let ok = if let Some(st) = staged.as_mut() {
-            match self.install_huge(r, idx, st, write, quiet) {
+            match self.install_huge(r, idx, n, st, write, quiet) {
                 Some(written) => {
                     raced = written;
                     true
@@ -792,11 +881,16 @@ impl Shared {
         // faulting thread and any waiters (the COPY did not: whoever runs
         // next sees the folios resident and counted), then the LRU (one
         // lock) unless queued above.
+        // A store that raced the protection of a huge run landed in one of
+        // its folios, which one is not known: all of them are DIRTY.
+        let all_dirty = raced && n > 1;
         let write = write || raced;
-        if write {
+        if all_dirty {
+            self.dirty_add(r, n as u64);
+        } else if write {
             self.dirty_add(r, 1);
         }
-        if ctx.in_signal {
+        if ctx.in_signal && !prefetch {
             self.counters.faults_missing.inc();
             if ctx.mark.is_some() {
                 self.phases.fills.inc();
@@ -815,7 +909,7 @@ impl Shared {
                 self.counters.refaults.inc();
                 self.counters.refaults_activated.add(u64::from(hot));
             }
-            let kind = if k == 0 && write {
+            let kind = if (k == 0 && write) || all_dirty {
                 Kind::Dirty
             } else {
                 Kind::Clean
@@ -953,7 +1047,15 @@ impl Shared {
         let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
         // A run is filled by one UFFDIO_COPY, which must stay inside one
         // registration: readahead stops at the shard's end.
-        let end = (idx + 1 + window).min(r.shard_end(idx)).min(end_folio);
+        let mut end = (idx + 1 + window).min(r.shard_end(idx)).min(end_folio);
+        // Mixed folio sizes: once the window has grown to 2 MiB, it ends
+        // at the end of the faulting folio's 2 MiB run, so the stream's
+        // next fault starts a run, which fill_claimed fills as one huge
+        // page (a whole run claimed from its first folio). A run cut by
+        // the end of the file or a resident folio stays base folios.
+        if r.run_folios > 0 && 2 * run >= r.run_folios {
+            end = end.min(r.run_start(idx) + r.run_folios);
+        }
         for j in idx + 1..end {
             if !self.budget.try_charge(r.folio) {
                 break;
@@ -993,7 +1095,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Installs claimed 2 MiB folio `idx` from staged huge page `st`
+    /// Installs claimed 2 MiB folio `idx` (or the `n` folios of a 2 MiB run
+    /// from `idx`, mixed folio sizes) from staged huge page `st`
     /// (holding its data): one `UFFDIO_MOVE` of the whole PMD, then, for a
     /// read fill of a writable region, write-protect it (CLEAN) before
     /// anyone is woken. A move the kernel refuses (or makes partly) is
@@ -1014,12 +1117,13 @@ impl Shared {
         &self,
         r: &Area,
         idx: usize,
+        n: usize,
         st: &mut crate::thp::Staged,
         write: bool,
         quiet: bool,
     ) -> Option<bool> {
         let uffd = self.uffd_of(r, idx);
-        let span = r.span(idx, 1);
+        let span = r.span(idx, n);
         let wp = !write && r.writable;
         let len = span.len() as usize;
         let before = wp.then(|| crate::thp::digest_bytes(&st.buf[..len]));
@@ -1033,11 +1137,26 @@ impl Shared {
         if r.take_table(idx) {
             self.zap(&[span], "a page table before a huge fill", quiet);
         }
+        // A read-only region (a huge run, mixed folio sizes): the kernel
+        // moves pages only into writable mappings (validate_move_areas), so
+        // the run is writable from just before the move until just after
+        // it (two mprotect calls; the second flushes the run's TLB entry).
+        // Its folios are BUSY meanwhile: a thread touching the run waits on
+        // the fault, except one that touches it in that window for the
+        // first time, whose store lands instead of raising SIGSEGV; a
+        // read-only region is never written back, so the store reaches no
+        // file, and it is gone at the next eviction (docs/benchmarks.md,
+        // issue 23).
+        let opened = !r.writable && span.protect(upager_sys::mem::Access::ReadWrite).is_ok();
         let mut done = match uffd.move_in(span, &mut st.buf, 0) {
+            _ if !r.writable && !opened => 0,
             Ok(Fill::Done) => len,
             Ok(Fill::Retry { done } | Fill::Exists { done }) => done as usize,
             Err(_) => 0,
         };
+        if opened {
+            self.close_read_only(r, span, idx, quiet);
+        }
         if done > 0 {
             // The staged page left (all or part of it): its charge goes
             // back, the fill's own charge covers the folio.
@@ -1066,6 +1185,7 @@ impl Shared {
         }
         if done == len {
             self.counters.thp_fills.inc();
+            r.set_run_mapped(idx);
         } else {
             self.counters.thp_fill_fallback.inc();
             // What did not move is still in the staged buffer (what moved
@@ -1102,6 +1222,22 @@ impl Shared {
             self.counters.thp_fill_raced.inc();
         }
         Some(raced)
+    }
+
+    /// Makes `span` of read-only region `r` read-only again after a huge
+    /// page moved through it (see install_huge, gather.rs); a refusal is
+    /// logged (unless `quiet`) and counted: stores there would land
+    /// without SIGSEGV (never written back: nothing is lost).
+    pub(crate) fn close_read_only(&self, r: &Area, span: MapRange<'_>, idx: usize, quiet: bool) {
+        if let Err(e) = span.protect(upager_sys::mem::Access::Read) {
+            self.counters.kernel_call_errors.inc();
+            if !quiet {
+                log::error!(
+                    "region {}: making folios {idx}.. of the read-only region read-only again failed: {e}; stores there land without SIGSEGV",
+                    r.id
+                );
+            }
+        }
     }
 
     /// UFFDIO_COPY of `src` to `dst`, retrying partial copies. `Err(done)`

@@ -408,14 +408,47 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     // 4) unmap: one process_madvise per ≤ 1024 merged ranges. A huge page
     // moved in whole is moved out into a free staging slot instead (thp.rs:
     // recycled, not freed; its charge stays, as the staged page's).
+    // A huge run of a region of smaller folios (mixed folio sizes) is
+    // recycled the same way when the batch holds all its folios (`kept` is
+    // sorted and distinct: its first and last suffice); evicted in part,
+    // it is no longer one PMD.
     let mut ranges: Vec<MapRange<'_>> = Vec::with_capacity(kept.len());
     let mut recycled = 0u64;
-    for (v, _) in &kept {
-        let span = v.region.span(v.idx, 1);
-        if v.region.folio == crate::thp::HUGE
-            && v.region.pmd_mapped(v.idx)
-            && sh.thp.recycle(&sh.uffds[0], span, &sh.budget)
-        {
+    let mut huge = 0u64;
+    let mut i = 0;
+    while i < kept.len() {
+        let v = &kept[i].0;
+        let n = v.region.run_folios;
+        let whole_run = n > 0
+            && v.idx.is_multiple_of(n)
+            && kept
+                .get(i + n - 1)
+                .is_some_and(|(w, _)| w.region.id == v.region.id && w.idx == v.idx + n - 1);
+        let (span, step) = if whole_run && v.region.clear_run_mapped(v.idx) {
+            huge += 1;
+            (v.region.span(v.idx, n), n)
+        } else {
+            if v.region.clear_run_mapped(v.idx) {
+                // Unmapping part of a huge run splits its PMD: a table.
+                v.region.note_table(v.idx, 1);
+            }
+            (v.region.span(v.idx, 1), 1)
+        };
+        i += step;
+        let pmd = if step > 1 {
+            true
+        } else {
+            v.region.folio == crate::thp::HUGE && v.region.pmd_mapped(v.idx)
+        };
+        // A read-only region's run moves out through a moment of write
+        // access, as it moved in (fault.rs install_huge).
+        let ro = step > 1 && !v.region.writable;
+        let opened = ro && span.protect(upager_sys::mem::Access::ReadWrite).is_ok();
+        let moved = pmd && (!ro || opened) && sh.thp.recycle(&sh.uffds[0], span, &sh.budget);
+        if opened {
+            sh.close_read_only(&v.region, span, v.idx, false);
+        }
+        if moved {
             recycled += 1;
             continue;
         }
@@ -490,7 +523,6 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     let seq_end = sh.evict_seq.fetch_add(pages, Ordering::Relaxed) + pages;
     let mut bytes = 0u64;
     let n = kept.len();
-    let mut huge = 0u64;
     for (v, new_slot) in kept {
         bytes += v.region.folio;
         huge += u64::from(v.region.folio == crate::thp::HUGE);
@@ -555,6 +587,7 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
         })
         .is_some()
         {
+            r.note_table(i, 1); // splits a huge run
             if let Err(e) = sh.uffd_of(r, i).writeprotect(r.span(i, 1), false, false) {
                 // Still protected: its next write faults and unprotects it.
                 sh.counters.kernel_call_errors.inc();
@@ -573,6 +606,13 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
 /// VMAs before the one it refused, and reports no progress: the whole span
 /// counts as refused.)
 fn write_protect(sh: &Shared, r: &Area, first: usize, last: usize) -> Result<(), io::Error> {
+    // Protecting part of a huge run (mixed folio sizes) splits its PMD.
+    for k in [first, last] {
+        let run = r.run_start(k);
+        if r.run_folios > 0 && (run < first || run + r.run_folios - 1 > last) {
+            r.note_table(k, 1);
+        }
+    }
     // Each shard's part on the userfaultfd it is registered on (a span
     // crosses a shard boundary rarely: one call more then).
     let mut refused = Ok(());
@@ -665,6 +705,9 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
     for v in &victims {
         let r = &v.region;
         if matches!(v.old.kind(), Kind::Clean | Kind::Dirty | Kind::Poisoned) {
+            // Part of a huge run unmapped: its PMD splits.
+            r.clear_run_mapped(v.idx);
+            r.note_table(v.idx, 1);
             let span = r.span(v.idx, 1);
             if !ranges.last_mut().is_some_and(|last| last.try_extend(&span)) {
                 ranges.push(span);

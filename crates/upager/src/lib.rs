@@ -83,7 +83,7 @@ mod twins;
 pub use advice::Residency;
 pub use config::{
     format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, DEFAULT_DIRTY_EXPIRE,
-    DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO,
+    DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO, MIN_FOLIO,
 };
 pub use error::{
     errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,

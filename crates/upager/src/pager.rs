@@ -490,6 +490,16 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
+        // Mixed folio sizes (issue 23, fault.rs): writable file regions of
+        // folios below 2 MiB, big enough, fill sequential 2 MiB runs as huge
+        // pages; their view is 2 MiB-aligned so runs are PMDs. (A fork
+        // child's reservation is at the parent's address: aligned alike.)
+        let mixed = opts.huge_runs.unwrap_or(sh.cfg.huge_runs)
+            && folio < crate::thp::HUGE
+            && slots.is_none()
+            && len >= crate::config::HUGE_RUNS_MIN_BYTES
+            && sh.thp.usable();
+        let align = if mixed { crate::thp::HUGE } else { folio };
         let map = match (opts.at, reserved) {
             (None, Some(place)) => {
                 let addr = place.addr();
@@ -504,7 +514,7 @@ impl Pager {
                     .remap(writable)
                     .map_err(|source| MapError::Fixed { addr, source })?
             }
-            (None, None) => Mapping::anonymous(map_len as usize, folio as usize, writable)
+            (None, None) => Mapping::anonymous(map_len as usize, align as usize, writable)
                 .map_err(|source| mmap_error(map_len, source))?,
             (Some(at), _) => {
                 if !at.addr().is_multiple_of(folio) {
@@ -552,8 +562,22 @@ impl Pager {
         if !huge_view {
             let _ = map.advise(0, map.len(), Advice::NoHugePage);
         }
+
+        let run_folios = if mixed && map.addr().is_multiple_of(crate::thp::HUGE) {
+            (crate::thp::HUGE / folio) as usize
+        } else {
+            0
+        };
+        let runs = upager_sys::mem::AtomicTable::zeroed(if run_folios > 0 {
+            nfolios.div_ceil(run_folios).div_ceil(64)
+        } else {
+            0
+        })
+        .map_err(|source| mmap_error(map_len / crate::thp::HUGE / 8, source))?;
         let tables = upager_sys::mem::AtomicTable::zeroed(if folio == crate::thp::HUGE {
             nfolios.div_ceil(64)
+        } else if run_folios > 0 {
+            nfolios.div_ceil(run_folios).div_ceil(64)
         } else {
             0
         })
@@ -586,6 +610,8 @@ impl Pager {
             shard_first,
             huge_view,
             tables,
+            run_folios,
+            runs,
             id,
             states,
             map,
@@ -605,7 +631,7 @@ impl Pager {
             writers,
             twins: crate::twins::Twins::default(),
         });
-        if folio == crate::thp::HUGE {
+        if folio == crate::thp::HUGE || run_folios > 0 {
             // Until its teardown: the reclaimer stages huge pages for it.
             sh.thp.want();
             sh.kick_reclaimer();

@@ -120,6 +120,16 @@ impl Shared {
                     skipped += 1;
                     lru.push_inactive(e);
                 }
+                // A huge run (mixed folio sizes) leaves whole: it goes in the
+                // next batch if this one has no room left for all of it.
+                Kind::Clean | Kind::Dirty
+                    if e.region.run_mapped(e.idx)
+                        && !victims.is_empty()
+                        && victims.len() + e.region.run_folios > max_folios =>
+                {
+                    lru.push_inactive(e);
+                    break;
+                }
                 Kind::Clean | Kind::Dirty => {
                     let Some(guard) = Inflight::enter(&e.region) else {
                         continue;
@@ -134,11 +144,15 @@ impl Shared {
                         Some(old) => {
                             folio::set_flag(e.region.state(e.idx), QUEUED, false);
                             got += e.region.folio;
+                            let run = e.region.run_mapped(e.idx);
                             victims.push(Victim {
                                 region: guard,
                                 idx: e.idx,
                                 old,
                             });
+                            if run {
+                                got += self.claim_run_rest(&e.region, e.idx, &mut victims);
+                            }
                             if !self.cfg.batched_removal {
                                 // Ablation: drop and retake the lock per folio.
                                 drop(lru);
@@ -157,6 +171,37 @@ impl Shared {
             self.counters.reclaim_lock_acquisitions.add(acquisitions);
         }
         victims
+    }
+
+    /// Mixed folio sizes: claims the other folios of the huge run of
+    /// victim `idx` (resident, not pinned), so that the batch evicts the
+    /// run whole (one huge page moved out or unmapped, no PMD split). Their
+    /// LRU entries stay queued (found stale later). Returns the bytes
+    /// claimed. A folio it cannot claim (busy, pinned) stays: the run is
+    /// then evicted in part, the kernel splitting its PMD.
+    fn claim_run_rest(&self, r: &Arc<Area>, idx: usize, victims: &mut Vec<Victim>) -> u64 {
+        let blocked = r.wb_backoff.blocked();
+        let first = r.run_start(idx);
+        let mut got = 0;
+        for k in (first..first + r.run_folios).filter(|&k| k != idx && k < r.nfolios()) {
+            let Some(guard) = Inflight::enter(r) else {
+                break;
+            };
+            let claimed = folio::try_claim(r.state(k), |s| match s.kind() {
+                Kind::Clean => !s.has(PINNED),
+                Kind::Dirty => !s.has(PINNED) && !blocked,
+                _ => false,
+            });
+            if let Some(old) = claimed {
+                got += r.folio;
+                victims.push(Victim {
+                    region: guard,
+                    idx: k,
+                    old,
+                });
+            }
+        }
+        got
     }
 
     /// Evicts one batch; returns the folios evicted (0: nothing evictable).

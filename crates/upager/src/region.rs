@@ -334,7 +334,7 @@ impl Region {
         if let Some(w) = &r.writers {
             w.leave(r.id);
         }
-        if r.folio == crate::thp::HUGE {
+        if r.folio == crate::thp::HUGE || r.run_folios > 0 {
             sh.thp.unwant(&sh.budget);
         }
         let pinned = r

@@ -64,6 +64,13 @@ struct Args {
     /// Reader threads (variants with `readers`).
     #[arg(long, default_value_t = 2)]
     readers: usize,
+    /// Mixed folio sizes (issue 23): add a sequential scanner thread, so
+    /// the pager fills 2 MiB runs of the file region as huge pages among
+    /// the writers' folios. With the default sizes it also raises the file
+    /// to 128 MiB and the budget to 32 MiB (staged huge pages need a
+    /// budget of 16 MiB or more).
+    #[arg(long)]
+    mixed: bool,
     /// Handler threads (handler mode; raised to the shards).
     #[arg(long, default_value_t = 2)]
     handler_threads: usize,
@@ -136,6 +143,13 @@ fn main() {
     cfg.stride_words = args.stride;
     cfg.writers = args.writers;
     cfg.readers = args.readers;
+    if args.mixed {
+        cfg.scanners = 1;
+        if cfg.file_bytes == 32 << 20 && cfg.budget == 8 << 20 {
+            cfg.file_bytes = 128 << 20;
+            cfg.budget = 32 << 20;
+        }
+    }
     cfg.handler_threads = args.handler_threads;
     cfg.seed = args.seed;
     cfg.stall = args.stall;
@@ -148,7 +162,7 @@ fn main() {
         args.slice
     };
     eprintln!(
-        "upager-soak: {:?} over {} variant(s), {:?} each in turn; file {}, anonymous {}, budget {}, folio {}, {} writers, {} readers, seed {}, in {}",
+        "upager-soak: {:?} over {} variant(s), {:?} each in turn; file {}, anonymous {}, budget {}, folio {}, {} writers, {} readers, {} scanners, seed {}, in {}",
         args.duration,
         variants.len(),
         slice,
@@ -158,6 +172,7 @@ fn main() {
         upager::format_size(cfg.folio),
         cfg.writers,
         cfg.readers,
+        cfg.scanners,
         cfg.seed,
         dir.path().display()
     );
@@ -198,6 +213,7 @@ fn main() {
         match soak::run(&run_cfg, v, &progress) {
             Ok(o) => {
                 println!("upager-soak: {}", o.line());
+                println!("  counters: {}", o.counters);
                 failed |= o.failed();
                 totals.entry(o.variant.clone()).or_default().merge(&o);
             }
