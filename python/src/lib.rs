@@ -142,9 +142,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 ///
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
-///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=True)
+///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=False)
 ///
-/// `huge_runs` (default True): mixed folio sizes — a writable file region
+/// `huge_runs` (default False): mixed folio sizes — a writable file region
 /// of folios below 2 MiB (and at least 8 MiB) fills 2 MiB-aligned runs
 /// that are read in sequence as one huge page each (counter `thp_fills`);
 /// random faults keep the region's folio size. False: the folio size only.
@@ -225,7 +225,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=true))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

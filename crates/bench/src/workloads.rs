@@ -152,7 +152,7 @@ pub enum Workload {
         random_ops: u64,
         /// Seed of the random indices.
         seed: u64,
-        /// upager's mixed folio sizes (`huge_runs`; default on).
+        /// upager's mixed folio sizes (`huge_runs`; default off, as the engine's).
         #[serde(default = "huge_runs_default")]
         huge_runs: bool,
     },
@@ -215,7 +215,7 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
 }
 
 fn huge_runs_default() -> bool {
-    true
+    false
 }
 
 #[cfg(test)]

@@ -154,7 +154,7 @@ struct upager_options {
                                  a 2 MiB-aligned run read in sequence as one
                                  huge page (random faults keep the region's
                                  folios). Counters thp_fills, thp_evictions.
-                                 -1 = default (on), 0 = off, 1 = on. */
+                                 -1 = default (off), 0 = off, 1 = on. */
 };
 
 /* Fills *opts with the defaults (including opts->size; fault_mode from

@@ -747,6 +747,9 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         .handler_threads(cfg.handler_threads.max(variant.shards))
         .uffd_shards(variant.shards)
         .swap_dir(&cfg.dir)
+        // The scanners (`--mixed`) are there to make huge runs (off by
+        // default).
+        .huge_runs(cfg.scanners > 0)
         .build()
         .map_err(|e| format!("pager: {}", upager::error_chain(&e)))?;
     let region = pager

@@ -158,7 +158,7 @@ impl Default for PagerBuilder {
             fault_mode: FaultMode::from_env().map(Option::unwrap_or_default),
             debug_lru_try_fail_every: 0,
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
-            huge_runs: true,
+            huge_runs: false,
         }
     }
 }
@@ -224,8 +224,14 @@ impl PagerBuilder {
     /// the faults there are sequential and the readahead window has grown
     /// to 2 MiB; random faults, a partial run at the end of the file and
     /// fills that find no staged huge page use the region's folios as
-    /// before. Default on; [`MapOptions::huge_runs`] overrides it for one
-    /// region.
+    /// before. Default off: measured on this machine they make a
+    /// sequential scan faster (`mmap-read` 2 GiB through 256 MiB: 0.42x
+    /// the kernel's time against 0.59x without) but cost 4.5-5.4 TLB
+    /// shootdowns per 1000 evicted pages against 1.0 (each run's page-table
+    /// drop and move out flush alone), keep a staged huge page charged to
+    /// the budget while the region lives, and slowed random access in the
+    /// numpy scenario (docs/benchmarks.md, issue 23).
+    /// [`MapOptions::huge_runs`] overrides it for one region.
     pub fn huge_runs(mut self, on: bool) -> Self {
         self.huge_runs = on;
         self
@@ -384,7 +390,7 @@ impl MapOptions {
         self
     }
     /// Fill sequentially read 2 MiB runs of this region as huge pages
-    /// ([`PagerBuilder::huge_runs`]). Default: the pager's setting (on).
+    /// ([`PagerBuilder::huge_runs`]). Default: the pager's setting (off).
     /// Only writable file regions of at least [`HUGE_RUNS_MIN_BYTES`] with
     /// folios below 2 MiB have huge runs; for others this changes nothing.
     pub fn huge_runs(mut self, on: bool) -> Self {

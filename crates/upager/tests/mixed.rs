@@ -181,7 +181,11 @@ fn small_regions_and_regions_with_huge_runs_off_have_none() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 64 * MIB, 24);
     let small = pattern_file(dir.path(), "small", 6 * MIB, 25);
-    let pager = Pager::builder().budget(32 * MIB).build().unwrap();
+    let pager = Pager::builder()
+        .budget(32 * MIB)
+        .huge_runs(true)
+        .build()
+        .unwrap();
     let sm = pager
         .map_file(&small, &MapOptions::new().folio(4096).writable(true))
         .unwrap();
@@ -226,7 +230,11 @@ fn read_only_regions_fill_huge_runs_and_stay_read_only() {
     }
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 64 * MIB, 27);
-    let pager = Pager::builder().budget(32 * MIB).build().unwrap();
+    let pager = Pager::builder()
+        .budget(32 * MIB)
+        .huge_runs(true)
+        .build()
+        .unwrap();
     let r = pager
         .map_file(&path, &MapOptions::new().folio(4096))
         .unwrap();
@@ -269,7 +277,11 @@ fn stores_racing_huge_run_fills_are_kept() {
     }
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 64 * MIB, 26);
-    let pager = Pager::builder().budget(24 * MIB).build().unwrap();
+    let pager = Pager::builder()
+        .budget(24 * MIB)
+        .huge_runs(true)
+        .build()
+        .unwrap();
     let r = pager
         .map_file(&path, &MapOptions::new().folio(16 << 10).writable(true))
         .unwrap();
