@@ -95,16 +95,16 @@ impl NumpyEngine {
             backend: NumpyBackend::Upager,
             folio_kb,
             fault_mode: mode,
-            huge_runs: true,
+            huge_runs: false,
         }
     }
 
-    /// [`NumpyEngine::upager`] without mixed folio sizes (`huge_runs =
-    /// False`): the folio size only (issue 23's ablation).
-    pub fn upager_no_huge_runs(folio_kb: u64, mode: FaultMode) -> Self {
+    /// [`NumpyEngine::upager`] with mixed folio sizes (`huge_runs=True`,
+    /// off by default): issue 23's A/B.
+    pub fn upager_huge_runs(folio_kb: u64, mode: FaultMode) -> Self {
         NumpyEngine {
-            name: format!("upager {} {}K no-huge-runs", mode.name(), folio_kb),
-            huge_runs: false,
+            name: format!("upager {} {}K huge-runs", mode.name(), folio_kb),
+            huge_runs: true,
             ..Self::upager(folio_kb, mode)
         }
     }
@@ -119,7 +119,7 @@ impl NumpyEngine {
             }
         }
         for &m in modes {
-            v.push(Box::new(Self::upager_no_huge_runs(4, m)));
+            v.push(Box::new(Self::upager_huge_runs(4, m)));
         }
         v
     }

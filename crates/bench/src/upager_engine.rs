@@ -88,6 +88,16 @@ impl UpagerEngine {
                 },
                 &[Scenario::RandomRead, Scenario::Swap],
             ));
+            // Mixed folio sizes (issue 23; off by default): the A/B.
+            v.push(e(
+                &format!("upager {} huge-runs", mode.name()),
+                UpagerConfig {
+                    fault_mode: mode,
+                    huge_runs: Some(true),
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ));
         }
         v.extend([
             e(
@@ -113,9 +123,8 @@ impl UpagerEngine {
                 UpagerConfig { folio_kb: 4, ..d() },
                 &[Scenario::TlbReach],
             ),
-            // Mixed folio sizes (issue 23) act in writable regions only
-            // (UFFDIO_MOVE moves between writable mappings): the defaults
-            // mapped read-write, with and without them.
+            // The defaults mapped read-write, with and without mixed folio
+            // sizes (issue 23).
             e(
                 "upager rw",
                 UpagerConfig {
@@ -125,27 +134,10 @@ impl UpagerEngine {
                 &[Scenario::MmapRead],
             ),
             e(
-                "upager no-huge-runs",
-                UpagerConfig {
-                    huge_runs: Some(false),
-                    ..d()
-                },
-                &[Scenario::MmapRead],
-            ),
-            e(
-                "upager in-thread no-huge-runs",
-                UpagerConfig {
-                    huge_runs: Some(false),
-                    fault_mode: FaultMode::InThread,
-                    ..d()
-                },
-                &[Scenario::MmapRead],
-            ),
-            e(
-                "upager rw no-huge-runs",
+                "upager rw huge-runs",
                 UpagerConfig {
                     writable: true,
-                    huge_runs: Some(false),
+                    huge_runs: Some(true),
                     ..d()
                 },
                 &[Scenario::MmapRead],
