@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::fs::File;
 use std::sync::atomic::Ordering::Relaxed;
 
 use common::*;
@@ -21,23 +20,9 @@ const MIB: u64 = 1 << 20;
 const HUGE: u64 = 2 * MIB;
 const PAGE: u64 = 4096;
 
-/// THP usable here, else skip (fail under CI).
-fn thp_available() -> bool {
-    let enabled =
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if enabled.is_empty() || enabled.contains("[never]") {
-        skip_or_fail(
-            "transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled)",
-        );
-        return false;
-    }
-    true
-}
-
 /// Whether 2 MiB run `k` of `r` is one PMD-mapped huge page now.
 fn huge(r: &Region, k: u64) -> bool {
-    let pagemap = File::open("/proc/self/pagemap").unwrap();
-    upager_sys::pagemap::is_huge(&pagemap, r.as_ptr() as u64 + k * HUGE, HUGE).unwrap()
+    huge_at(r.as_ptr() as u64 + k * HUGE)
 }
 
 /// Reads the first word of every page of `r` in order, checking it.

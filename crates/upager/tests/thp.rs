@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::fs::File;
 use std::sync::atomic::Ordering::Relaxed;
 
 use common::*;
@@ -18,23 +17,9 @@ use upager::{MapOptions, Pager, Region};
 const MIB: u64 = 1 << 20;
 const HUGE: u64 = 2 * MIB;
 
-/// THP usable here, else skip (fail under CI).
-fn thp_available() -> bool {
-    let enabled =
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if enabled.is_empty() || enabled.contains("[never]") {
-        skip_or_fail(
-            "transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled)",
-        );
-        return false;
-    }
-    true
-}
-
 /// Whether folio `k` of `r` is one PMD-mapped huge page now (PAGEMAP_SCAN).
 fn huge(r: &Region, k: u64) -> bool {
-    let pagemap = File::open("/proc/self/pagemap").unwrap();
-    upager_sys::pagemap::is_huge(&pagemap, r.as_ptr() as u64 + k * HUGE, HUGE).unwrap()
+    huge_at(r.as_ptr() as u64 + k * HUGE)
 }
 
 /// AnonHugePages (KiB) of the mappings inside `r`, from /proc/self/smaps.

@@ -675,3 +675,23 @@ pub fn syscall_on<T>(
         Err(_) => Err(io::Error::from_raw_os_error(libc::EFAULT)),
     }
 }
+
+/// THP usable here, else skip (fail under CI).
+pub fn thp_available() -> bool {
+    let enabled =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if enabled.is_empty() || enabled.contains("[never]") {
+        skip_or_fail(
+            "transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled)",
+        );
+        return false;
+    }
+    true
+}
+
+/// Whether the 2 MiB at `addr` are one PMD-mapped huge page now
+/// (PAGEMAP_SCAN).
+pub fn huge_at(addr: u64) -> bool {
+    let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+    upager_sys::pagemap::is_huge(&pagemap, addr, 2 << 20).unwrap()
+}
