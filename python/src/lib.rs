@@ -142,7 +142,14 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 ///
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
-///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=False)
+///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=False,
+///       readahead_async=True)
+///
+/// `readahead_async` (default True): once a sequential stream's readahead
+/// window has grown to its largest, the prefetch thread reads the next
+/// window on another CPU while the stream's own fault reads this one
+/// (counter `readahead_async`). False: every window is read by the fault
+/// that needs it.
 ///
 /// `huge_runs` (default False): mixed folio sizes — a writable file region
 /// of folios below 2 MiB (and at least 8 MiB) fills 2 MiB-aligned runs
@@ -225,7 +232,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false, readahead_async=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -241,6 +248,7 @@ impl PyPager {
         fault_mode: Option<&Bound<'_, PyAny>>,
         dirty_expire: Option<f64>,
         huge_runs: bool,
+        readahead_async: bool,
     ) -> PyResult<Self> {
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
         let folio = opt_size(folio, "folio")?.unwrap_or(upager::DEFAULT_FOLIO);
@@ -258,7 +266,8 @@ impl PyPager {
             .budget(budget)
             .direct_io(direct_io)
             .background_reclaim(background_reclaim)
-            .huge_runs(huge_runs);
+            .huge_runs(huge_runs)
+            .readahead_async(readahead_async);
         if let Some(n) = batch {
             b = b.batch(n);
         }

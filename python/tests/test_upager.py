@@ -221,6 +221,7 @@ PINNED_STAT_NAMES = [
     "twins_made",
     "diff_writebacks",
     "writer_switches",
+    "readahead_async",
 ]
 
 

@@ -36,6 +36,7 @@ class Pager:
         fault_mode: Optional[_FaultMode] = None,
         dirty_expire: Optional[float] = None,
         huge_runs: bool = False,
+        readahead_async: bool = True,
     ) -> None: ...
     def map_file(
         self,

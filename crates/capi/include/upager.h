@@ -155,6 +155,12 @@ struct upager_options {
                                  huge page (random faults keep the region's
                                  folios). Counters thp_fills, thp_evictions.
                                  -1 = default (off), 0 = off, 1 = on. */
+    int readahead_async;      /* async readahead: once a sequential stream's
+                                 readahead window has grown to its largest,
+                                 the prefetch thread reads the next window
+                                 on another CPU while the stream's fault
+                                 reads this one. Counter readahead_async.
+                                 -1 = default (on), 0 = off, 1 = on. */
 };
 
 /* Fills *opts with the defaults (including opts->size; fault_mode from

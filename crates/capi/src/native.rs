@@ -58,8 +58,10 @@ pub struct upager_options {
     /// Background write-back of data dirty this long (ms); -1 default, 0 off.
     pub dirty_expire_ms: i64,
     /// Fill sequential 2 MiB runs as huge pages (mixed folio sizes):
-    /// -1 default (on), 0 off, 1 on.
+    /// -1 default (off), 0 off, 1 on.
     pub huge_runs: c_int,
+    /// Async readahead: -1 default (on), 0 off, 1 on.
+    pub readahead_async: c_int,
 }
 
 /// Region options (`struct upager_map_options`); see upager.h.
@@ -156,6 +158,7 @@ fn default_options() -> upager_options {
         fault_mode: fault_mode_from_env(),
         dirty_expire_ms: -1,
         huge_runs: -1,
+        readahead_async: -1,
     }
 }
 
@@ -328,6 +331,9 @@ pub unsafe extern "C" fn upager_create(
         }
         if let Some(on) = tri(o.huge_runs, "huge_runs")? {
             b = b.huge_runs(on);
+        }
+        if let Some(on) = tri(o.readahead_async, "readahead_async")? {
+            b = b.readahead_async(on);
         }
         if let Some(m) = fault_mode_arg(o.fault_mode)? {
             b = b.fault_mode(m);

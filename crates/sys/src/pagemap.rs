@@ -61,6 +61,52 @@ pub fn is_huge(pagemap: &File, addr: u64, len: u64) -> io::Result<bool> {
     Ok(n == 1 && vec[0].start == addr && vec[0].end == addr + len)
 }
 
+/// Most runs of present pages [`present_runs`] reports.
+pub const PRESENT_RUNS: usize = 8;
+
+/// The runs of present pages in `[addr, addr + len)` (`PAGEMAP_SCAN`),
+/// as `(start, end)` addresses in order, into `out`; returns how many, or
+/// `None` if there are more than [`PRESENT_RUNS`]. Allocates nothing
+/// (async-signal-safe).
+pub fn present_runs(
+    pagemap: &File,
+    addr: u64,
+    len: u64,
+    out: &mut [(u64, u64); PRESENT_RUNS],
+) -> io::Result<Option<usize>> {
+    let mut vec = [k::page_region {
+        start: 0,
+        end: 0,
+        categories: 0,
+    }; PRESENT_RUNS];
+    let mut arg = k::pm_scan_arg {
+        size: size_of::<k::pm_scan_arg>() as u64,
+        flags: 0,
+        start: addr,
+        end: addr + len,
+        walk_end: 0,
+        vec: vec.as_mut_ptr() as u64,
+        vec_len: PRESENT_RUNS as u64,
+        max_pages: 0,
+        category_inverted: 0,
+        category_mask: category::PRESENT,
+        category_anyof_mask: 0,
+        return_mask: category::PRESENT,
+    };
+    // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at
+    // PRESENT_RUNS live page_region entries on this stack that the kernel
+    // fills; the scanned range is only inspected.
+    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())?
+        as usize;
+    if n == PRESENT_RUNS && arg.walk_end < addr + len {
+        return Ok(None);
+    }
+    for (o, r) in out.iter_mut().zip(&vec[..n]) {
+        *o = (r.start, r.end);
+    }
+    Ok(Some(n))
+}
+
 /// Reads `/proc/self/pagemap` entries for `[addr, addr+len)` into `out` (one
 /// u64 per 4 KiB page), one pread.
 pub fn read_pagemap(pagemap: &File, addr: u64, len: u64, out: &mut Vec<u64>) -> io::Result<()> {

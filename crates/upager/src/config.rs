@@ -136,6 +136,7 @@ pub struct PagerBuilder {
     pub(crate) debug_lru_try_fail_every: u32,
     pub(crate) dirty_expire: std::time::Duration,
     pub(crate) huge_runs: bool,
+    pub(crate) readahead_async: bool,
 }
 
 impl Default for PagerBuilder {
@@ -158,6 +159,7 @@ impl Default for PagerBuilder {
             fault_mode: FaultMode::from_env().map(Option::unwrap_or_default),
             debug_lru_try_fail_every: 0,
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
+            readahead_async: true,
             huge_runs: false,
         }
     }
@@ -216,6 +218,17 @@ impl PagerBuilder {
     /// most 64 MiB.
     pub fn readahead(mut self, bytes: u64) -> Self {
         self.readahead = bytes;
+        self
+    }
+    /// Async readahead (issue 23): once a sequential stream's readahead
+    /// window has grown to its largest, the fault that fills a window asks
+    /// the prefetch thread to fill the next one at the same time, so the
+    /// store is read on a second CPU while the stream's own fault reads
+    /// its window and while the application works on it (the kernel's
+    /// async readahead, without per-stream state). Default on; `false`
+    /// fills every window in the fault that needs it.
+    pub fn readahead_async(mut self, on: bool) -> Self {
+        self.readahead_async = on;
         self
     }
     /// Mixed folio sizes (issue 23): a writable file region of folios below

@@ -201,24 +201,86 @@ impl Shared {
         }
     }
 
-    /// Body of the prefetch thread: fills requested folios that are not
-    /// resident, as a fault would, without a faulting thread. Stops a request
-    /// when the budget is full after one batch of reclaim.
+    /// Body of the prefetch thread: fills the readahead windows faults ask
+    /// for ([`Shared::ask_ahead`], async readahead) and requested folios
+    /// that are not resident, as a fault would, without a faulting thread.
+    /// Stops a request when the budget is full after one batch of reclaim.
+    /// Windows go first: a stream is waiting for them.
     pub(crate) fn prefetch_main(
         self: Arc<Self>,
         rx: std::sync::mpsc::Receiver<crate::shared::PrefetchRequest>,
     ) {
         let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
         loop {
-            match rx.recv_timeout(IDLE) {
+            let bell = self.ahead.bell.load(Ordering::Acquire);
+            let mut worked = false;
+            for slot in &self.ahead.slots {
+                let addr = slot.swap(0, Ordering::AcqRel);
+                if addr != 0 && !self.stopping() {
+                    self.fill_ahead(&mut ctx, addr);
+                    worked = true;
+                }
+            }
+            match rx.try_recv() {
                 Ok(req) => {
                     self.prefetch_one(&mut ctx, req);
                     self.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
+                    worked = true;
                 }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => self.shrink_ctx(&mut ctx),
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+            }
+            if self.stopping() {
+                return;
+            }
+            if !worked && !futex::wait(&self.ahead.bell, bell, Some(IDLE)) {
+                self.shrink_ctx(&mut ctx);
             }
         }
+    }
+
+    /// Async readahead: fills the window from `addr` that a sequential
+    /// stream's fault asked for (see `fill`) — a whole 2 MiB run as one
+    /// huge page where the region fills runs, else up to the readahead
+    /// window of its folios — unless the stream, or anyone, got to its
+    /// first folio first. Makes room with one batch of reclaim when the
+    /// budget is full; gives up when that frees nothing.
+    fn fill_ahead(&self, ctx: &mut Ctx, addr: u64) {
+        let Some(r) = self.table.lookup(addr) else {
+            return;
+        };
+        let idx = ((addr - r.base()) >> r.shift) as usize;
+        if idx >= r.nfolios() || r.is_anon() {
+            return;
+        }
+        let n = r.run_folios;
+        let want = if n > 0 && idx.is_multiple_of(n) {
+            n
+        } else {
+            self.window_max(&r)
+        };
+        if !self.budget.fits(r.folio * want as u64)
+            && self.evict_batch(crate::gather::Mode::Background) == 0
+        {
+            return;
+        }
+        let mut extras = std::mem::take(&mut ctx.extras);
+        extras.clear();
+        let first = if n > 0 && idx.is_multiple_of(n) {
+            self.claim_run_ahead(&r, idx, &mut extras)
+        } else {
+            None
+        };
+        let first = first.or_else(|| {
+            let end = self.window_end(&r, idx, idx + want);
+            self.claim_free(&r, idx..end, &mut extras);
+            (!extras.is_empty()).then(|| extras.remove(0))
+        });
+        if let Some(old) = first {
+            self.counters.readahead_async.inc();
+            let _ = self.fill_claimed(ctx, &r, idx, old, &extras, false, true);
+        }
+        ctx.extras = extras;
     }
 
     /// Fills the folios of one prefetch request, a batch at a time: claim
@@ -644,29 +706,20 @@ impl Shared {
         if !write {
             self.claim_readahead(r, idx, &mut extras);
         }
-        let out = self.fill_claimed(ctx, r, idx, old, &extras, write, prefetch);
-        // Mixed folio sizes: a stream's fault that filled a whole run as a
-        // huge page fills the next run too, ahead of the stream. No thread
-        // has touched that one, so no page table is there to drop first (a
-        // TLB flush per run saved: the stream's next fault is two runs on).
-        // Only in-thread: a handler thread doing it keeps the stream's next
-        // fault (on the run it is filling) waiting longer than the fault
-        // would take (mmap-read, issue 23: 2.6x slower in handler mode).
-        let n = r.run_folios;
-        if out == Outcome::Done
-            && !write
-            && !prefetch
-            && n > 0
-            && extras.len() + 1 == n
-            && self.mode == FaultMode::InThread
-        {
-            extras.clear();
-            if r.run_mapped(idx) {
-                if let Some(first) = self.claim_run_ahead(r, idx + n, &mut extras) {
-                    let _ = self.fill_claimed(ctx, r, idx + n, first, &extras, false, true);
-                }
+        // Async readahead: a window grown to its largest is a stream; the
+        // prefetch thread reads the next window on another CPU while this
+        // fault reads this one (and while the stream works on it), so the
+        // stream's faults read every other window. (Asking for one window
+        // ahead balances the two CPUs best: the stream's next fault comes
+        // two windows on, and reads in parallel again.)
+        let n = 1 + extras.len();
+        if !prefetch && n > 1 && n >= self.window_max(r) && self.cfg.readahead_async {
+            let next = idx + n;
+            if next < r.nfolios() && r.store_offset(next, old).is_some_and(|o| o < r.store.len()) {
+                let _ = self.ask_ahead(r.folio_addr(next));
             }
         }
+        let out = self.fill_claimed(ctx, r, idx, old, &extras, write, prefetch);
         ctx.extras = extras;
         out
     }
@@ -1018,8 +1071,8 @@ impl Shared {
     /// Pushes their old states to `out` (whose capacity the window never
     /// exceeds: no allocation).
     fn claim_readahead(&self, r: &Area, idx: usize, out: &mut Vec<State>) {
-        let max = (self.cfg.readahead / r.folio) as usize;
-        if r.is_anon() || max == 0 || idx == 0 {
+        let max = self.window_max(r);
+        if r.is_anon() || self.cfg.readahead < r.folio || idx == 0 {
             return;
         }
         let mut run = 0;
@@ -1041,13 +1094,7 @@ impl Shared {
         if run < 2 {
             return;
         }
-        let window = (2 * run)
-            .min(max)
-            .min(self.fill_buf_bytes() / r.folio as usize - 1);
-        let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
-        // A run is filled by one UFFDIO_COPY, which must stay inside one
-        // registration: readahead stops at the shard's end.
-        let mut end = (idx + 1 + window).min(r.shard_end(idx)).min(end_folio);
+        let mut end = self.window_end(r, idx, idx + 1 + (2 * run).min(max - 1));
         // Mixed folio sizes: once the window has grown to 2 MiB, it ends
         // at the end of the faulting folio's 2 MiB run, so the stream's
         // next fault starts a run, which fill_claimed fills as one huge
@@ -1056,7 +1103,31 @@ impl Shared {
         if r.run_folios > 0 && 2 * run >= r.run_folios {
             end = end.min(r.run_start(idx) + r.run_folios);
         }
-        for j in idx + 1..end {
+        self.claim_free(r, idx + 1..end, out);
+    }
+
+    /// Folios in a full readahead window of `r` (the faulting one
+    /// included): the configured readahead, bounded by the fill buffer;
+    /// at least 1.
+    fn window_max(&self, r: &Area) -> usize {
+        ((self.cfg.readahead / r.folio) as usize)
+            .min(self.fill_buf_bytes() / r.folio as usize)
+            .max(1)
+    }
+
+    /// `end` of a window from `idx`, cut at the end of the store and of
+    /// `idx`'s shard (a window is filled by one UFFDIO_COPY, which must
+    /// stay inside one registration).
+    fn window_end(&self, r: &Area, idx: usize, end: usize) -> usize {
+        let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
+        end.min(r.shard_end(idx)).min(end_folio)
+    }
+
+    /// Claims the non-resident folios of `span` in order, each with budget
+    /// reserved without reclaiming, up to the first that is resident or
+    /// busy or does not fit; pushes their old states to `out`.
+    fn claim_free(&self, r: &Area, span: std::ops::Range<usize>, out: &mut Vec<State>) {
+        for j in span {
             if !self.budget.try_charge(r.folio) {
                 break;
             }
@@ -1148,12 +1219,35 @@ impl Shared {
         // file, and it is gone at the next eviction (docs/benchmarks.md,
         // issue 23).
         let opened = !r.writable && span.protect(upager_sys::mem::Access::ReadWrite).is_ok();
-        let mut done = match uffd.move_in(span, &mut st.buf, 0) {
-            _ if !r.writable && !opened => 0,
-            Ok(Fill::Done) => len,
-            Ok(Fill::Retry { done } | Fill::Exists { done }) => done as usize,
-            Err(_) => 0,
+        let moved = if !r.writable && !opened {
+            None
+        } else {
+            Some(uffd.move_in(span, &mut st.buf, 0))
         };
+        // Moved whole as one PMD (not split into base pages on the way).
+        let whole = matches!(moved, Some(Ok(Fill::Done)));
+        let mut done = match moved {
+            None => 0,
+            Some(Ok(Fill::Done)) => len,
+            Some(Ok(Fill::Retry { done } | Fill::Exists { done })) => {
+                self.moved_from(st, len).unwrap_or(done as usize)
+            }
+            Some(Err(_)) => self.moved_from(st, len).unwrap_or(0),
+        };
+        if done == usize::MAX {
+            // What left the staged page is not one prefix of it (never
+            // seen): the run cannot be completed from the staged page.
+            // Dropped by the caller (nothing of it was published; its data
+            // is in the store).
+            self.counters.kernel_call_errors.inc();
+            if opened {
+                self.close_read_only(r, span, idx, quiet);
+            }
+            st.ready = false;
+            st.buf.release_from(0);
+            self.budget.uncharge(crate::thp::HUGE);
+            return None;
+        }
         if opened {
             self.close_read_only(r, span, idx, quiet);
         }
@@ -1183,9 +1277,13 @@ impl Shared {
                 }
             }
         }
-        if done == len {
+        if done == len && whole {
             self.counters.thp_fills.inc();
             r.set_run_mapped(idx);
+        } else if done == len {
+            // Moved as base pages (a fault put a page table under the run
+            // while it was being filled): whole, but not one PMD.
+            self.counters.thp_fill_fallback.inc();
         } else {
             self.counters.thp_fill_fallback.inc();
             // What did not move is still in the staged buffer (what moved
@@ -1222,6 +1320,31 @@ impl Shared {
             self.counters.thp_fill_raced.inc();
         }
         Some(raced)
+    }
+
+    /// After a `UFFDIO_MOVE` out of staged page `st` (its first `len`
+    /// bytes) that did not report success: how many bytes from its start
+    /// left it, for the view — what is still present in the staged page did
+    /// not move. The kernel's own count is not trusted: on Linux 6.18 a
+    /// move whose destination got a page table while the run was being
+    /// filled (a thread touching the run waits on it as BUSY, and its fault
+    /// allocates one) split the huge page, moved every base page, and
+    /// reported EEXIST with nothing moved; copying "the rest" from the
+    /// emptied staged page then put zeros in the view, and a digest that
+    /// saw them took them for a racing store and wrote them back (issue
+    /// 23, `tests/mixed.rs`). `Some(usize::MAX)` if what left is not a
+    /// prefix (never seen); `None` if the pagemap cannot tell.
+    fn moved_from(&self, st: &crate::thp::Staged, len: usize) -> Option<usize> {
+        use upager_sys::pagemap::{present_runs, PRESENT_RUNS};
+        let pagemap = self.thp.pagemap()?;
+        let base = st.buf.addr();
+        let mut runs = [(0, 0); PRESENT_RUNS];
+        match present_runs(pagemap, base, len as u64, &mut runs) {
+            Ok(Some(0)) => Some(len),
+            Ok(Some(1)) if runs[0].1 == base + len as u64 => Some((runs[0].0 - base) as usize),
+            Ok(_) => Some(usize::MAX),
+            Err(_) => None,
+        }
     }
 
     /// Makes `span` of read-only region `r` read-only again after a huge

@@ -60,6 +60,8 @@ pub(crate) struct Shared {
     pub prefetch_pending: AtomicU64,
     /// In-thread mode: faults handed to resolver threads.
     pub handoff: Handoff,
+    /// Windows the fault path asks the prefetch thread to read ahead.
+    pub ahead: Ahead,
     /// In-thread mode: scratch spaces for SIGBUS handlers (taken with
     /// `try_lock`, never waited for).
     pub sig_ctxs: Vec<Mutex<Ctx>>,
@@ -83,6 +85,20 @@ pub(crate) struct Shared {
 #[derive(Default)]
 struct Kick {
     bell: AtomicU32,
+}
+
+/// Most readahead windows waiting for the prefetch thread at once (async
+/// readahead, fault.rs); a request finding every slot taken is dropped
+/// (the stream's next fault then reads that window itself).
+pub(crate) const AHEAD_SLOTS: usize = 8;
+
+/// Async readahead requests: the address of a window's first folio per
+/// slot (0: free), and the prefetch thread's doorbell, bumped for each
+/// request (a futex word: a SIGBUS handler may post one).
+#[derive(Default)]
+pub(crate) struct Ahead {
+    pub bell: AtomicU32,
+    pub slots: [AtomicU64; AHEAD_SLOTS],
 }
 
 /// Most faults that can wait for a resolver thread at once (in-thread
@@ -257,6 +273,7 @@ impl Shared {
             born: std::time::Instant::now(),
             slow_addr: AtomicU64::new(0),
             handoff: Handoff::default(),
+            ahead: Ahead::default(),
             sig_ctxs: if mode == FaultMode::InThread {
                 let n = (2 * upager_sys::io::online_cpus() + 2).min(64);
                 let bytes = fill_buf_bytes(&cfg);
@@ -469,6 +486,36 @@ impl Shared {
         self.kick.bell.swap(0, Ordering::AcqRel) != 0
     }
 
+    /// Asks the prefetch thread to fill the readahead window whose first
+    /// folio is at `addr` (async readahead). False if every slot is taken.
+    /// Async-signal-safe.
+    pub fn ask_ahead(&self, addr: u64) -> bool {
+        if self
+            .ahead
+            .slots
+            .iter()
+            .any(|s| s.load(Ordering::Relaxed) == addr)
+        {
+            return true; // asked already
+        }
+        for s in &self.ahead.slots {
+            if s.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.ring_prefetch();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Wakes the prefetch thread (a request or the stop is waiting).
+    /// Async-signal-safe.
+    pub fn ring_prefetch(&self) {
+        self.ahead.bell.fetch_add(1, Ordering::AcqRel);
+        futex::wake(&self.ahead.bell, 1);
+    }
+
     /// Tells every thread to stop.
     fn shut_down(&self) {
         self.stop.store(true, Ordering::Release);
@@ -477,6 +524,7 @@ impl Shared {
         futex::wake(&self.kick.bell, u32::MAX);
         self.handoff.bell.fetch_add(1, Ordering::AcqRel);
         futex::wake(&self.handoff.bell, u32::MAX);
+        self.ring_prefetch();
     }
 }
 
@@ -528,6 +576,8 @@ impl Owner {
             self.shared.prefetch_pending.fetch_add(1, Ordering::AcqRel);
             if tx.send(req).is_err() {
                 self.shared.prefetch_pending.fetch_sub(1, Ordering::AcqRel);
+            } else {
+                self.shared.ring_prefetch();
             }
         }
     }

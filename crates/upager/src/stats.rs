@@ -153,6 +153,8 @@ counters! {
     diff_writebacks,
     /// Times this pager found a second writer of a file it maps writable (another region, pager or process) and turned twins on for that file, writing back its dirty folios first.
     writer_switches,
+    /// Readahead windows the prefetch thread filled ahead of a sequential stream while the stream's fault filled the window before (async readahead; `fills_readahead` counts their folios).
+    readahead_async,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

@@ -168,6 +168,12 @@ impl ThpPool {
         }
     }
 
+    /// `/proc/self/pagemap`, once a refill opened it (before any page was
+    /// staged).
+    pub fn pagemap(&self) -> Option<&File> {
+        self.pagemap.get().and_then(Option::as_ref)
+    }
+
     /// Whether 2 MiB fills can move huge pages at all.
     pub fn usable(&self) -> bool {
         !self.slots.is_empty()

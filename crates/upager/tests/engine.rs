@@ -610,7 +610,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
 /// removing or reordering a counter fails here; a new counter goes at the
 /// end, here and in the same lists of crates/capi/tests/c/stat_names.c and
 /// python/tests/test_upager.py.
-const STAT_NAMES: [&str; 51] = [
+const STAT_NAMES: [&str; 52] = [
     "faults_missing",
     "faults_wp",
     "faults_deferred",
@@ -662,6 +662,7 @@ const STAT_NAMES: [&str; 51] = [
     "twins_made",
     "diff_writebacks",
     "writer_switches",
+    "readahead_async",
 ];
 
 #[test]

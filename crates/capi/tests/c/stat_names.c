@@ -60,6 +60,7 @@ static const char *const names[] = {
     "twins_made",
     "diff_writebacks",
     "writer_switches",
+    "readahead_async",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 
