@@ -9,7 +9,8 @@ on ext4 on a RAM block device read-write and runs, timed one by one:
 1. a sequential pass: the sum of every 8 MiB slice (``a[lo:hi].sum()``);
 2. N random element reads in one gather (``a[idx].sum()``);
 3. N random element writes in one scatter (``a[idx] = 1.5``), then
-   ``flush()`` (msync / upager's write-back and fdatasync).
+   ``flush()`` (msync / upager's write-back and fdatasync) — not when the
+   array is opened with mode "r" (read-only: the first two phases only).
 
 It reports each phase's time and rate; `upager bench numpy` compares them
 with numpy.memmap's. Time outside the phases (starting Python, drawing the
@@ -37,7 +38,9 @@ by the suite's worker runner (crates/bench/src/worker.rs): prints
 shape of the Rust workers' WorkerResult) or ``error <message>``. The JSON
 is the suite's ``Workload::Numpy``: file, backend ("memmap" or "upager"),
 budget, folio_kb, fault_mode ("handlers" or "in-thread"), slice_bytes,
-random_ops, seed, huge_runs (upager's mixed folio sizes, default true).
+random_ops, seed, huge_runs (upager's mixed folio sizes, default true),
+readahead_async (default true) and mode ("r+", the default, or "r": no
+write phase).
 """
 import gc
 import json
@@ -93,9 +96,12 @@ def open_upager(upager, path, np, cfg):
     """upager.open_array in the requested fault mode: the `fault_mode`
     keyword where the package has it, else UPAGER_FAULT_MODE (read by the
     engine's builder when the pager is made)."""
-    kwargs = dict(mode="r+", budget=cfg["budget"], folio=cfg["folio_kb"] * 1024)
-    if not cfg.get("huge_runs", True):
-        kwargs["huge_runs"] = False  # issue 23's ablation: base folios only
+    kwargs = dict(mode=cfg.get("mode", "r+"), budget=cfg["budget"],
+                  folio=cfg["folio_kb"] * 1024,
+                  # issue 23's ablations: base folios only; every window
+                  # read by the fault that needs it
+                  huge_runs=bool(cfg.get("huge_runs", True)),
+                  readahead_async=bool(cfg.get("readahead_async", True)))
     os.environ["UPAGER_FAULT_MODE"] = cfg["fault_mode"]
     try:
         return upager.open_array(path, np.float64, fault_mode=cfg["fault_mode"], **kwargs)
@@ -115,10 +121,11 @@ def run(cfg, np, upager):
     write_idx = rng.integers(0, n, size=ops, dtype=np.int64)
     want_read_sum = int(read_idx.sum())
     backend = cfg["backend"]
+    writable = cfg.get("mode", "r+") != "r"
 
     t = time.perf_counter()
     if backend == "memmap":
-        a = np.memmap(path, dtype=np.float64, mode="r+")
+        a = np.memmap(path, dtype=np.float64, mode=cfg.get("mode", "r+"))
     else:
         a = open_upager(upager, path, np, cfg)
     open_s = time.perf_counter() - t
@@ -142,13 +149,15 @@ def run(cfg, np, upager):
     if got != want_read_sum:
         bad += 1
 
-    # 3. Random element writes, then flush.
-    t = time.perf_counter()
-    a[write_idx] = 1.5
-    writes_s = time.perf_counter() - t
-    t = time.perf_counter()
-    a.flush()
-    flush_s = time.perf_counter() - t
+    # 3. Random element writes, then flush (not in mode "r").
+    writes_s = flush_s = verify_s = restore_s = 0.0
+    if writable:
+        t = time.perf_counter()
+        a[write_idx] = 1.5
+        writes_s = time.perf_counter() - t
+        t = time.perf_counter()
+        a.flush()
+        flush_s = time.perf_counter() - t
     elapsed_s = time.perf_counter() - t0
 
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -158,27 +167,29 @@ def run(cfg, np, upager):
     # Unmeasured: the writes are there (through the array and in the file).
     t = time.perf_counter()
     sample = write_idx[: min(ops, 1000)]
-    bad += int(np.count_nonzero(np.asarray(a[sample]) != 1.5))
+    if writable:
+        bad += int(np.count_nonzero(np.asarray(a[sample]) != 1.5))
     stats = a.pager_stats() if backend == "upager" else {}
     region = getattr(a, "region", None)
     del a
     gc.collect()
     if region is not None:
         region.close()  # unmapped (nothing dirty is left: flushed above)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        for i in sample[:256]:
-            if struct.unpack("<d", os.pread(fd, 8, int(i) * 8))[0] != 1.5:
-                bad += 1
-        verify_s = time.perf_counter() - t
-        # Restore the old values, so the next run finds element i = i.
-        t = time.perf_counter()
-        for i in np.unique(write_idx):
-            os.pwrite(fd, struct.pack("<d", float(i)), int(i) * 8)
-        os.fsync(fd)
-        restore_s = time.perf_counter() - t
-    finally:
-        os.close(fd)
+    if writable:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            for i in sample[:256]:
+                if struct.unpack("<d", os.pread(fd, 8, int(i) * 8))[0] != 1.5:
+                    bad += 1
+            verify_s = time.perf_counter() - t
+            # Restore the old values, so the next run finds element i = i.
+            t = time.perf_counter()
+            for i in np.unique(write_idx):
+                os.pwrite(fd, struct.pack("<d", float(i)), int(i) * 8)
+            os.fsync(fd)
+            restore_s = time.perf_counter() - t
+        finally:
+            os.close(fd)
 
     writes_flush_s = writes_s + flush_s
     extra = {
@@ -191,13 +202,16 @@ def run(cfg, np, upager):
         "seq_gb_per_s": n * 8 / max(seq_s, 1e-9) / 1e9,
         "reads_s": reads_s,
         "reads_per_s": ops / max(reads_s, 1e-9),
-        "writes_s": writes_s,
-        "flush_s": flush_s,
-        "writes_flush_s": writes_flush_s,
-        "writes_per_s": ops / max(writes_flush_s, 1e-9),
         "verify_s": verify_s,
         "restore_s": restore_s,
     }
+    if writable:
+        extra.update({
+            "writes_s": writes_s,
+            "flush_s": flush_s,
+            "writes_flush_s": writes_flush_s,
+            "writes_per_s": ops / max(writes_flush_s, 1e-9),
+        })
     if io0 is not None and io1 is not None:
         extra["read_bytes"] = float(io1 - io0)
     if peak is not None:
@@ -221,7 +235,7 @@ def run(cfg, np, upager):
         "sys_s": ru1.ru_stime - ru0.ru_stime,
         "minflt": ru1.ru_minflt - ru0.ru_minflt,
         "majflt": ru1.ru_majflt - ru0.ru_majflt,
-        "ops": 2 * ops,
+        "ops": (2 if writable else 1) * ops,
         "bad_words": bad,
         "extra": extra,
         "notes": notes,

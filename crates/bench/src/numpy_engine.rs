@@ -66,7 +66,8 @@ pub fn check_python() -> Result<String, String> {
 }
 
 /// One side of the numpy scenario: `kernel numpy.memmap`, or upager with a
-/// folio size and fault mode (`upager handlers 4K`).
+/// folio size and fault mode (`upager handlers 4K`), opened "r+" unless the
+/// name ends in ` r`.
 #[derive(Debug, Clone)]
 pub struct NumpyEngine {
     name: String,
@@ -74,6 +75,8 @@ pub struct NumpyEngine {
     folio_kb: u64,
     fault_mode: FaultMode,
     huge_runs: bool,
+    readahead_async: bool,
+    mode: &'static str,
 }
 
 impl NumpyEngine {
@@ -84,33 +87,38 @@ impl NumpyEngine {
             backend: NumpyBackend::Memmap,
             folio_kb: 4,
             fault_mode: FaultMode::Handlers,
-            huge_runs: false,
+            huge_runs: true,
+            readahead_async: true,
+            mode: "r+",
         }
     }
 
-    /// `upager.open_array(mode="r+")` with `folio_kb` folios in `mode`.
+    /// `upager.open_array(mode="r+")` with `folio_kb` folios in `mode`,
+    /// the engine's defaults otherwise.
     pub fn upager(folio_kb: u64, mode: FaultMode) -> Self {
         NumpyEngine {
             name: format!("upager {} {}K", mode.name(), folio_kb),
             backend: NumpyBackend::Upager,
             folio_kb,
             fault_mode: mode,
-            huge_runs: false,
+            huge_runs: true,
+            readahead_async: true,
+            mode: "r+",
         }
     }
 
-    /// [`NumpyEngine::upager`] with mixed folio sizes (`huge_runs=True`,
-    /// off by default): issue 23's A/B.
-    pub fn upager_huge_runs(folio_kb: u64, mode: FaultMode) -> Self {
+    /// This engine with `suffix` added to its name.
+    fn named(self, suffix: &str) -> Self {
         NumpyEngine {
-            name: format!("upager {} {}K huge-runs", mode.name(), folio_kb),
-            huge_runs: true,
-            ..Self::upager(folio_kb, mode)
+            name: format!("{} {suffix}", self.name),
+            ..self
         }
     }
 
     /// The memmap baseline, then upager with 4 KiB and 64 KiB folios in
-    /// each of `modes`.
+    /// each of `modes`; issue 23's ablations (4 KiB folios without mixed
+    /// folio sizes, `no-huge-runs`, and without async readahead,
+    /// `sync-readahead`); and both sides opened read-only (` r`).
     pub fn for_modes(modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
         let mut v: Vec<Box<dyn Engine>> = vec![Box::new(Self::memmap())];
         for folio in [4, 64] {
@@ -119,7 +127,24 @@ impl NumpyEngine {
             }
         }
         for &m in modes {
-            v.push(Box::new(Self::upager_huge_runs(4, m)));
+            v.push(Box::new(NumpyEngine {
+                huge_runs: false,
+                ..Self::upager(4, m).named("no-huge-runs")
+            }));
+            v.push(Box::new(NumpyEngine {
+                readahead_async: false,
+                ..Self::upager(4, m).named("sync-readahead")
+            }));
+        }
+        v.push(Box::new(NumpyEngine {
+            mode: "r",
+            ..Self::memmap().named("r")
+        }));
+        for &m in modes {
+            v.push(Box::new(NumpyEngine {
+                mode: "r",
+                ..Self::upager(4, m).named("r")
+            }));
         }
         v
     }
@@ -139,6 +164,8 @@ impl NumpyEngine {
             random_ops: p.random_ops,
             seed: p.seed,
             huge_runs: self.huge_runs,
+            readahead_async: self.readahead_async,
+            mode: self.mode.to_string(),
         })
     }
 }

@@ -88,12 +88,22 @@ impl UpagerEngine {
                 },
                 &[Scenario::RandomRead, Scenario::Swap],
             ));
-            // Mixed folio sizes (issue 23; off by default): the A/B.
+            // Issue 23's ablations: without mixed folio sizes, without
+            // async readahead.
             v.push(e(
-                &format!("upager {} huge-runs", mode.name()),
+                &format!("upager {} no-huge-runs", mode.name()),
                 UpagerConfig {
                     fault_mode: mode,
-                    huge_runs: Some(true),
+                    huge_runs: Some(false),
+                    ..d()
+                },
+                &[Scenario::MmapRead],
+            ));
+            v.push(e(
+                &format!("upager {} sync-readahead", mode.name()),
+                UpagerConfig {
+                    fault_mode: mode,
+                    readahead_async: Some(false),
                     ..d()
                 },
                 &[Scenario::MmapRead],
@@ -134,10 +144,10 @@ impl UpagerEngine {
                 &[Scenario::MmapRead],
             ),
             e(
-                "upager rw huge-runs",
+                "upager rw no-huge-runs",
                 UpagerConfig {
                     writable: true,
-                    huge_runs: Some(true),
+                    huge_runs: Some(false),
                     ..d()
                 },
                 &[Scenario::MmapRead],

@@ -71,6 +71,8 @@ pub struct UpagerConfig {
     pub store_pipelined: bool,
     /// Mixed folio sizes (issue 23; `None` = the engine's default, on).
     pub huge_runs: Option<bool>,
+    /// `PagerBuilder::readahead_async` (None: the engine's default).
+    pub readahead_async: Option<bool>,
 }
 
 /// [`FaultMode`] in JSON as its name (`"in-thread"`).
@@ -107,6 +109,7 @@ impl Default for UpagerConfig {
             store: None,
             store_pipelined: true,
             huge_runs: None,
+            readahead_async: None,
         }
     }
 }
@@ -233,6 +236,9 @@ fn pager(budget: u64, c: &UpagerConfig) -> Result<Pager, WorkloadError> {
     }
     if let Some(on) = c.huge_runs {
         b = b.huge_runs(on);
+    }
+    if let Some(on) = c.readahead_async {
+        b = b.readahead_async(on);
     }
     b.build().map_err(invalid)
 }

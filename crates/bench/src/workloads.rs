@@ -152,9 +152,16 @@ pub enum Workload {
         random_ops: u64,
         /// Seed of the random indices.
         seed: u64,
-        /// upager's mixed folio sizes (`huge_runs`; default off, as the engine's).
-        #[serde(default = "huge_runs_default")]
+        /// upager's mixed folio sizes (`huge_runs`; default on, as the engine's).
+        #[serde(default = "default_on")]
         huge_runs: bool,
+        /// upager's async readahead (`readahead_async`; default on, as the engine's).
+        #[serde(default = "default_on")]
+        readahead_async: bool,
+        /// How the array is opened: "r+" (default; all three phases) or
+        /// "r" (read-only: no write phase).
+        #[serde(default = "default_numpy_mode")]
+        mode: String,
     },
 }
 
@@ -214,8 +221,12 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
     }
 }
 
-fn huge_runs_default() -> bool {
-    false
+fn default_on() -> bool {
+    true
+}
+
+fn default_numpy_mode() -> String {
+    "r+".into()
 }
 
 #[cfg(test)]

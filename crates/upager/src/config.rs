@@ -160,7 +160,7 @@ impl Default for PagerBuilder {
             debug_lru_try_fail_every: 0,
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
             readahead_async: true,
-            huge_runs: false,
+            huge_runs: true,
         }
     }
 }
@@ -237,13 +237,19 @@ impl PagerBuilder {
     /// the faults there are sequential and the readahead window has grown
     /// to 2 MiB; random faults, a partial run at the end of the file and
     /// fills that find no staged huge page use the region's folios as
-    /// before. Default off: measured on this machine they make a
-    /// sequential scan faster (`mmap-read` 2 GiB through 256 MiB: 0.42x
-    /// the kernel's time against 0.59x without) but cost 4.5-5.4 TLB
-    /// shootdowns per 1000 evicted pages against 1.0 (each run's page-table
-    /// drop and move out flush alone), keep a staged huge page charged to
-    /// the budget while the region lives, and slowed random access in the
-    /// numpy scenario (docs/benchmarks.md, issue 23).
+    /// before. Default on: with async readahead
+    /// ([`PagerBuilder::readahead_async`]) a numpy pass over a 2 GiB array
+    /// through a 192 MiB budget takes 0.6-0.7x numpy.memmap's time with
+    /// them and 0.8-0.9x without (the kernel copies 512 base pages per
+    /// 2 MiB without them, and moves one huge page with them). What they
+    /// cost: 4-5 TLB shootdowns per 2 MiB run instead of about one per
+    /// batch (each `UFFDIO_MOVE` of a PMD flushes its source: in, and out
+    /// at eviction; a run that a fault touched first drops a page table;
+    /// read-only regions change protection around the move), so about 9
+    /// per 1000 evicted pages against 1.1 (the kernel's page cache: 37),
+    /// and a staged huge page charged to the budget while the region
+    /// lives (docs/benchmarks.md, issue 23). `false` for regions whose
+    /// evictions must cost the fewest shootdowns.
     /// [`MapOptions::huge_runs`] overrides it for one region.
     pub fn huge_runs(mut self, on: bool) -> Self {
         self.huge_runs = on;
@@ -403,7 +409,7 @@ impl MapOptions {
         self
     }
     /// Fill sequentially read 2 MiB runs of this region as huge pages
-    /// ([`PagerBuilder::huge_runs`]). Default: the pager's setting (off).
+    /// ([`PagerBuilder::huge_runs`]). Default: the pager's setting (on).
     /// Only writable file regions of at least [`HUGE_RUNS_MIN_BYTES`] with
     /// folios below 2 MiB have huge runs; for others this changes nothing.
     pub fn huge_runs(mut self, on: bool) -> Self {

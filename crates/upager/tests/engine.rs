@@ -17,6 +17,7 @@ use common::*;
 use upager::{MapError, MapOptions, Pager, PagerError, Stats};
 
 const MIB: u64 = 1 << 20;
+const PAGE: u64 = 4096;
 
 fn small_pager(budget: u64) -> Pager {
     Pager::builder()
@@ -268,6 +269,51 @@ fn a_folio_is_filled_read_and_accounted_as_one_unit() {
     let s = pager.stats();
     assert_eq!(s.fills, 256);
     assert!(s.faults_missing < 40, "readahead should cut faults: {s:?}");
+}
+
+/// Async readahead (issue 23): once a stream's window has grown to the
+/// readahead size, the fault that fills one window asks the prefetch
+/// thread for the next, so about every other window is read without a
+/// fault of the stream; off, every window costs the stream a fault.
+#[test]
+fn a_sequential_stream_reads_every_other_window_on_the_prefetch_thread() {
+    let dir = ram_dir();
+    let len = 64 * MIB;
+    let path = pattern_file(dir.path(), "data", len, 9);
+    let windows = len / (2 * MIB); // default readahead: 2 MiB
+    for on in [true, false] {
+        let pager = Pager::builder()
+            .budget(16 * MIB)
+            .readahead_async(on)
+            .build()
+            .unwrap();
+        let r = pager
+            .map_file(&path, &MapOptions::new().folio(PAGE))
+            .unwrap();
+        for p in 0..(len / PAGE) as usize {
+            let w = p * (PAGE as usize / 8);
+            assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 9), "on {on}");
+        }
+        let s = pager.stats();
+        assert_eq!(s.fills, len / PAGE, "on {on}: every page once: {s:?}");
+        assert!(s.resident_peak_bytes <= 16 * MIB, "{s:?}");
+        if on {
+            // The first windows grow (2, 4, 8, ... folios) before the
+            // stream is a stream; from then on the prefetch thread reads
+            // about half of them (all of them when the stream is slower).
+            assert!(
+                s.readahead_async >= windows / 4,
+                "about every other window read ahead: {s:?}"
+            );
+            assert!(
+                s.faults_missing <= windows * 3 / 4 + 12,
+                "the stream's faults read about half the windows: {s:?}"
+            );
+        } else {
+            assert_eq!(s.readahead_async, 0, "off: {s:?}");
+            assert!(s.faults_missing >= windows, "one fault per window: {s:?}");
+        }
+    }
 }
 
 #[test]

@@ -77,6 +77,14 @@ fn mixed_region(folio: u64, on: bool) {
         assert!(s.thp_evictions > 0, "{s:?}");
     }
     assert!(s.resident_peak_bytes <= 32 * MIB, "{s:?}");
+    // The prefetch thread may still be filling the run after the last
+    // (async readahead): wait until nothing is busy.
+    wait_until("the last readahead to finish", 10, || {
+        r.residency(0, r.len() as u64)
+            .unwrap()
+            .iter()
+            .all(|(_, s)| *s != Residency::Busy)
+    });
     // A resident huge run now, if any: the last runs of the last pass.
     let nruns = len / HUGE;
     let run = (0..nruns).rev().find(|&k| huge(&r, k));
@@ -92,8 +100,14 @@ fn mixed_region(folio: u64, on: bool) {
     if let Some(k) = run {
         let w = (k * HUGE / 8) as usize + 3 * 512 + 5;
         let wp = pager.stats().faults_wp;
+        let res = r.residency(k * HUGE, HUGE).unwrap();
         r.words()[w].store(0xFEED_0023, Relaxed);
-        assert_eq!(pager.stats().faults_wp, wp + 1);
+        assert_eq!(
+            pager.stats().faults_wp,
+            wp + 1,
+            "a write to clean huge run {k} ({res:?}) is a write-protect fault: {:?}",
+            pager.stats()
+        );
         let dirty: u64 = r
             .residency(k * HUGE, HUGE)
             .unwrap()

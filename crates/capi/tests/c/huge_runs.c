@@ -1,4 +1,4 @@
-/* upager_options.huge_runs (issue 23): mixed folio sizes. Default -1 (off);
+/* upager_options.huge_runs (issue 23): mixed folio sizes. Default -1 (on);
  * another value than -1, 0, 1 is -EINVAL naming the field. With 1,
  * sequential passes over a writable file region of 4 KiB folios
  * fill 2 MiB runs as huge pages (counter thp_fills); with 0, none. The
