@@ -181,3 +181,46 @@ pub fn pagemap_scan(
     }));
     Ok(arg.walk_end)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::AlignedBuf;
+
+    #[test]
+    fn present_runs_lists_the_touched_pages_in_order() {
+        let Ok(pm) = File::open("/proc/self/pagemap") else {
+            return; // no procfs here
+        };
+        let page = PAGE_SIZE;
+        let mut buf = AlignedBuf::zeroed(16 * page);
+        let base = buf.addr();
+        let len = 16 * page as u64;
+        assert_eq!(
+            present_runs(&pm, base, len, &mut [(0, 0); PRESENT_RUNS]).unwrap(),
+            Some(0)
+        );
+        for p in [0, 1, 5, 15] {
+            buf[p * page] = 1;
+        }
+        let mut runs = [(0, 0); PRESENT_RUNS];
+        let p = page as u64;
+        assert_eq!(present_runs(&pm, base, len, &mut runs).unwrap(), Some(3));
+        assert_eq!(
+            runs[..3],
+            [
+                (base, base + 2 * p),
+                (base + 5 * p, base + 6 * p),
+                (base + 15 * p, base + 16 * p)
+            ]
+        );
+        // More runs than it reports: None.
+        let mut many = AlignedBuf::zeroed(32 * page);
+        for k in (0..32).step_by(2) {
+            many[k * page] = 1;
+        }
+        let m = many.addr();
+        assert_eq!(present_runs(&pm, m, 32 * p, &mut runs).unwrap(), None);
+        assert_eq!(present_runs(&pm, m, 16 * p, &mut runs).unwrap(), Some(8));
+    }
+}
