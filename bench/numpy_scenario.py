@@ -38,7 +38,7 @@ by the suite's worker runner (crates/bench/src/worker.rs): prints
 shape of the Rust workers' WorkerResult) or ``error <message>``. The JSON
 is the suite's ``Workload::Numpy``: file, backend ("memmap" or "upager"),
 budget, folio_kb, fault_mode ("handlers" or "in-thread"), slice_bytes,
-random_ops, seed, huge_runs (upager's mixed folio sizes, default true),
+random_ops, seed, huge_runs (upager's mixed folio sizes, default false),
 readahead_async (default true) and mode ("r+", the default, or "r": no
 write phase).
 """
@@ -98,9 +98,9 @@ def open_upager(upager, path, np, cfg):
     engine's builder when the pager is made)."""
     kwargs = dict(mode=cfg.get("mode", "r+"), budget=cfg["budget"],
                   folio=cfg["folio_kb"] * 1024,
-                  # issue 23's ablations: base folios only; every window
+                  # issue 23's ablations: mixed folio sizes; every window
                   # read by the fault that needs it
-                  huge_runs=bool(cfg.get("huge_runs", True)),
+                  huge_runs=bool(cfg.get("huge_runs", False)),
                   readahead_async=bool(cfg.get("readahead_async", True)))
     os.environ["UPAGER_FAULT_MODE"] = cfg["fault_mode"]
     try:

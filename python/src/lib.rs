@@ -142,7 +142,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 ///
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
-///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=True,
+///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=False,
 ///       readahead_async=True)
 ///
 /// `readahead_async` (default True): once a sequential stream's readahead
@@ -151,7 +151,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 /// (counter `readahead_async`). False: every window is read by the fault
 /// that needs it.
 ///
-/// `huge_runs` (default True): mixed folio sizes — a writable file region
+/// `huge_runs` (default False): mixed folio sizes — a writable file region
 /// of folios below 2 MiB (and at least 8 MiB) fills 2 MiB-aligned runs
 /// that are read in sequence as one huge page each (counter `thp_fills`);
 /// random faults keep the region's folio size. False: the folio size only.
@@ -232,7 +232,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=true, readahead_async=true))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false, readahead_async=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

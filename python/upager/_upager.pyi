@@ -35,7 +35,7 @@ class Pager:
         dirty_limit: Optional[_Size] = None,
         fault_mode: Optional[_FaultMode] = None,
         dirty_expire: Optional[float] = None,
-        huge_runs: bool = True,
+        huge_runs: bool = False,
         readahead_async: bool = True,
     ) -> None: ...
     def map_file(

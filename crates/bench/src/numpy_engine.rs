@@ -87,7 +87,7 @@ impl NumpyEngine {
             backend: NumpyBackend::Memmap,
             folio_kb: 4,
             fault_mode: FaultMode::Handlers,
-            huge_runs: true,
+            huge_runs: false,
             readahead_async: true,
             mode: "r+",
         }
@@ -101,7 +101,7 @@ impl NumpyEngine {
             backend: NumpyBackend::Upager,
             folio_kb,
             fault_mode: mode,
-            huge_runs: true,
+            huge_runs: false,
             readahead_async: true,
             mode: "r+",
         }
@@ -116,8 +116,8 @@ impl NumpyEngine {
     }
 
     /// The memmap baseline, then upager with 4 KiB and 64 KiB folios in
-    /// each of `modes`; issue 23's ablations (4 KiB folios without mixed
-    /// folio sizes, `no-huge-runs`, and without async readahead,
+    /// each of `modes`; issue 23's ablations (4 KiB folios with mixed
+    /// folio sizes, `huge-runs`, and without async readahead,
     /// `sync-readahead`); and both sides opened read-only (` r`).
     pub fn for_modes(modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
         let mut v: Vec<Box<dyn Engine>> = vec![Box::new(Self::memmap())];
@@ -128,8 +128,8 @@ impl NumpyEngine {
         }
         for &m in modes {
             v.push(Box::new(NumpyEngine {
-                huge_runs: false,
-                ..Self::upager(4, m).named("no-huge-runs")
+                huge_runs: true,
+                ..Self::upager(4, m).named("huge-runs")
             }));
             v.push(Box::new(NumpyEngine {
                 readahead_async: false,

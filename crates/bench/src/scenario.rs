@@ -636,7 +636,7 @@ static NUMPY: ScenarioSpec = ScenarioSpec {
     doc: "One Python process (bench/numpy_scenario.py) in a memory cgroup of the limit works on a \
           float64 file on ext4 on a RAM block device: numpy.memmap(mode=\"r+\") against \
           upager.open_array(mode=\"r+\", budget=…) with 4 KiB and 64 KiB folios in each fault \
-          mode, issue 23's ablations (4 KiB folios without mixed folio sizes: no-huge-runs; \
+          mode, issue 23's ablations (4 KiB folios with mixed folio sizes: huge-runs; \
           without async readahead: sync-readahead) and both opened read-only (engines ending in \
           ` r`: no write phase). Phases: a sequential pass (sum over 8 MiB slices), N random \
           element reads (a[idx].sum()), N random element writes (a[idx] = 1.5) and flush(). Time \

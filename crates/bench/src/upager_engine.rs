@@ -88,13 +88,13 @@ impl UpagerEngine {
                 },
                 &[Scenario::RandomRead, Scenario::Swap],
             ));
-            // Issue 23's ablations: without mixed folio sizes, without
+            // Issue 23's ablations: with mixed folio sizes, without
             // async readahead.
             v.push(e(
-                &format!("upager {} no-huge-runs", mode.name()),
+                &format!("upager {} huge-runs", mode.name()),
                 UpagerConfig {
                     fault_mode: mode,
-                    huge_runs: Some(false),
+                    huge_runs: Some(true),
                     ..d()
                 },
                 &[Scenario::MmapRead],
@@ -144,10 +144,10 @@ impl UpagerEngine {
                 &[Scenario::MmapRead],
             ),
             e(
-                "upager rw no-huge-runs",
+                "upager rw huge-runs",
                 UpagerConfig {
                     writable: true,
-                    huge_runs: Some(false),
+                    huge_runs: Some(true),
                     ..d()
                 },
                 &[Scenario::MmapRead],

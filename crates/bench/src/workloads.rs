@@ -152,8 +152,8 @@ pub enum Workload {
         random_ops: u64,
         /// Seed of the random indices.
         seed: u64,
-        /// upager's mixed folio sizes (`huge_runs`; default on, as the engine's).
-        #[serde(default = "default_on")]
+        /// upager's mixed folio sizes (`huge_runs`; default off, as the engine's).
+        #[serde(default)]
         huge_runs: bool,
         /// upager's async readahead (`readahead_async`; default on, as the engine's).
         #[serde(default = "default_on")]

@@ -154,7 +154,7 @@ struct upager_options {
                                  a 2 MiB-aligned run read in sequence as one
                                  huge page (random faults keep the region's
                                  folios). Counters thp_fills, thp_evictions.
-                                 -1 = default (on), 0 = off, 1 = on. */
+                                 -1 = default (off), 0 = off, 1 = on. */
     int readahead_async;      /* async readahead: once a sequential stream's
                                  readahead window has grown to its largest,
                                  the prefetch thread reads the next window

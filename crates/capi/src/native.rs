@@ -58,7 +58,7 @@ pub struct upager_options {
     /// Background write-back of data dirty this long (ms); -1 default, 0 off.
     pub dirty_expire_ms: i64,
     /// Fill sequential 2 MiB runs as huge pages (mixed folio sizes):
-    /// -1 default (on), 0 off, 1 on.
+    /// -1 default (off), 0 off, 1 on.
     pub huge_runs: c_int,
     /// Async readahead: -1 default (on), 0 off, 1 on.
     pub readahead_async: c_int,

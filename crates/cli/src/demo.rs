@@ -58,11 +58,10 @@ pub struct DemoArgs {
     /// both modes run it unchanged.
     #[arg(long, value_name = "MODE", value_parser = fault_mode_arg())]
     pub fault_mode: Option<FaultMode>,
-    /// Do not fill sequential 2 MiB runs as huge pages (mixed folio sizes,
-    /// on by default; `PagerBuilder::huge_runs`): the fewest TLB
-    /// shootdowns, slower scans.
+    /// Fill sequential 2 MiB runs as huge pages (mixed folio sizes, off by
+    /// default; `PagerBuilder::huge_runs`).
     #[arg(long)]
-    pub no_huge_runs: bool,
+    pub huge_runs: bool,
     /// Page the dataset from a Redis Cluster instead of a local file:
     /// redis-cluster://HOST:PORT[/NAME] (start a local one with
     /// scripts/redis-cluster.sh start). The dataset is uploaded under NAME
@@ -341,7 +340,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     let path = dir.0.join("dataset.bin");
     // The pager first: a bad option (or UPAGER_FAULT_MODE) fails before
     // the dataset is made.
-    let mut b = Pager::builder().budget(a.budget).huge_runs(!a.no_huge_runs);
+    let mut b = Pager::builder().budget(a.budget).huge_runs(a.huge_runs);
     if let Some(m) = a.fault_mode {
         b = b.fault_mode(m);
     }

@@ -160,7 +160,7 @@ impl Default for PagerBuilder {
             debug_lru_try_fail_every: 0,
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
             readahead_async: true,
-            huge_runs: true,
+            huge_runs: false,
         }
     }
 }
@@ -237,19 +237,19 @@ impl PagerBuilder {
     /// the faults there are sequential and the readahead window has grown
     /// to 2 MiB; random faults, a partial run at the end of the file and
     /// fills that find no staged huge page use the region's folios as
-    /// before. Default on: with async readahead
-    /// ([`PagerBuilder::readahead_async`]) a numpy pass over a 2 GiB array
-    /// through a 192 MiB budget takes 0.6-0.7x numpy.memmap's time with
-    /// them and 0.8-0.9x without (the kernel copies 512 base pages per
-    /// 2 MiB without them, and moves one huge page with them). What they
-    /// cost: 4-5 TLB shootdowns per 2 MiB run instead of about one per
-    /// batch (each `UFFDIO_MOVE` of a PMD flushes its source: in, and out
-    /// at eviction; a run that a fault touched first drops a page table;
-    /// read-only regions change protection around the move), so about 9
-    /// per 1000 evicted pages against 1.1 (the kernel's page cache: 37),
-    /// and a staged huge page charged to the budget while the region
-    /// lives (docs/benchmarks.md, issue 23). `false` for regions whose
-    /// evictions must cost the fewest shootdowns.
+    /// before. Default off, measured on this machine (quiet, 2026-11-26,
+    /// docs/benchmarks.md, issue 23): with async readahead
+    /// ([`PagerBuilder::readahead_async`]) a numpy pass over 2 GiB through
+    /// 192 MiB takes the same time with or without them (0.75-0.77x
+    /// numpy.memmap's either way), while each run costs 4-5 TLB shootdowns
+    /// of its own (each `UFFDIO_MOVE` of a PMD flushes its source: in, and
+    /// out at eviction; a run a fault touched first drops a page table;
+    /// read-only regions change protection around the move): 9-11 per 1000
+    /// evicted pages in `mmap-read` against 1.15 without. Where every CPU
+    /// is busy paging they are faster (`mmap-read`, two threads: 0.59-0.75x
+    /// the kernel's time against 0.81x) and cost less CPU. A region with
+    /// them also keeps a staged huge page charged to the budget while it
+    /// lives.
     /// [`MapOptions::huge_runs`] overrides it for one region.
     pub fn huge_runs(mut self, on: bool) -> Self {
         self.huge_runs = on;
@@ -409,7 +409,7 @@ impl MapOptions {
         self
     }
     /// Fill sequentially read 2 MiB runs of this region as huge pages
-    /// ([`PagerBuilder::huge_runs`]). Default: the pager's setting (on).
+    /// ([`PagerBuilder::huge_runs`]). Default: the pager's setting (off).
     /// Only writable file regions of at least [`HUGE_RUNS_MIN_BYTES`] with
     /// folios below 2 MiB have huge runs; for others this changes nothing.
     pub fn huge_runs(mut self, on: bool) -> Self {

@@ -46,7 +46,7 @@
 //! twin of a CLEAN folio before unprotecting it, and a missing write fault
 //! is filled as a read so that it does.
 //!
-//! Mixed folio sizes (issue 23; `huge_runs`, on by default; file regions of
+//! Mixed folio sizes (issue 23; `huge_runs`, off by default; file regions of
 //! folios below 2 MiB, at least 8 MiB, 2 MiB-aligned view): once the window
 //! has grown to 2 MiB (a stream of 1 MiB resident before the fault), it
 //! ends at the end of the faulting folio's 2 MiB run, so the stream's next

@@ -62,8 +62,8 @@ fn at_most_two_shootdowns_per_1000_evicted_pages() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 128 * MIB, 1);
     // None: no tracefs, reported by TlbTrace::start (a failure under CI).
-    // Base folios: one flush per batch (huge runs off: each run's move
-    // costs flushes of its own, below).
+    // Base folios (the default): one flush per batch (huge runs cost
+    // flushes of their own, below).
     let Some((ipis, pages, batches)) = run(&path, None, false) else {
         return;
     };
@@ -87,7 +87,7 @@ fn at_most_two_shootdowns_per_1000_evicted_pages() {
     );
 }
 
-/// Mixed folio sizes (on by default): each 2 MiB run costs a few flushes of
+/// Mixed folio sizes (`huge_runs`): each 2 MiB run costs a few flushes of
 /// its own — the move in flushes the staging slot, the move out at eviction
 /// the view, a run a fault touched first drops a page table, a read-only
 /// region changes protection around the move — documented as 4-5 per run
