@@ -25,10 +25,12 @@
 //!           region until every writer has reached the tail: each must be
 //!           the value verified after the previous round or a store of
 //!           this round to that very word
-//!  scanners (`--mixed`, issue 23) S threads load one word per 4 KiB page
-//!           in order, wrapping around, checked as the readers' are: their
-//!           faults are sequential, so the pager fills 2 MiB runs as huge
-//!           pages among the writers' folios (mixed folio sizes)
+//!  scanners (`--scanners S`, or one with `--mixed`; issue 23) S threads
+//!           load one word per 4 KiB page in order, wrapping around,
+//!           checked as the readers' are: their faults are a stream, so
+//!           the pager reads ahead on its prefetch thread among the
+//!           writers' folios, and with `--mixed` fills 2 MiB runs as huge
+//!           pages (mixed folio sizes)
 //!  pre      after the writers are joined, every word, without a fault:
 //!           present pages (pagemap) from the region, the others from the
 //!           file (an eviction writes back before it unmaps): a word wrong
@@ -363,8 +365,11 @@ pub struct Config {
     /// Reader threads (variants with readers). Default 2.
     pub readers: usize,
     /// Sequential scanner threads (all variants). Default 0; `--mixed`
-    /// runs one, so 2 MiB runs are filled as huge pages.
+    /// runs one.
     pub scanners: usize,
+    /// Mixed folio sizes (`--mixed`): 2 MiB runs the scanners read in
+    /// sequence are filled as huge pages. Default off, as the engine's.
+    pub huge_runs: bool,
     /// Sweep stride in words. Default 509 (≈ 4 KiB, prime: every round's
     /// sweep hits every folio at other words).
     pub stride_words: u64,
@@ -404,6 +409,7 @@ impl Config {
             writers: 2,
             readers: 2,
             scanners: 0,
+            huge_runs: false,
             stride_words: 509,
             handler_threads: 2,
             seed: 20,
@@ -747,9 +753,7 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         .handler_threads(cfg.handler_threads.max(variant.shards))
         .uffd_shards(variant.shards)
         .swap_dir(&cfg.dir)
-        // The scanners (`--mixed`) are there to make huge runs (off by
-        // default).
-        .huge_runs(cfg.scanners > 0)
+        .huge_runs(cfg.huge_runs)
         .build()
         .map_err(|e| format!("pager: {}", upager::error_chain(&e)))?;
     let region = pager

@@ -71,6 +71,11 @@ struct Args {
     /// budget of 16 MiB or more).
     #[arg(long)]
     mixed: bool,
+    /// Sequential scanner threads (default 0; 1 with --mixed): their faults
+    /// are a stream, so the pager reads ahead, asynchronously (issue 23),
+    /// among the writers' folios (without --mixed, in base folios).
+    #[arg(long)]
+    scanners: Option<usize>,
     /// Handler threads (handler mode; raised to the shards).
     #[arg(long, default_value_t = 2)]
     handler_threads: usize,
@@ -143,8 +148,12 @@ fn main() {
     cfg.stride_words = args.stride;
     cfg.writers = args.writers;
     cfg.readers = args.readers;
+    if let Some(n) = args.scanners {
+        cfg.scanners = n;
+    }
     if args.mixed {
-        cfg.scanners = 1;
+        cfg.huge_runs = true;
+        cfg.scanners = cfg.scanners.max(1);
         if cfg.file_bytes == 32 << 20 && cfg.budget == 8 << 20 {
             cfg.file_bytes = 128 << 20;
             cfg.budget = 32 << 20;
