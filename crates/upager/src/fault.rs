@@ -220,7 +220,9 @@ impl Shared {
     /// for ([`Shared::ask_ahead`], async readahead) and requested folios
     /// that are not resident, as a fault would, without a faulting thread.
     /// Stops a request when the budget is full after one batch of reclaim.
-    /// Windows go first: a stream is waiting for them.
+    /// Windows go first, between requests (a stream is waiting for them; a
+    /// request in progress, such as a long `WILLNEED`, is finished first,
+    /// and a stream reaching a window not read yet reads it itself).
     pub(crate) fn prefetch_main(
         self: Arc<Self>,
         rx: std::sync::mpsc::Receiver<crate::shared::PrefetchRequest>,
