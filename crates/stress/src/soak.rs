@@ -1225,6 +1225,8 @@ pub fn run(cfg: &Config, variant: Variant, progress: &Progress) -> Result<Outcom
         "faults_in_thread",
         "faults_handed_off",
         "fills",
+        "fills_readahead",
+        "readahead_async",
         "evictions",
         "writebacks",
         "wp_unprotects",
