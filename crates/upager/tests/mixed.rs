@@ -366,9 +366,8 @@ fn async_readahead_of_huge_runs_reads_every_word_right_and_writes_nothing() {
     for pass in 0..passes {
         let mut bad = Vec::new();
         // Read every word, as a sum over the array would.
-        for i in 0..words.len() {
-            let v = words[i].load(Relaxed);
-            if v != word(i as u64 * 8, 41) && bad.len() < 4 {
+        for (i, w) in words.iter().enumerate() {
+            if w.load(Relaxed) != word(i as u64 * 8, 41) && bad.len() < 4 {
                 bad.push(i);
             }
         }
