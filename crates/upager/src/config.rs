@@ -240,14 +240,16 @@ impl PagerBuilder {
     /// before. Default off, measured on this machine (quiet, 2026-11-26,
     /// docs/benchmarks.md, issue 23): with async readahead
     /// ([`PagerBuilder::readahead_async`]) a numpy pass over 2 GiB through
-    /// 192 MiB takes the same time with or without them (0.75-0.77x
-    /// numpy.memmap's either way), while each run costs 4-5 TLB shootdowns
+    /// 192 MiB takes about the same time with or without them (0.69-0.84x
+    /// numpy.memmap's with them, 0.71-0.77x without, two runs), while each
+    /// run costs 4-5 TLB shootdowns
     /// of its own (each `UFFDIO_MOVE` of a PMD flushes its source: in, and
     /// out at eviction; a run a fault touched first drops a page table;
     /// read-only regions change protection around the move): 9-11 per 1000
     /// evicted pages in `mmap-read` against 1.15 without. Where every CPU
-    /// is busy paging they are faster (`mmap-read`, two threads: 0.59-0.75x
-    /// the kernel's time against 0.81x) and cost less CPU. A region with
+    /// is busy paging they are often faster (`mmap-read`, two threads:
+    /// 0.59-0.87x the kernel's time against 0.73-0.82x, three runs) and
+    /// cost less CPU. A region with
     /// them also keeps a staged huge page charged to the budget while it
     /// lives.
     /// [`MapOptions::huge_runs`] overrides it for one region.
