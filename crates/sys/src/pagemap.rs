@@ -31,15 +31,28 @@ pub mod category {
     pub const HUGE: u64 = k::PAGE_IS_HUGE as u64;
 }
 
-/// Whether all of `[addr, addr + len)` is present and mapped by huge pages
-/// (`PAGEMAP_SCAN`). Allocates nothing (async-signal-safe).
-pub fn is_huge(pagemap: &File, addr: u64, len: u64) -> io::Result<bool> {
-    let both = category::PRESENT | category::HUGE;
+/// Runs of pages `(start, end)` found by [`scan_runs`]: the first `n` are
+/// filled; `complete` if the walk reached the end of the range.
+struct Runs<const N: usize> {
+    runs: [(u64, u64); N],
+    n: usize,
+    complete: bool,
+}
+
+/// `PAGEMAP_SCAN` of `[addr, addr + len)` into at most `N` runs on the
+/// stack, of pages in all of the `mask` categories. Allocates nothing
+/// (async-signal-safe).
+fn scan_runs<const N: usize>(
+    pagemap: &File,
+    addr: u64,
+    len: u64,
+    mask: u64,
+) -> io::Result<Runs<N>> {
     let mut vec = [k::page_region {
         start: 0,
         end: 0,
         categories: 0,
-    }; 2];
+    }; N];
     let mut arg = k::pm_scan_arg {
         size: size_of::<k::pm_scan_arg>() as u64,
         flags: 0,
@@ -47,18 +60,35 @@ pub fn is_huge(pagemap: &File, addr: u64, len: u64) -> io::Result<bool> {
         end: addr + len,
         walk_end: 0,
         vec: vec.as_mut_ptr() as u64,
-        vec_len: vec.len() as u64,
+        vec_len: N as u64,
         max_pages: 0,
         category_inverted: 0,
-        category_mask: both,
+        category_mask: mask,
         category_anyof_mask: 0,
-        return_mask: both,
+        return_mask: mask,
     };
-    // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at 2 live
+    // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at N live
     // page_region entries on this stack that the kernel fills; the scanned
     // range is only inspected.
-    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())?;
-    Ok(n == 1 && vec[0].start == addr && vec[0].end == addr + len)
+    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())?
+        as usize;
+    let n = n.min(N);
+    let mut runs = [(0, 0); N];
+    for (o, r) in runs.iter_mut().zip(&vec[..n]) {
+        *o = (r.start, r.end);
+    }
+    Ok(Runs {
+        runs,
+        n,
+        complete: arg.walk_end >= addr + len,
+    })
+}
+
+/// Whether all of `[addr, addr + len)` is present and mapped by huge pages
+/// (`PAGEMAP_SCAN`). Allocates nothing (async-signal-safe).
+pub fn is_huge(pagemap: &File, addr: u64, len: u64) -> io::Result<bool> {
+    let r = scan_runs::<2>(pagemap, addr, len, category::PRESENT | category::HUGE)?;
+    Ok(r.n == 1 && r.runs[0] == (addr, addr + len))
 }
 
 /// Most runs of present pages [`present_runs`] reports.
@@ -74,37 +104,12 @@ pub fn present_runs(
     len: u64,
     out: &mut [(u64, u64); PRESENT_RUNS],
 ) -> io::Result<Option<usize>> {
-    let mut vec = [k::page_region {
-        start: 0,
-        end: 0,
-        categories: 0,
-    }; PRESENT_RUNS];
-    let mut arg = k::pm_scan_arg {
-        size: size_of::<k::pm_scan_arg>() as u64,
-        flags: 0,
-        start: addr,
-        end: addr + len,
-        walk_end: 0,
-        vec: vec.as_mut_ptr() as u64,
-        vec_len: PRESENT_RUNS as u64,
-        max_pages: 0,
-        category_inverted: 0,
-        category_mask: category::PRESENT,
-        category_anyof_mask: 0,
-        return_mask: category::PRESENT,
-    };
-    // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at
-    // PRESENT_RUNS live page_region entries on this stack that the kernel
-    // fills; the scanned range is only inspected.
-    let n = cvt(unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) }.into())?
-        as usize;
-    if n == PRESENT_RUNS && arg.walk_end < addr + len {
+    let r = scan_runs::<PRESENT_RUNS>(pagemap, addr, len, category::PRESENT)?;
+    if r.n == PRESENT_RUNS && !r.complete {
         return Ok(None);
     }
-    for (o, r) in out.iter_mut().zip(&vec[..n]) {
-        *o = (r.start, r.end);
-    }
-    Ok(Some(n))
+    *out = r.runs;
+    Ok(Some(r.n))
 }
 
 /// Reads `/proc/self/pagemap` entries for `[addr, addr+len)` into `out` (one

@@ -137,6 +137,17 @@ fn busy_waited(addr: u64) -> Option<Duration> {
     })
 }
 
+/// What left a staged huge page in a move that did not report success
+/// (`Shared::moved_from`).
+enum Left {
+    /// These first bytes (what moves goes in address order).
+    Prefix(usize),
+    /// Pages left that are not one prefix (never seen).
+    Scattered,
+    /// The pagemap could not tell: the kernel's count is all there is.
+    Unknown,
+}
+
 /// How a fault ended in one resolution attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -271,11 +282,8 @@ impl Shared {
             return;
         }
         let n = r.run_folios;
-        let want = if n > 0 && idx.is_multiple_of(n) {
-            n
-        } else {
-            self.window_max(&r)
-        };
+        let run_start = n > 0 && idx.is_multiple_of(n);
+        let want = if run_start { n } else { self.window_max(&r) };
         if !self.budget.fits(r.folio * want as u64)
             && self.evict_batch(crate::gather::Mode::Background) == 0
         {
@@ -283,7 +291,7 @@ impl Shared {
         }
         let mut extras = std::mem::take(&mut ctx.extras);
         extras.clear();
-        let first = if n > 0 && idx.is_multiple_of(n) {
+        let first = if run_start {
             self.claim_run_ahead(&r, idx, &mut extras)
         } else {
             None
@@ -1246,25 +1254,30 @@ impl Shared {
         let mut done = match moved {
             None => 0,
             Some(Ok(Fill::Done)) => len,
-            Some(Ok(Fill::Retry { done } | Fill::Exists { done })) => {
-                self.moved_from(st, len).unwrap_or(done as usize)
+            Some(other) => {
+                let reported = match other {
+                    Ok(Fill::Retry { done } | Fill::Exists { done }) => done as usize,
+                    _ => 0,
+                };
+                match self.moved_from(st, len) {
+                    Left::Prefix(d) => d,
+                    Left::Unknown => reported,
+                    Left::Scattered => {
+                        // Never seen: the run cannot be completed from the
+                        // staged page. Dropped by the caller (nothing of it
+                        // was published; its data is in the store).
+                        self.counters.kernel_call_errors.inc();
+                        if opened {
+                            self.close_read_only(r, span, idx, quiet);
+                        }
+                        st.ready = false;
+                        st.buf.release_from(0);
+                        self.budget.uncharge(crate::thp::HUGE);
+                        return None;
+                    }
+                }
             }
-            Some(Err(_)) => self.moved_from(st, len).unwrap_or(0),
         };
-        if done == usize::MAX {
-            // What left the staged page is not one prefix of it (never
-            // seen): the run cannot be completed from the staged page.
-            // Dropped by the caller (nothing of it was published; its data
-            // is in the store).
-            self.counters.kernel_call_errors.inc();
-            if opened {
-                self.close_read_only(r, span, idx, quiet);
-            }
-            st.ready = false;
-            st.buf.release_from(0);
-            self.budget.uncharge(crate::thp::HUGE);
-            return None;
-        }
         if opened {
             self.close_read_only(r, span, idx, quiet);
         }
@@ -1340,27 +1353,29 @@ impl Shared {
     }
 
     /// After a `UFFDIO_MOVE` out of staged page `st` (its first `len`
-    /// bytes) that did not report success: how many bytes from its start
-    /// left it, for the view — what is still present in the staged page did
-    /// not move. The kernel's own count is not trusted: on Linux 6.18 a
-    /// move whose destination got a page table while the run was being
-    /// filled (a thread touching the run waits on it as BUSY, and its fault
-    /// allocates one) split the huge page, moved every base page, and
-    /// reported EEXIST with nothing moved; copying "the rest" from the
-    /// emptied staged page then put zeros in the view, and a digest that
-    /// saw them took them for a racing store and wrote them back (issue
-    /// 23, `tests/mixed.rs`). `Some(usize::MAX)` if what left is not a
-    /// prefix (never seen); `None` if the pagemap cannot tell.
-    fn moved_from(&self, st: &crate::thp::Staged, len: usize) -> Option<usize> {
+    /// bytes) that did not report success: what left it, for the view —
+    /// what is still present in the staged page did not move. The kernel's
+    /// own count is not trusted: on Linux 6.18 a move whose destination got
+    /// a page table while the run was being filled (a thread touching the
+    /// run waits on it as BUSY, and its fault allocates one) split the huge
+    /// page, moved every base page, and reported EEXIST with nothing moved;
+    /// copying "the rest" from the emptied staged page then put zeros in
+    /// the view, and a digest that saw them took them for a racing store
+    /// and wrote them back (issue 23, `tests/mixed.rs`).
+    fn moved_from(&self, st: &crate::thp::Staged, len: usize) -> Left {
         use upager_sys::pagemap::{present_runs, PRESENT_RUNS};
-        let pagemap = self.thp.pagemap()?;
+        let Some(pagemap) = self.thp.pagemap() else {
+            return Left::Unknown;
+        };
         let base = st.buf.addr();
         let mut runs = [(0, 0); PRESENT_RUNS];
         match present_runs(pagemap, base, len as u64, &mut runs) {
-            Ok(Some(0)) => Some(len),
-            Ok(Some(1)) if runs[0].1 == base + len as u64 => Some((runs[0].0 - base) as usize),
-            Ok(_) => Some(usize::MAX),
-            Err(_) => None,
+            Ok(Some(0)) => Left::Prefix(len),
+            Ok(Some(1)) if runs[0].1 == base + len as u64 => {
+                Left::Prefix((runs[0].0 - base) as usize)
+            }
+            Ok(_) => Left::Scattered,
+            Err(_) => Left::Unknown,
         }
     }
 
