@@ -251,6 +251,15 @@ fn read_only_regions_fill_huge_runs_and_stay_read_only() {
     );
     assert_eq!(s.kernel_call_errors, 0, "{s:?}");
     assert!(r.huge_bytes().unwrap() > 0, "{s:?}");
+    // The prefetch thread may still be moving the run after the last in
+    // (async readahead), writable for that moment: wait until nothing is
+    // busy.
+    wait_until("the last readahead to finish", 10, || {
+        r.residency(0, r.len() as u64)
+            .unwrap()
+            .iter()
+            .all(|(_, s)| *s != Residency::Busy)
+    });
     // Every byte of the region is read-only again, in one VMA.
     let v = vmas(&r);
     assert!(
