@@ -5,13 +5,16 @@
 //! states in a `// SAFETY:` comment why the call cannot violate memory safety.
 //! The engine (`upager`) above it is safe Rust.
 //!
-//! Minimum kernel: Linux 6.16 for the behaviour the engine relies on (one TLB
-//! flush per `process_madvise` call, `UFFDIO_POISON`); the calls themselves
-//! exist from 6.6 on. The system's uapi headers may be older (Debian 12 ships
-//! 6.1), so the newer ioctl numbers are computed here and the structs come
-//! from `linux-raw-sys`.
+//! Kernels: the engine probes features, not versions ([`features`]: what
+//! each costs where it is missing, and how tests mask it); the oldest kernel
+//! it runs on is stated in the README's feature table. The system's uapi
+//! headers may be older than the kernel (Debian 12 ships 6.1), so the newer
+//! ioctl numbers are computed here and the structs come from
+//! `linux-raw-sys`.
 //!
 //! Modules:
+//! - [`features`]: kernel features with a fallback, masked for tests by
+//!   `UPAGER_MASK_FEATURES`.
 //! - [`uffd`]: userfaultfd — open, register, resolve (COPY, WRITEPROTECT,
 //!   POISON, WAKE), read fault messages.
 //! - [`mem`]: anonymous mappings, `madvise`, one-call batched
@@ -31,6 +34,7 @@
 //! - [`inject`]: kernel-call failures on demand for tests (feature
 //!   `fail-inject`; nothing without it).
 
+pub mod features;
 pub mod fork;
 pub mod futex;
 pub mod inject;

@@ -461,29 +461,105 @@ pub enum Advice {
 /// The most ranges one `process_madvise` call accepts (`UIO_MAXIOV`).
 pub const MAX_IOV: usize = 1024;
 
-/// A pidfd of this process, for `process_madvise` on our own memory.
+/// How this process drops pages of its own mappings: one
+/// `process_madvise(MADV_DONTNEED)` per batch of ranges through a pidfd of
+/// itself, or — where the kernel (before 6.13) or a seccomp filter refuses
+/// that — one `madvise(MADV_DONTNEED)` per range.
+///
+/// The cost of the fallback is TLB shootdowns: `process_madvise` gathers
+/// every range of a call in one mmu_gather (one flush, Linux 6.16), while
+/// each `madvise` flushes for itself. [`SelfPidfd::batched`] says which
+/// way is in use; callers count flushes by [`SelfPidfd::flushes`].
 #[derive(Debug)]
 pub struct SelfPidfd {
-    fd: OwnedFd,
+    /// `None`: the per-range `madvise` fallback.
+    fd: Option<OwnedFd>,
+    /// Why the fallback is in use (the probe's error).
+    why_not: Option<io::Error>,
 }
 
 impl SelfPidfd {
-    /// `pidfd_open(getpid())`.
-    pub fn open() -> io::Result<SelfPidfd> {
+    /// `pidfd_open(getpid())`, then one `process_madvise(MADV_DONTNEED)` of
+    /// a scratch page to see that the kernel and any seccomp filter allow
+    /// it. Never fails: without it, [`SelfPidfd::dontneed`] falls back to
+    /// `madvise` per range (see [`SelfPidfd::unbatched_reason`]).
+    pub fn open() -> SelfPidfd {
+        match Self::open_batched() {
+            Ok(fd) => SelfPidfd {
+                fd: Some(fd),
+                why_not: None,
+            },
+            Err(e) => SelfPidfd {
+                fd: None,
+                why_not: Some(e),
+            },
+        }
+    }
+
+    fn open_batched() -> io::Result<OwnedFd> {
+        if crate::features::masked(crate::features::Feature::ProcessMadvise) {
+            return Err(crate::features::refused());
+        }
         // SAFETY: getpid and pidfd_open take integers and return an fd or -1.
         let fd = cvt(unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) })?;
         // SAFETY: a fresh fd owned by nobody else.
         let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Ok(SelfPidfd { fd: owned })
+        let scratch = Mapping::anonymous(PAGE_SIZE, PAGE_SIZE, true)?;
+        scratch.write_at(0, &[1]);
+        let iov = libc::iovec {
+            iov_base: scratch.as_ptr().cast(),
+            iov_len: PAGE_SIZE,
+        };
+        // SAFETY: one iovec over the scratch mapping this function owns and
+        // no reference covers; the kernel only reads the iovec.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                owned.as_raw_fd(),
+                &raw const iov,
+                1usize,
+                libc::MADV_DONTNEED,
+                0,
+            )
+        };
+        cvt(r)?;
+        Ok(owned)
     }
 
-    /// One `process_madvise(MADV_DONTNEED)` over up to [`MAX_IOV`] ranges
-    /// of this process's own mappings: one mmu_gather, so one TLB flush for
-    /// the whole call (Linux 6.16+). The pages read as zero (or raise a
-    /// userfaultfd fault) afterwards. Returns the number of bytes advised.
-    /// Allocates nothing for up to 16 ranges (async-signal-safe then).
+    /// One call drops all ranges with one TLB flush (`process_madvise`).
+    pub fn batched(&self) -> bool {
+        self.fd.is_some()
+    }
+
+    /// Why `process_madvise` is not used (`None` when it is).
+    pub fn unbatched_reason(&self) -> Option<&io::Error> {
+        self.why_not.as_ref()
+    }
+
+    /// The TLB flushes one [`SelfPidfd::dontneed`] of `ranges` ranges
+    /// (merged, at most [`MAX_IOV`]) costs: one batched, one per range
+    /// otherwise.
+    pub fn flushes(&self, ranges: usize) -> u64 {
+        if self.batched() {
+            1
+        } else {
+            ranges as u64
+        }
+    }
+
+    /// `MADV_DONTNEED` over up to [`MAX_IOV`] ranges of this process's own
+    /// mappings: one `process_madvise` (one mmu_gather, so one TLB flush for
+    /// the whole call on Linux 6.16+), or one `madvise` per range in order
+    /// (see [`SelfPidfd::open`]). The pages read as zero (or raise a
+    /// userfaultfd fault) afterwards. Returns the number of bytes advised:
+    /// ranges are advised in order, and a short count leaves the tail (an
+    /// error only if nothing was advised). Allocates nothing for up to 16
+    /// ranges (async-signal-safe then).
     pub fn dontneed(&self, ranges: &[MapRange<'_>]) -> io::Result<u64> {
         assert!(ranges.len() <= MAX_IOV);
+        let Some(fd) = &self.fd else {
+            return dontneed_each(ranges);
+        };
         let to_iovec = |r: &MapRange<'_>| libc::iovec {
             iov_base: r.addr() as *mut libc::c_void,
             iov_len: r.len,
@@ -520,7 +596,7 @@ impl SelfPidfd {
         let r = unsafe {
             libc::syscall(
                 libc::SYS_process_madvise,
-                self.fd.as_raw_fd(),
+                fd.as_raw_fd(),
                 iov.as_ptr(),
                 iov.len(),
                 libc::MADV_DONTNEED,
@@ -529,6 +605,35 @@ impl SelfPidfd {
         };
         Ok(cvt(r)? as u64)
     }
+}
+
+/// The fallback of [`SelfPidfd::dontneed`]: one `madvise(MADV_DONTNEED)`
+/// per range, in order; stops at the first refusal and returns the bytes
+/// advised before it (the error if none were). Async-signal-safe.
+fn dontneed_each(ranges: &[MapRange<'_>]) -> io::Result<u64> {
+    // Injected: the first half of the ranges, or EAGAIN for one range
+    // (as for process_madvise).
+    let ranges = if crate::inject::fires(crate::inject::Call::ProcessMadvise) {
+        if ranges.len() < 2 {
+            return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+        }
+        &ranges[..ranges.len() / 2]
+    } else {
+        ranges
+    };
+    let mut done = 0u64;
+    for r in ranges {
+        // SAFETY: the range lies inside a Mapping (MapRange proves it),
+        // whose memory no Rust reference covers except atomic views:
+        // dropping its pages is like another thread storing zeros.
+        let ret =
+            unsafe { libc::madvise(r.addr() as *mut libc::c_void, r.len, libc::MADV_DONTNEED) };
+        if ret != 0 {
+            return if done == 0 { Err(last_err()) } else { Ok(done) };
+        }
+        done += r.len();
+    }
+    Ok(done)
 }
 
 /// `mincore` of `[addr, addr+len)`: one byte per page, bit 0 = resident.

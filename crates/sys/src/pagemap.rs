@@ -1,4 +1,5 @@
-//! `/proc/self/pagemap` and the `PAGEMAP_SCAN` ioctl (Linux 6.7).
+//! `/proc/self/pagemap` and the `PAGEMAP_SCAN` ioctl (Linux 6.7; `ENOTTY`
+//! before, as when [masked](crate::features) for tests).
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -31,6 +32,17 @@ pub mod category {
     pub const HUGE: u64 = k::PAGE_IS_HUGE as u64;
 }
 
+/// Whether the `PAGEMAP_SCAN` ioctl works here (Linux 6.7; not
+/// [masked](crate::features)): one scan of an empty range.
+pub fn scan_available() -> bool {
+    let Ok(pagemap) = File::open("/proc/self/pagemap") else {
+        return false;
+    };
+    let probe = [0u8; PAGE_SIZE];
+    let addr = probe.as_ptr() as u64 & !(PAGE_SIZE as u64 - 1);
+    scan_runs::<1>(&pagemap, addr, PAGE_SIZE as u64, category::PRESENT).is_ok()
+}
+
 /// Runs of pages `(start, end)` found by [`scan_runs`]: the first `n` are
 /// filled; `complete` if the walk reached the end of the range.
 struct Runs<const N: usize> {
@@ -48,6 +60,9 @@ fn scan_runs<const N: usize>(
     len: u64,
     mask: u64,
 ) -> io::Result<Runs<N>> {
+    if crate::features::masked(crate::features::Feature::PagemapScan) {
+        return Err(io::Error::from_raw_os_error(libc::ENOTTY));
+    }
     let mut vec = [k::page_region {
         start: 0,
         end: 0,
@@ -150,6 +165,9 @@ pub fn pagemap_scan(
     return_mask: u64,
     out: &mut Vec<ScanRegion>,
 ) -> io::Result<u64> {
+    if crate::features::masked(crate::features::Feature::PagemapScan) {
+        return Err(io::Error::from_raw_os_error(libc::ENOTTY));
+    }
     let cap = out.capacity().max(1024);
     let mut vec = vec![
         k::page_region {

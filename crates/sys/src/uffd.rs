@@ -63,19 +63,39 @@ pub mod feature {
     pub const WP_ASYNC: u64 = k::UFFD_FEATURE_WP_ASYNC as u64;
 }
 
-/// Why a userfaultfd could not be opened: both ways were tried.
+/// Which userfaultfds [`Uffd::open`] may open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenPolicy {
+    /// One that serves faults raised inside system calls if the process may
+    /// have one, else a user-mode-only one (what an ordinary user gets).
+    #[default]
+    Auto,
+    /// Only one that serves faults raised inside system calls.
+    KernelFaults,
+    /// Only a user-mode-only one (`UFFD_USER_MODE_ONLY`), even where more is
+    /// allowed: the same behaviour on every machine.
+    UserModeOnly,
+}
+
+/// Why a userfaultfd could not be opened: every way the policy allows was
+/// tried (`None`: not tried).
 #[derive(Debug)]
 pub struct OpenFailure {
     /// `open("/dev/userfaultfd")` or its `USERFAULTFD_IOC_NEW` ioctl.
-    pub device: io::Error,
+    pub device: Option<io::Error>,
     /// `userfaultfd(2)` without `UFFD_USER_MODE_ONLY`.
-    pub syscall: io::Error,
+    pub syscall: Option<io::Error>,
+    /// `userfaultfd(2)` with `UFFD_USER_MODE_ONLY`.
+    pub user_mode: Option<io::Error>,
 }
 
 /// A userfaultfd file descriptor, non-blocking and close-on-exec.
 #[derive(Debug)]
 pub struct Uffd {
     fd: File,
+    /// Opened with `UFFD_USER_MODE_ONLY`: faults raised inside system calls
+    /// are not delivered (the call fails with `EFAULT`).
+    user_mode_only: bool,
 }
 
 /// Outcome of a resolving ioctl that may stop part-way.
@@ -140,53 +160,109 @@ impl Msg {
 }
 
 impl Uffd {
-    /// Opens a userfaultfd that can serve faults raised inside the kernel
-    /// (e.g. `read(fd, region, n)`), never a `UFFD_USER_MODE_ONLY` one: first
-    /// through `/dev/userfaultfd`, then through `userfaultfd(2)` (which needs
-    /// `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd = 1`).
-    pub fn open() -> Result<Uffd, OpenFailure> {
+    /// Opens a userfaultfd as `policy` allows, non-blocking and
+    /// close-on-exec. One that can serve faults raised inside the kernel
+    /// (e.g. `read(fd, region, n)`) is tried first: through
+    /// `/dev/userfaultfd` (its permissions decide), then `userfaultfd(2)`
+    /// (which needs `CAP_SYS_PTRACE` or `vm.unprivileged_userfaultfd = 1`).
+    /// Then, unless the policy forbids it, a user-mode-only one, which the
+    /// kernel gives every process (Linux 5.11): faults raised inside system
+    /// calls then fail the call with `EFAULT`. [`Uffd::user_mode_only`]
+    /// says which was opened. The masked feature
+    /// [`KernelFaults`](crate::features::Feature::KernelFaults) skips the
+    /// first two, as an ordinary user's process sees them.
+    pub fn open(policy: OpenPolicy) -> Result<Uffd, OpenFailure> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        let device = match std::fs::OpenOptions::new()
+        let mut why = OpenFailure {
+            device: None,
+            syscall: None,
+            user_mode: None,
+        };
+        let kernel = policy != OpenPolicy::UserModeOnly;
+        if kernel && crate::features::masked(crate::features::Feature::KernelFaults) {
+            why.device = Some(crate::features::refused());
+            why.syscall = Some(crate::features::refused());
+        } else if kernel {
+            match Self::open_device(flags) {
+                Ok(u) => return Ok(u),
+                Err(e) => why.device = Some(e),
+            }
+            match Self::open_syscall(flags, false) {
+                Ok(u) => return Ok(u),
+                Err(e) => why.syscall = Some(e),
+            }
+        }
+        if policy != OpenPolicy::KernelFaults {
+            match Self::open_syscall(flags, true) {
+                Ok(u) => return Ok(u),
+                Err(e) => why.user_mode = Some(e),
+            }
+        }
+        Err(why)
+    }
+
+    /// A userfaultfd from `/dev/userfaultfd` (`USERFAULTFD_IOC_NEW`, 6.1).
+    fn open_device(flags: i32) -> io::Result<Uffd> {
+        let dev = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open("/dev/userfaultfd")
-        {
-            Ok(dev) => {
-                // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value and
-                // returns a new fd or -1; no memory is passed.
-                let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
-                if fd >= 0 {
-                    // SAFETY: the ioctl returned a fresh fd that nothing else owns.
-                    let owned = unsafe { File::from_raw_fd(fd) };
-                    return Ok(Uffd { fd: owned });
-                }
-                last_err()
-            }
-            Err(e) => e,
+            .open("/dev/userfaultfd")?;
+        // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value and returns
+        // a new fd or -1; no memory is passed.
+        let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+        if fd < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: the ioctl returned a fresh fd that nothing else owns.
+        let owned = unsafe { File::from_raw_fd(fd) };
+        Ok(Uffd {
+            fd: owned,
+            user_mode_only: false,
+        })
+    }
+
+    /// `userfaultfd(2)`, with `UFFD_USER_MODE_ONLY` if `user_mode_only`.
+    fn open_syscall(flags: i32, user_mode_only: bool) -> io::Result<Uffd> {
+        let flags = if user_mode_only {
+            flags | k::UFFD_USER_MODE_ONLY as i32
+        } else {
+            flags
         };
         // SAFETY: userfaultfd(2) takes flags by value and returns an fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
-        match cvt(fd) {
-            Ok(fd) => {
-                // SAFETY: a fresh fd that nothing else owns.
-                let owned = unsafe { File::from_raw_fd(fd as i32) };
-                Ok(Uffd { fd: owned })
-            }
-            Err(syscall) => Err(OpenFailure { device, syscall }),
-        }
+        let fd = cvt(unsafe { libc::syscall(libc::SYS_userfaultfd, flags) })?;
+        // SAFETY: a fresh fd that nothing else owns.
+        let owned = unsafe { File::from_raw_fd(fd as i32) };
+        Ok(Uffd {
+            fd: owned,
+            user_mode_only,
+        })
+    }
+
+    /// Opened with `UFFD_USER_MODE_ONLY`: a fault raised inside a system
+    /// call on a non-resident page of a registered range fails that call
+    /// with `EFAULT` instead of being delivered.
+    pub fn user_mode_only(&self) -> bool {
+        self.user_mode_only
     }
 
     /// `UFFDIO_API`: enables `features`; returns the features the kernel
     /// supports (call once, before any registration).
+    /// A masked [`UffdMove`](crate::features::Feature::UffdMove) is
+    /// neither asked for nor reported.
     pub fn api(&self, features: u64) -> io::Result<u64> {
+        let hidden = if crate::features::masked(crate::features::Feature::UffdMove) {
+            feature::MOVE
+        } else {
+            0
+        };
         let mut api = k::uffdio_api {
             api: k::UFFD_API as u64,
-            features,
+            features: features & !hidden,
             ioctls: 0,
         };
         // SAFETY: `api` is a valid uffdio_api the kernel reads and writes.
         cvt(unsafe { libc::ioctl(self.fd.as_raw_fd(), kio::UFFDIO_API as _, &mut api) }.into())?;
-        Ok(api.features)
+        Ok(api.features & !hidden)
     }
 
     /// `UFFDIO_REGISTER` of a range of a mapping (the whole mapping, or one

@@ -75,7 +75,12 @@ impl std::fmt::Debug for WriteRing {
 
 impl WriteRing {
     /// A ring of `entries` submission slots (a power of two).
+    /// A masked [`IoUring`](crate::features::Feature::IoUring) fails with
+    /// `ENOSYS`, as a kernel without io_uring does.
     pub fn new(entries: u32) -> io::Result<WriteRing> {
+        if crate::features::masked(crate::features::Feature::IoUring) {
+            return Err(crate::features::refused());
+        }
         let ring = IoUring::builder().setup_submit_all().build(entries)?;
         Ok(WriteRing { ring })
     }

@@ -39,7 +39,8 @@ pub enum FaultMode {
     /// Handler threads read fault messages from the userfaultfd and resolve
     /// them; the faulting thread sleeps in the kernel meanwhile. System calls
     /// on region memory (`write(fd, region, n)`) fault pages in like any
-    /// access. Default.
+    /// access (with a userfaultfd that serves them: see [`Userfaultfd`]).
+    /// Default where such a userfaultfd could be opened.
     #[default]
     Handlers,
     /// The faulting thread resolves its own fault: regions are registered on
@@ -51,7 +52,10 @@ pub enum FaultMode {
     /// faulting it in: make the range resident first
     /// ([`Region::fault_in`](crate::Region::fault_in)) or use
     /// [`Region::read_at`](crate::Region::read_at) /
-    /// [`Region::write_at`](crate::Region::write_at).
+    /// [`Region::write_at`](crate::Region::write_at). Default where only a
+    /// user-mode-only userfaultfd could be opened (an ordinary user's
+    /// process, [`Userfaultfd`]): system calls fail with EFAULT there in
+    /// either mode, and this one resolves faults faster.
     InThread,
 }
 
@@ -103,6 +107,88 @@ impl std::fmt::Display for FaultMode {
     }
 }
 
+/// Which userfaultfd a pager opens: one name on every face, and the
+/// `UPAGER_USERFAULTFD` environment variable (`auto`, `kernel-faults`,
+/// `user-mode-only`).
+///
+/// A userfaultfd that serves faults raised inside system calls
+/// (`write(fd, region, n)` on a non-resident page) needs
+/// `/dev/userfaultfd` (root, or the device's permissions) or privilege
+/// (`CAP_SYS_PTRACE`, or `vm.unprivileged_userfaultfd = 1`). Every process
+/// may open a user-mode-only one (Linux 5.11): faults in user code are
+/// served the same, but such a system call fails with EFAULT — the
+/// contract the in-thread fault mode has anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Userfaultfd {
+    /// One that serves system calls where allowed, else user-mode-only
+    /// (said once in the log, and in [`Pager::info`](crate::Pager::info)).
+    /// Default.
+    #[default]
+    Auto,
+    /// Only one that serves system calls: refuse to start otherwise.
+    KernelFaults,
+    /// Always user-mode-only: the behaviour an ordinary user gets, on every
+    /// machine (for tests, and for code that must work the same
+    /// everywhere).
+    UserModeOnly,
+}
+
+impl Userfaultfd {
+    /// The environment variable that chooses where no code does.
+    pub const ENV: &'static str = "UPAGER_USERFAULTFD";
+
+    /// Its name: `auto`, `kernel-faults` or `user-mode-only`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Userfaultfd::Auto => "auto",
+            Userfaultfd::KernelFaults => "kernel-faults",
+            Userfaultfd::UserModeOnly => "user-mode-only",
+        }
+    }
+
+    /// The choice named by `UPAGER_USERFAULTFD` (`Auto` when unset or
+    /// empty), or an error naming the variable.
+    pub fn from_env() -> Result<Userfaultfd, String> {
+        match std::env::var(Self::ENV) {
+            Ok(v) if v.trim().is_empty() => Ok(Userfaultfd::Auto),
+            Ok(v) => v.parse().map_err(|e| format!("{}={v:?}: {e}", Self::ENV)),
+            Err(std::env::VarError::NotPresent) => Ok(Userfaultfd::Auto),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(format!("{} is not valid UTF-8", Self::ENV))
+            }
+        }
+    }
+
+    pub(crate) fn policy(self) -> upager_sys::uffd::OpenPolicy {
+        match self {
+            Userfaultfd::Auto => upager_sys::uffd::OpenPolicy::Auto,
+            Userfaultfd::KernelFaults => upager_sys::uffd::OpenPolicy::KernelFaults,
+            Userfaultfd::UserModeOnly => upager_sys::uffd::OpenPolicy::UserModeOnly,
+        }
+    }
+}
+
+impl std::str::FromStr for Userfaultfd {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Userfaultfd::Auto),
+            "kernel-faults" => Ok(Userfaultfd::KernelFaults),
+            "user-mode-only" => Ok(Userfaultfd::UserModeOnly),
+            other => Err(format!(
+                "unknown userfaultfd choice {other:?}: use \"auto\", \"kernel-faults\" or \"user-mode-only\""
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Userfaultfd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Smallest region that fills sequential 2 MiB runs as huge pages
 /// ([`PagerBuilder::huge_runs`]): four huge pages. (A guess: below that a
 /// region's whole sequential pass is a few faults either way, and the
@@ -130,9 +216,12 @@ pub struct PagerBuilder {
     pub(crate) handler_spin: std::time::Duration,
     pub(crate) dirty_limit: Option<u64>,
     pub(crate) fault_timing: bool,
-    /// The fault mode, or why `UPAGER_FAULT_MODE` named none (reported by
-    /// `build`; an explicit [`PagerBuilder::fault_mode`] clears it).
-    pub(crate) fault_mode: Result<FaultMode, String>,
+    /// The fault mode (`None`: chosen when the userfaultfd is open), or
+    /// why `UPAGER_FAULT_MODE` named none (reported by `build`; an explicit
+    /// [`PagerBuilder::fault_mode`] clears it).
+    pub(crate) fault_mode: Result<Option<FaultMode>, String>,
+    /// Which userfaultfd, or why `UPAGER_USERFAULTFD` named none.
+    pub(crate) userfaultfd: Result<Userfaultfd, String>,
     pub(crate) debug_lru_try_fail_every: u32,
     pub(crate) dirty_expire: std::time::Duration,
     pub(crate) huge_runs: bool,
@@ -156,7 +245,8 @@ impl Default for PagerBuilder {
             handler_spin: std::time::Duration::ZERO,
             dirty_limit: None,
             fault_timing: false,
-            fault_mode: FaultMode::from_env().map(Option::unwrap_or_default),
+            fault_mode: FaultMode::from_env(),
+            userfaultfd: Userfaultfd::from_env(),
             debug_lru_try_fail_every: 0,
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
             readahead_async: true,
@@ -326,9 +416,17 @@ impl PagerBuilder {
     }
     /// How faults are resolved: [`FaultMode::Handlers`] (handler threads)
     /// or [`FaultMode::InThread`] (the faulting thread, in a SIGBUS handler).
-    /// Default: `UPAGER_FAULT_MODE` if set, else `Handlers`.
+    /// Default: `UPAGER_FAULT_MODE` if set, else `Handlers` where the
+    /// userfaultfd serves faults in system calls and `InThread` where it is
+    /// user-mode-only (see [`Userfaultfd`]).
     pub fn fault_mode(mut self, mode: FaultMode) -> Self {
-        self.fault_mode = Ok(mode);
+        self.fault_mode = Ok(Some(mode));
+        self
+    }
+    /// Which userfaultfd to open ([`Userfaultfd`]). Default:
+    /// `UPAGER_USERFAULTFD` if set, else [`Userfaultfd::Auto`].
+    pub fn userfaultfd(mut self, choice: Userfaultfd) -> Self {
+        self.userfaultfd = Ok(choice);
         self
     }
     /// Test knob, not for use: every `n`-th attempt of an in-thread fill to

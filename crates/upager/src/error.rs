@@ -8,19 +8,23 @@ use std::path::PathBuf;
 #[derive(Debug, displaydoc::Display, thiserror::Error)]
 #[non_exhaustive]
 pub enum PagerError {
-    /// no access to userfaultfd: opening /dev/userfaultfd failed ({device}) and userfaultfd(2) failed ({syscall}). Run as root, or give your user the device (`sudo setfacl -m u:$USER:rw /dev/userfaultfd`), or allow unprivileged use (`sudo sysctl vm.unprivileged_userfaultfd=1`). upager does not fall back to user-mode-only userfaultfd, where system calls on region memory would fail with EFAULT.
+    /// no usable userfaultfd: {tried}. {fix}
     NoUserfaultfd {
-        /// Error from the device.
-        device: io::Error,
-        /// Error from the system call.
-        syscall: io::Error,
+        /// Each way tried and its error.
+        tried: String,
+        /// What to do.
+        fix: &'static str,
+        /// The errno the C API reports.
+        errno: i32,
     },
-    /// the kernel's userfaultfd lacks {0}; upager needs Linux 6.16 or later
+    /// the kernel's userfaultfd lacks {0} (the README's table of kernel features says which kernel has it)
     MissingFeature(&'static str),
+    /// {0}
+    Userfaultfd(String),
+    /// {0}
+    MaskFeatures(String),
     /// userfaultfd handshake (UFFDIO_API) failed: {0}
     Api(#[source] io::Error),
-    /// pidfd_open of this process failed: {0} (upager needs Linux 6.16 or later for batched process_madvise)
-    Pidfd(#[source] io::Error),
     /// the budget must be at least one folio (4096 bytes, the smallest folio size), got {0} bytes; each region also needs one eviction batch of its folios within the budget (65536 bytes with the default 64 KiB folio)
     BudgetTooSmall(u64),
     /// the number of fault-handler threads must be 1 to 64, got {0}
@@ -382,6 +386,48 @@ pub(crate) fn limit_error(e: &io::Error) -> Option<MapError> {
     }
 }
 
+/// The error for a userfaultfd that could not be opened (`f` says how each
+/// way tried failed), with the fix that applies.
+pub(crate) fn no_userfaultfd(f: upager_sys::uffd::OpenFailure) -> PagerError {
+    let mut tried = Vec::new();
+    if let Some(e) = &f.device {
+        tried.push(format!("opening /dev/userfaultfd failed ({e})"));
+    }
+    if let Some(e) = &f.syscall {
+        tried.push(format!("userfaultfd(2) failed ({e})"));
+    }
+    if let Some(e) = &f.user_mode {
+        tried.push(format!("user-mode-only userfaultfd(2) failed ({e})"));
+    }
+    let code = |e: &Option<io::Error>| e.as_ref().and_then(io::Error::raw_os_error);
+    let (fix, errno) = match code(&f.user_mode) {
+        // Not tried: only one that serves system calls was allowed.
+        None => (
+            "UPAGER_USERFAULTFD=kernel-faults (or the builder's Userfaultfd::KernelFaults) asks for one that serves system calls: run as root, or give your user the device (`sudo setfacl -m u:$USER:rw /dev/userfaultfd`), or allow unprivileged use (`sudo sysctl vm.unprivileged_userfaultfd=1`); or leave the choice to upager (`auto`), which runs with a user-mode-only userfaultfd where that is all it may have",
+            match code(&f.device) {
+                Some(errno::ENOENT) | None => errno::EPERM,
+                Some(n) => n,
+            },
+        ),
+        // The kernel predates UFFD_USER_MODE_ONLY.
+        Some(errno::EINVAL) => (
+            "this kernel allows userfaultfd to ordinary users only from Linux 5.11 on: run as root, or give your user the device (`sudo setfacl -m u:$USER:rw /dev/userfaultfd`), or allow unprivileged use (`sudo sysctl vm.unprivileged_userfaultfd=1`)",
+            errno::EPERM,
+        ),
+        // The kernel allows a user-mode-only userfaultfd to every process:
+        // refused, it is a seccomp filter (or a kernel built without it).
+        Some(n) => (
+            "Linux (5.11 and later) allows a user-mode-only userfaultfd to every process, so a seccomp filter refuses userfaultfd(2) here, as the default profiles of Docker, Podman and Kubernetes' RuntimeDefault do (or the kernel was built without CONFIG_USERFAULTFD). In a container, run it with a seccomp profile that allows userfaultfd: `python3 scripts/seccomp-profile.py` writes one from your runtime's default, then `docker run --security-opt seccomp=upager-seccomp.json ...`; docs/containers.md has the details for Docker, Podman and Kubernetes",
+            n,
+        ),
+    };
+    PagerError::NoUserfaultfd {
+        tried: tried.join(", "),
+        fix,
+        errno,
+    }
+}
+
 fn io_errno(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(errno::EIO)
 }
@@ -389,11 +435,9 @@ fn io_errno(e: &io::Error) -> i32 {
 impl ErrorCode for PagerError {
     fn errno(&self) -> i32 {
         match self {
-            PagerError::NoUserfaultfd { device, .. } => match device.raw_os_error() {
-                Some(errno::ENOENT) | None => errno::EPERM,
-                Some(n) => n,
-            },
+            PagerError::NoUserfaultfd { errno, .. } => *errno,
             PagerError::MissingFeature(_) => errno::ENOSYS,
+            PagerError::Userfaultfd(_) | PagerError::MaskFeatures(_) => errno::EINVAL,
             PagerError::BudgetTooSmall(_)
             | PagerError::HandlerThreads(_)
             | PagerError::UffdShards { .. }
@@ -402,7 +446,6 @@ impl ErrorCode for PagerError {
             | PagerError::Readahead(_)
             | PagerError::FaultMode(_) => errno::EINVAL,
             PagerError::Api(s)
-            | PagerError::Pidfd(s)
             | PagerError::Spawn(s)
             | PagerError::EventFd(s)
             | PagerError::SignalHandler(s) => io_errno(s),
@@ -495,21 +538,47 @@ mod tests {
 
     #[test]
     fn messages_tell_what_to_do() {
-        let e = PagerError::NoUserfaultfd {
-            device: io::Error::from_raw_os_error(libc_eacces()),
-            syscall: io::Error::from_raw_os_error(1),
-        };
+        // Asked for one that serves system calls, and not allowed it.
+        let e = no_userfaultfd(upager_sys::uffd::OpenFailure {
+            device: Some(io::Error::from_raw_os_error(libc_eacces())),
+            syscall: Some(io::Error::from_raw_os_error(1)),
+            user_mode: None,
+        });
         let m = e.to_string();
         assert!(
             m.starts_with(
-                "no access to userfaultfd: opening /dev/userfaultfd failed (Permission denied"
+                "no usable userfaultfd: opening /dev/userfaultfd failed (Permission denied"
             ),
             "{m}"
         );
         assert!(
-            m.contains("setfacl") && m.contains("vm.unprivileged_userfaultfd=1"),
+            m.contains("setfacl")
+                && m.contains("vm.unprivileged_userfaultfd=1")
+                && m.contains("UPAGER_USERFAULTFD"),
             "{m}"
         );
+        assert_eq!(e.errno(), errno::EPERM);
+        // Refused in every form: a seccomp filter (containers).
+        let e = no_userfaultfd(upager_sys::uffd::OpenFailure {
+            device: Some(io::Error::from_raw_os_error(errno::ENOENT)),
+            syscall: Some(io::Error::from_raw_os_error(errno::EPERM)),
+            user_mode: Some(io::Error::from_raw_os_error(errno::EPERM)),
+        });
+        let m = e.to_string();
+        assert!(
+            m.contains("user-mode-only userfaultfd(2) failed (Operation not permitted")
+                && m.contains("seccomp")
+                && m.contains("docs/containers.md"),
+            "{m}"
+        );
+        // A kernel before 5.11 does not know UFFD_USER_MODE_ONLY.
+        let m = no_userfaultfd(upager_sys::uffd::OpenFailure {
+            device: Some(io::Error::from_raw_os_error(errno::ENOENT)),
+            syscall: Some(io::Error::from_raw_os_error(errno::EPERM)),
+            user_mode: Some(io::Error::from_raw_os_error(errno::EINVAL)),
+        })
+        .to_string();
+        assert!(m.contains("Linux 5.11") && m.contains("setfacl"), "{m}");
         let m = MapError::BudgetBelowBatch {
             budget: 1 << 20,
             batch: 64,
@@ -542,10 +611,11 @@ mod tests {
         let f = FlushError::Writeback(io::Error::from_raw_os_error(28));
         assert_eq!(f.errno(), 28);
         assert_eq!(UnmapError::Flush(f).errno(), 28);
-        let e = PagerError::NoUserfaultfd {
-            device: io::Error::from_raw_os_error(errno::ENOENT),
-            syscall: io::Error::from_raw_os_error(errno::EPERM),
-        };
+        let e = no_userfaultfd(upager_sys::uffd::OpenFailure {
+            device: Some(io::Error::from_raw_os_error(errno::ENOENT)),
+            syscall: Some(io::Error::from_raw_os_error(errno::EPERM)),
+            user_mode: None,
+        });
         assert_eq!(e.errno(), errno::EPERM);
         let c = error_chain(&UnmapError::Flush(FlushError::Sync(
             io::Error::from_raw_os_error(5),

@@ -458,7 +458,10 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
     }
     let mut not_unmapped: Vec<(u64, u64)> = Vec::new();
     for chunk in ranges.chunks(MAX_IOV) {
-        sh.counters.tlb_flush_batches.inc();
+        // One flush per process_madvise; one per range without it.
+        sh.counters
+            .tlb_flush_batches
+            .add(sh.pidfd.flushes(chunk.len()));
         let mut rest = chunk;
         // process_madvise advises the ranges in order and returns the bytes
         // it advised: a short count leaves the tail. Retry it once; what the
@@ -724,7 +727,9 @@ fn discard_batch(sh: &Shared, mut victims: Vec<Victim>) -> usize {
     for chunk in ranges.chunks(MAX_IOV) {
         // A refusal leaves stale pages mapped over NEVER folios: said loud.
         sh.zap(chunk, "discarded folios", false);
-        sh.counters.tlb_flush_batches.inc();
+        sh.counters
+            .tlb_flush_batches
+            .add(sh.pidfd.flushes(chunk.len()));
     }
     for group in victims.chunk_by(|a, b| a.region.id == b.region.id) {
         let r = &group[0].region;

@@ -65,6 +65,7 @@ mod fault;
 mod folio;
 mod fork;
 mod gather;
+mod info;
 mod inthread;
 mod lineage;
 mod lru;
@@ -82,14 +83,15 @@ mod twins;
 
 pub use advice::Residency;
 pub use config::{
-    format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, DEFAULT_DIRTY_EXPIRE,
-    DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO, MIN_FOLIO,
+    format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, Userfaultfd,
+    DEFAULT_DIRTY_EXPIRE, DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO, MIN_FOLIO,
 };
 pub use error::{
     errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,
     RangeError, UnmapError,
 };
 pub use fork::after_fork;
+pub use info::PagerInfo;
 pub use pager::Pager;
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};

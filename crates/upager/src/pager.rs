@@ -75,12 +75,8 @@ impl Pager {
                 });
             }
         }
-        match &cfg.fault_mode {
-            Err(e) => return Err(PagerError::FaultMode(e.clone())),
-            Ok(crate::FaultMode::InThread) => {
-                crate::inthread::install().map_err(PagerError::SignalHandler)?
-            }
-            Ok(_) => {}
+        if let Err(e) = &cfg.fault_mode {
+            return Err(PagerError::FaultMode(e.clone()));
         }
         if cfg.readahead > crate::config::MAX_READAHEAD {
             return Err(PagerError::Readahead(cfg.readahead));
@@ -99,6 +95,10 @@ impl Pager {
             }
         }
         let shared = Arc::new(Shared::new(cfg)?);
+        // The mode is known once the userfaultfd is open (Shared::new).
+        if shared.mode == crate::FaultMode::InThread {
+            crate::inthread::install().map_err(PagerError::SignalHandler)?;
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         let owner = Arc::new(Owner::new(Arc::clone(&shared), tx));
         for i in 0..shared.cfg.handler_threads {
@@ -681,6 +681,17 @@ impl Pager {
             return p.budget();
         }
         self.shared().budget.limit()
+    }
+
+    /// What the kernel let this pager use (probed at start, logged once):
+    /// the fault mode, a user-mode-only userfaultfd (system calls on
+    /// non-resident region memory then fail with EFAULT), batched unmapping,
+    /// io_uring, huge-page moves, and any feature masked for tests.
+    pub fn info(&self) -> crate::PagerInfo {
+        if let Some(p) = self.heir() {
+            return p.info();
+        }
+        self.shared().info.clone()
     }
 
     /// How this pager resolves faults.

@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     /// [`PagerBuilder::uffd_shards`]: crate::PagerBuilder::uffd_shards
     pub uffds: Vec<Uffd>,
     pub pidfd: SelfPidfd,
+    /// What the kernel let this pager use (probed at start).
+    pub info: crate::info::PagerInfo,
     pub cfg: PagerBuilder,
     /// How faults are resolved (from `cfg`, checked by the builder).
     pub mode: FaultMode,
@@ -211,9 +213,24 @@ impl Ctx {
 }
 
 impl Shared {
-    /// Opens the userfaultfd (with the features upager needs) and the pidfd.
+    /// Opens the userfaultfd (with the features upager needs) and the pidfd,
+    /// probing what the kernel and any seccomp filter allow (kernel
+    /// features, not the version: `upager_sys::features`), and decides
+    /// the fault mode where the builder left it open.
     pub fn new(cfg: PagerBuilder) -> Result<Shared, PagerError> {
-        let mode = cfg.fault_mode.clone().unwrap_or_default();
+        upager_sys::features::init().map_err(PagerError::MaskFeatures)?;
+        let choice = cfg.userfaultfd.clone().map_err(PagerError::Userfaultfd)?;
+        let first = Uffd::open(choice.policy()).map_err(crate::error::no_userfaultfd)?;
+        let user_mode_only = first.user_mode_only();
+        // Where only a user-mode-only userfaultfd may be had, system calls
+        // on non-resident region memory fail with EFAULT in either mode,
+        // so the faster in-thread mode costs nothing (measured: README).
+        let mode = match cfg.fault_mode.clone() {
+            Ok(Some(m)) => m,
+            Ok(None) if user_mode_only => FaultMode::InThread,
+            Ok(None) => FaultMode::Handlers,
+            Err(e) => return Err(PagerError::FaultMode(e)),
+        };
         let sigbus = if mode == FaultMode::InThread {
             feature::SIGBUS
         } else {
@@ -223,24 +240,39 @@ impl Shared {
             FaultMode::InThread => 1,
             _ => cfg.uffd_shards.unwrap_or(cfg.handler_threads),
         };
-        let want = feature::THREAD_ID
+        // The other shards the same kind as the first.
+        let same = if user_mode_only {
+            upager_sys::uffd::OpenPolicy::UserModeOnly
+        } else {
+            upager_sys::uffd::OpenPolicy::KernelFaults
+        };
+        // UFFDIO_API refuses (EINVAL) a feature bit the kernel does not
+        // know, so ask a throw-away userfaultfd what it supports (asking
+        // for none, it reports all) and ask for no more than that.
+        let supported = Uffd::open(same)
+            .map_err(crate::error::no_userfaultfd)?
+            .api(0)
+            .map_err(PagerError::Api)?;
+        let want = (feature::THREAD_ID
             | feature::PAGEFAULT_FLAG_WP
             | feature::POISON
             | feature::MOVE
-            | sigbus;
+            | sigbus)
+            & supported;
         let mut uffds = Vec::with_capacity(shards);
         let mut can_move = true;
+        let mut first = Some(first);
         for _ in 0..shards {
-            let uffd = Uffd::open().map_err(|f| PagerError::NoUserfaultfd {
-                device: f.device,
-                syscall: f.syscall,
-            })?;
+            let uffd = match first.take() {
+                Some(u) => u,
+                None => Uffd::open(same).map_err(crate::error::no_userfaultfd)?,
+            };
             let got = uffd.api(want).map_err(PagerError::Api)?;
             can_move &= got & feature::MOVE != 0;
             for (bit, name) in [
-                (feature::PAGEFAULT_FLAG_WP, "write-protect faults"),
+                (feature::PAGEFAULT_FLAG_WP, "write-protect faults (UFFD_FEATURE_PAGEFAULT_FLAG_WP)"),
                 (feature::POISON, "UFFDIO_POISON"),
-                (sigbus, "UFFD_FEATURE_SIGBUS"),
+                (sigbus, "UFFD_FEATURE_SIGBUS, which the in-thread fault mode needs (the handlers mode does not)"),
             ] {
                 if got & bit != bit {
                     return Err(PagerError::MissingFeature(name));
@@ -248,10 +280,26 @@ impl Shared {
             }
             uffds.push(uffd);
         }
+        // Whether a huge page moved in landed as one is checked with
+        // PAGEMAP_SCAN (6.7): without it, no moves (6.8) either.
+        let scan = upager_sys::pagemap::scan_available();
+        can_move &= scan;
+        let pidfd = SelfPidfd::open();
+        let info = crate::info::PagerInfo {
+            fault_mode: mode,
+            user_mode_only,
+            batched_unmap: pidfd.batched(),
+            io_uring: upager_sys::uring::WriteRing::new(2).is_ok(),
+            uffd_move: can_move,
+            pagemap_scan: scan,
+            masked: upager_sys::features::masked_names(),
+        };
+        info.log_once(pidfd.unbatched_reason());
         let thp = crate::thp::ThpPool::new(can_move, &uffds[0]);
         Ok(Shared {
             uffds,
-            pidfd: SelfPidfd::open().map_err(PagerError::Pidfd)?,
+            pidfd,
+            info,
             counters: Counters::default(),
             phases: PhaseClock::default(),
             table: RegionTable::new(cfg.lookup),
