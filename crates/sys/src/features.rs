@@ -16,6 +16,8 @@
 //!   uffd_move          6.8            2 MiB runs copied (UFFDIO_COPY)
 //!   pagemap_scan       6.7            no huge pages moved into views
 //!                                      (the move's check needs the scan)
+//!   uffd_poison        6.6            SIGBUS sent to the faulting thread
+//!                                      (tgkill) by the handler
 //!   kernel_faults      -              a user-mode-only userfaultfd: system
 //!    (/dev/userfaultfd                 calls on non-resident region memory
 //!     or privilege)                    fail with EFAULT
@@ -49,16 +51,19 @@ pub enum Feature {
     /// (`/dev/userfaultfd`, or `userfaultfd(2)` with privilege). Masked,
     /// upager opens a user-mode-only one, as an ordinary user gets.
     KernelFaults = 4,
+    /// `UFFDIO_POISON` (Linux 6.6).
+    UffdPoison = 5,
 }
 
 impl Feature {
     /// Every maskable feature.
-    pub const ALL: [Feature; 5] = [
+    pub const ALL: [Feature; 6] = [
         Feature::ProcessMadvise,
         Feature::IoUring,
         Feature::UffdMove,
         Feature::PagemapScan,
         Feature::KernelFaults,
+        Feature::UffdPoison,
     ];
 
     /// Its name in `UPAGER_MASK_FEATURES` and in messages.
@@ -69,6 +74,7 @@ impl Feature {
             Feature::UffdMove => "uffd_move",
             Feature::PagemapScan => "pagemap_scan",
             Feature::KernelFaults => "kernel_faults",
+            Feature::UffdPoison => "uffd_poison",
         }
     }
 
@@ -153,7 +159,7 @@ mod tests {
             parse_mask("process_madvise, io_uring"),
             Ok(Feature::ProcessMadvise.bit() | Feature::IoUring.bit())
         );
-        assert_eq!(parse_mask("all"), Ok(0b1_1111));
+        assert_eq!(parse_mask("all"), Ok(0b11_1111));
         let e = parse_mask("process_madvise,uring").unwrap_err();
         assert!(e.contains("\"uring\"") && e.contains("io_uring"), "{e}");
     }

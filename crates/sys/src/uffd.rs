@@ -247,14 +247,18 @@ impl Uffd {
 
     /// `UFFDIO_API`: enables `features`; returns the features the kernel
     /// supports (call once, before any registration).
-    /// A masked [`UffdMove`](crate::features::Feature::UffdMove) is
-    /// neither asked for nor reported.
+    /// A masked [`UffdMove`](crate::features::Feature::UffdMove) or
+    /// [`UffdPoison`](crate::features::Feature::UffdPoison) is neither
+    /// asked for nor reported.
     pub fn api(&self, features: u64) -> io::Result<u64> {
-        let hidden = if crate::features::masked(crate::features::Feature::UffdMove) {
-            feature::MOVE
-        } else {
-            0
-        };
+        use crate::features::{masked, Feature};
+        let mut hidden = 0;
+        if masked(Feature::UffdMove) {
+            hidden |= feature::MOVE;
+        }
+        if masked(Feature::UffdPoison) {
+            hidden |= feature::POISON;
+        }
         let mut api = k::uffdio_api {
             api: k::UFFD_API as u64,
             features: features & !hidden,

@@ -208,9 +208,13 @@ impl Shared {
                 Ok(_) => {
                     for m in &msgs {
                         if let Msg::PageFault {
-                            addr, write, wp, ..
+                            addr,
+                            write,
+                            wp,
+                            tid,
                         } = *m
                         {
+                            ctx.tid = tid;
                             let _ = self.handle_fault(&mut ctx, addr, write, wp);
                         }
                     }
@@ -558,6 +562,16 @@ impl Shared {
                     }
                 }
                 Kind::Poisoned if in_thread => return Outcome::Sigbus,
+                Kind::Poisoned if !self.info.uffd_poison && ctx.tid != 0 => {
+                    // No UFFDIO_POISON (before 6.6): the thread gets its
+                    // SIGBUS from us. Its wait ends on the signal; in a
+                    // system call, the call fails with EFAULT first.
+                    self.counters.faults_stale.inc();
+                    if let Err(e) = upager_sys::io::tgkill_sigbus(ctx.tid) {
+                        log::error!("sending SIGBUS to thread {} failed: {e}", ctx.tid);
+                    }
+                    return Outcome::Done;
+                }
                 Kind::Clean | Kind::Dirty | Kind::Poisoned => {
                     // Resolved before we got here (or poisoned: the retry
                     // raises SIGBUS). Waking is harmless if no one waits.
@@ -1546,11 +1560,15 @@ impl Shared {
     /// system call) until the reclaimer clears it. Holds no budget.
     fn poison(&self, r: &Arc<Area>, idx: usize) {
         r.note_table(idx, 1);
-        let res = self.uffd_of(r, idx).poison(r.span(idx, 1));
-        let poisoned = matches!(res, Ok(Fill::Done));
-        if !poisoned {
-            log::error!("UFFDIO_POISON failed ({res:?}); the access will fault again");
-        }
+        // Without UFFDIO_POISON the woken access faults again and finds
+        // the folio POISONED: SIGBUS is raised then (resolve).
+        let poisoned = self.info.uffd_poison && {
+            let res = self.uffd_of(r, idx).poison(r.span(idx, 1));
+            if !matches!(res, Ok(Fill::Done)) {
+                log::error!("UFFDIO_POISON failed ({res:?}); the access will fault again");
+            }
+            matches!(res, Ok(Fill::Done))
+        };
         r.trace
             .record(idx, Path::FillFailed, Kind::Busy, Kind::Poisoned);
         let prev = folio::release(r.state(idx), |s| s.with_kind(Kind::Poisoned));

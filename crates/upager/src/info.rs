@@ -25,6 +25,11 @@ pub struct PagerInfo {
     /// 2 MiB runs may enter views as huge pages (`UFFDIO_MOVE` and
     /// `PAGEMAP_SCAN`); else they are copied.
     pub uffd_move: bool,
+    /// `UFFDIO_POISON` (Linux 6.6) makes an access that cannot be served
+    /// raise SIGBUS; without it, upager sends the faulting thread SIGBUS
+    /// itself (`tgkill`; a system call then gets EFAULT and its thread the
+    /// signal too).
+    pub uffd_poison: bool,
     /// The `PAGEMAP_SCAN` ioctl works.
     pub pagemap_scan: bool,
     /// Features masked by `UPAGER_MASK_FEATURES` (tests).
@@ -46,6 +51,7 @@ impl PagerInfo {
         static USER_MODE: AtomicBool = AtomicBool::new(false);
         static UNBATCHED: AtomicBool = AtomicBool::new(false);
         static NO_MOVE: AtomicBool = AtomicBool::new(false);
+        static NO_POISON: AtomicBool = AtomicBool::new(false);
         if !self.masked.is_empty() {
             log::info!(
                 "kernel features masked by UPAGER_MASK_FEATURES (for tests): {}",
@@ -53,17 +59,22 @@ impl PagerInfo {
             );
         }
         if self.user_mode_only && !USER_MODE.swap(true, Relaxed) {
-            log::info!(
+            log::warn!(
                 "userfaultfd is user-mode-only here (no access to /dev/userfaultfd, or UPAGER_USERFAULTFD=user-mode-only): system calls that read or write non-resident region memory fail with EFAULT; fault mode {}",
                 self.fault_mode
             );
         }
         if let Some(e) = unbatched {
             if !UNBATCHED.swap(true, Relaxed) {
-                log::info!(
+                log::warn!(
                     "process_madvise(MADV_DONTNEED) on this process is refused ({e}: a kernel before 6.13 or a seccomp filter): eviction unmaps each range with its own madvise, one TLB flush per range instead of one per batch"
                 );
             }
+        }
+        if !self.uffd_poison && !NO_POISON.swap(true, Relaxed) {
+            log::warn!(
+                "no UFFDIO_POISON (Linux 6.6): an access upager cannot serve gets SIGBUS sent to its thread (tgkill)"
+            );
         }
         if !self.uffd_move && !NO_MOVE.swap(true, Relaxed) {
             log::debug!(

@@ -127,9 +127,9 @@ mod tests {
     /// The engine's modules, lowest layer first: each may use only the ones
     /// before it.
     const LAYERS: &[&str] = &[
-        "sync", "config", "error", "folio", "trace", "stats", "store", "twins", "budget", "area",
-        "table", "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread", "lineage",
-        "region", "advice", "pager", "fork",
+        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "twins", "budget",
+        "area", "table", "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread",
+        "lineage", "region", "advice", "pager", "fork",
     ];
 
     /// The engine's modules form the DAG that lib.rs lists and

@@ -153,6 +153,10 @@ pub(crate) struct Ctx {
     pub pre: Option<(usize, usize)>,
     /// The prefetch batch's buffer (prefetch thread only, while it works).
     pub pre_buf: Option<AlignedBuf>,
+    /// The thread whose fault a handler thread resolves now (from the
+    /// message; 0 when unknown): a poisoned folio's SIGBUS goes to it where
+    /// the kernel has no `UFFDIO_POISON` (before 6.6).
+    pub tid: u32,
 }
 
 /// Bytes of a fill buffer kept resident when its thread is idle: a default
@@ -208,6 +212,7 @@ impl Ctx {
             high: CTX_KEEP,
             pre: None,
             pre_buf: None,
+            tid: 0,
         }
     }
 }
@@ -261,6 +266,7 @@ impl Shared {
             & supported;
         let mut uffds = Vec::with_capacity(shards);
         let mut can_move = true;
+        let mut can_poison = true;
         let mut first = Some(first);
         for _ in 0..shards {
             let uffd = match first.take() {
@@ -269,9 +275,9 @@ impl Shared {
             };
             let got = uffd.api(want).map_err(PagerError::Api)?;
             can_move &= got & feature::MOVE != 0;
+            can_poison &= got & feature::POISON != 0;
             for (bit, name) in [
-                (feature::PAGEFAULT_FLAG_WP, "write-protect faults (UFFD_FEATURE_PAGEFAULT_FLAG_WP)"),
-                (feature::POISON, "UFFDIO_POISON"),
+                (feature::PAGEFAULT_FLAG_WP, "write-protect faults on anonymous memory (UFFD_FEATURE_PAGEFAULT_FLAG_WP: Linux 5.7 on x86-64, 6.10 on arm64)"),
                 (sigbus, "UFFD_FEATURE_SIGBUS, which the in-thread fault mode needs (the handlers mode does not)"),
             ] {
                 if got & bit != bit {
@@ -291,6 +297,7 @@ impl Shared {
             batched_unmap: pidfd.batched(),
             io_uring: upager_sys::uring::WriteRing::new(2).is_ok(),
             uffd_move: can_move,
+            uffd_poison: can_poison,
             pagemap_scan: scan,
             masked: upager_sys::features::masked_names(),
         };

@@ -87,10 +87,60 @@ fn child_main() {
             r.words()[0].store(1, Relaxed);
             println!("not reached");
         }
-        "no_uffd" => match Pager::new(16 * MIB) {
-            Ok(_) => println!("PAGER OK"),
-            Err(e) => println!("ERROR: {e}"),
-        },
+        "unprivileged" => {
+            // Issue 28: an ordinary user gets a pager with no setup.
+            upager::log_to_stderr();
+            let pager = Pager::new(16 * MIB).unwrap();
+            let info = pager.info();
+            println!(
+                "PAGER {} user_mode_only={} syscalls_fault_in={}",
+                info.fault_mode,
+                info.user_mode_only,
+                info.syscalls_fault_in()
+            );
+            let path = pattern_file(dir.path(), "data", 8 * MIB, 4);
+            let r = pager
+                .map_file(&path, &MapOptions::new().writable(true))
+                .unwrap();
+            for w in (0..r.len() / 8).step_by(61) {
+                assert_eq!(r.words()[w].load(Relaxed), word(w as u64 * 8, 4));
+            }
+            for w in (0..r.len() / 8).step_by(1021) {
+                r.words()[w].store(!word(w as u64 * 8, 4), Relaxed);
+            }
+            r.flush().unwrap();
+            let file = std::fs::read(&path).unwrap();
+            for w in (0..r.len() / 8).step_by(61) {
+                let want = if w % 1021 == 0 {
+                    !word(w as u64 * 8, 4)
+                } else {
+                    word(w as u64 * 8, 4)
+                };
+                let got = u64::from_ne_bytes(file[w * 8..w * 8 + 8].try_into().unwrap());
+                assert_eq!(got, want, "word {w}");
+            }
+            println!("verified");
+            // A system call from a page not resident: EFAULT (the
+            // documented contract of a user-mode-only userfaultfd).
+            r.pageout(0, r.len() as u64).unwrap();
+            let sink = std::fs::File::create(dir.path().join("sink")).unwrap();
+            // SAFETY: write(2) only reads the 4096 bytes of region memory
+            // (a live mapping of the region `r`, which outlives the call).
+            let n = unsafe {
+                libc::write(
+                    std::os::fd::AsRawFd::as_raw_fd(&sink),
+                    r.as_ptr().cast(),
+                    4096,
+                )
+            };
+            println!("WRITE {n} {}", std::io::Error::last_os_error());
+            // SAFETY: this child runs one thread that reads the environment.
+            unsafe { std::env::set_var("UPAGER_USERFAULTFD", "kernel-faults") };
+            match Pager::new(16 * MIB) {
+                Ok(_) => println!("KERNEL-FAULTS PAGER OK"),
+                Err(e) => println!("ERROR: {e}"),
+            }
+        }
         "exit_with_regions" => {
             let pager = Pager::new(8 * MIB).unwrap();
             let r = pager.map_anonymous(64 * MIB, &MapOptions::new()).unwrap();
@@ -291,8 +341,13 @@ fn writing_a_read_only_region_raises_sigsegv() {
     assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{:?}", out.status);
 }
 
+/// Issue 28: an ordinary user (no access to /dev/userfaultfd, no
+/// privilege) gets a pager with a user-mode-only userfaultfd, in-thread by
+/// default, that maps, reads, writes and flushes; a system call from a
+/// non-resident page fails with EFAULT; asking for one that serves system
+/// calls is a clear error that says how to get it.
 #[test]
-fn no_access_to_userfaultfd_is_a_clear_error() {
+fn an_ordinary_user_gets_a_user_mode_only_pager() {
     let unpriv =
         std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").unwrap_or_default();
     if unpriv.trim() == "1" {
@@ -307,35 +362,68 @@ fn no_access_to_userfaultfd_is_a_clear_error() {
         return;
     }
     // As an unprivileged user (nobody), with no access to /dev/userfaultfd.
-    let out = run_child(
-        "no_uffd",
+    let out = run_child_env(
+        "unprivileged",
         &[
             "/usr/bin/setpriv",
             "--reuid=65534",
             "--regid=65534",
             "--clear-groups",
         ],
+        &[("UPAGER_FAULT_MODE", "")],
         Duration::from_secs(60),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    if stdout.contains("PAGER OK") {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stdout.contains("KERNEL-FAULTS PAGER OK") {
         skip_or_fail(
             "no user without access to userfaultfd: nobody (uid 65534) can open \
-             it here",
+             one that serves system calls here",
         );
         return;
     }
     assert!(
-        stdout.contains(
-            "ERROR: no access to userfaultfd: opening /dev/userfaultfd failed (Permission denied"
-        ),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
+        stdout.contains("PAGER in-thread user_mode_only=true syscalls_fault_in=false"),
+        "{stdout} {stderr}"
+    );
+    assert!(stdout.contains("verified"), "{stdout} {stderr}");
+    assert!(
+        stdout.contains("WRITE -1 Bad address"),
+        "a system call from a non-resident page fails with EFAULT: {stdout}"
     );
     assert!(
-        stdout.contains("setfacl -m u:$USER:rw /dev/userfaultfd"),
-        "{stdout}"
+        stderr.contains("userfaultfd is user-mode-only here"),
+        "said once in the log: {stderr}"
     );
+    assert!(
+        stdout.contains(
+            "ERROR: no usable userfaultfd: opening /dev/userfaultfd failed (Permission denied"
+        ) && stdout.contains("setfacl -m u:$USER:rw /dev/userfaultfd"),
+        "{stdout} {stderr}"
+    );
+}
+
+/// Without UFFDIO_POISON (Linux 6.6; masked here), a failed store read
+/// still ends the access with SIGBUS (sent to the thread), never a hang.
+#[test]
+fn a_failed_store_read_raises_sigbus_without_uffdio_poison() {
+    let out = run_child_env(
+        "sigbus",
+        &[],
+        &[("UPAGER_MASK_FEATURES", "uffd_poison")],
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("served other folios"), "{stdout} {stderr}");
+    assert!(!stdout.contains("not reached"), "{stdout}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGBUS),
+        "{:?} {stderr}",
+        out.status
+    );
+    assert!(stderr.contains("no UFFDIO_POISON"), "{stderr}");
 }
 
 #[test]
