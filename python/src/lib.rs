@@ -126,6 +126,21 @@ fn fault_mode_arg(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<FaultMode>> {
         .map_err(|e| PyValueError::new_err(format!("fault_mode: {e}")))
 }
 
+/// A [`upager::PagerInfo`] as a dict (the names every face uses).
+fn info_dict<'py>(py: Python<'py>, i: &upager::PagerInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("fault_mode", i.fault_mode.name())?;
+    d.set_item("user_mode_only", i.user_mode_only)?;
+    d.set_item("syscalls_fault_in", i.syscalls_fault_in())?;
+    d.set_item("batched_unmap", i.batched_unmap)?;
+    d.set_item("io_uring", i.io_uring)?;
+    d.set_item("uffd_move", i.uffd_move)?;
+    d.set_item("uffd_poison", i.uffd_poison)?;
+    d.set_item("pagemap_scan", i.pagemap_scan)?;
+    d.set_item("masked", i.masked.clone())?;
+    Ok(d)
+}
+
 fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     for (name, v) in s.iter() {
@@ -187,8 +202,9 @@ struct PyPager {
     pager: Mutex<Option<Arc<Pager>>>,
     folio: u64,
     budget: u64,
-    /// The pager's fault mode, kept for after close().
-    mode: FaultMode,
+    /// What the kernel let the pager use (its fault mode among it), kept
+    /// for after close().
+    info: upager::PagerInfo,
     /// Where copy-on-write regions keep their private writes.
     swap_dir: std::path::PathBuf,
     direct_io: bool,
@@ -302,7 +318,7 @@ impl PyPager {
         }
         let pager = py.allow_threads(|| b.build()).map_err(engine_err)?;
         Ok(PyPager {
-            mode: pager.fault_mode(),
+            info: pager.info(),
             pager: Mutex::new(Some(Arc::new(pager))),
             folio,
             budget,
@@ -345,7 +361,7 @@ impl PyPager {
         Ok(PyRegion::new(
             region,
             format!("file, mode {mode:?}"),
-            self.mode,
+            self.info.clone(),
         ))
     }
 
@@ -377,7 +393,7 @@ impl PyPager {
         let region = py
             .allow_threads(move || upager_redis::map(&pager, &url, &opts, &RedisOptions::default()))
             .map_err(engine_err)?;
-        Ok(PyRegion::new(region, kind, self.mode))
+        Ok(PyRegion::new(region, kind, self.info.clone()))
     }
 
     /// Maps `size` bytes of anonymous memory: zero-filled, writable, swapped
@@ -407,7 +423,7 @@ impl PyPager {
             }
             None => pager.map_anonymous(size, &opts).map_err(engine_err),
         })?;
-        Ok(PyRegion::new(region, kind, self.mode))
+        Ok(PyRegion::new(region, kind, self.info.clone()))
     }
 
     /// Counters as a dict, with the stable names shared by the C API and
@@ -431,7 +447,19 @@ impl PyPager {
     /// How this pager resolves faults: "handlers" or "in-thread".
     #[getter]
     fn fault_mode(&self) -> &'static str {
-        self.mode.name()
+        self.info.fault_mode.name()
+    }
+
+    /// What the kernel (and any seccomp filter) let this pager use, probed
+    /// when it started, as a dict with the names every face uses:
+    /// `fault_mode`; `user_mode_only` (an ordinary user's userfaultfd:
+    /// system calls on non-resident region memory fail with EFAULT);
+    /// `syscalls_fault_in`; `batched_unmap` (one TLB flush per eviction
+    /// batch, else one per range); `io_uring`; `uffd_move`; `uffd_poison`;
+    /// `pagemap_scan`; `masked` (features masked by UPAGER_MASK_FEATURES,
+    /// for tests).
+    fn info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        info_dict(py, &self.info)
     }
 
     /// True after close().
@@ -461,7 +489,7 @@ impl PyPager {
             "<upager.Pager budget={} folio={} fault_mode={}{}>",
             upager::format_size(self.budget),
             upager::format_size(self.folio),
-            self.mode,
+            self.info.fault_mode,
             if self.closed() { " closed" } else { "" }
         )
     }
@@ -522,12 +550,12 @@ struct PyRegion {
     folio: u64,
     writable: bool,
     kind: String,
-    /// Its pager's fault mode.
-    mode: FaultMode,
+    /// What its pager found the kernel lets it use (the fault mode too).
+    info: upager::PagerInfo,
 }
 
 impl PyRegion {
-    fn new(region: Region, kind: String, mode: FaultMode) -> PyRegion {
+    fn new(region: Region, kind: String, info: upager::PagerInfo) -> PyRegion {
         PyRegion {
             len: region.len() as u64,
             folio: region.folio_size(),
@@ -535,7 +563,7 @@ impl PyRegion {
             region: Mutex::new(Some(Arc::new(region))),
             exports: AtomicUsize::new(0),
             kind,
-            mode,
+            info,
         }
     }
     fn get(&self) -> PyResult<Arc<Region>> {
@@ -597,7 +625,16 @@ impl PyRegion {
     /// Its pager's fault mode: "handlers" or "in-thread".
     #[getter]
     fn fault_mode(&self) -> &'static str {
-        self.mode.name()
+        self.info.fault_mode.name()
+    }
+
+    /// True if system calls on non-resident pages of this region fault
+    /// them in (`os.write(fd, memoryview(region))` works); False where they
+    /// fail with EFAULT (fault mode "in-thread", or a user-mode-only
+    /// userfaultfd: `Pager.info()`): use `fault_in` first, or copy out.
+    #[getter]
+    fn syscalls_fault_in(&self) -> bool {
+        self.info.syscalls_fault_in()
     }
 
     /// True after close().
@@ -824,7 +861,7 @@ impl PyRegion {
             self.kind,
             upager::format_size(self.len),
             upager::format_size(self.folio),
-            self.mode,
+            self.info.fault_mode,
             if self.closed() { " closed" } else { "" }
         )
     }

@@ -59,18 +59,24 @@ bytes in it.
 Closing a region (or dropping the last array over it) behaves like munmap for
 other threads still using it: they see the right data or get SIGSEGV.
 
-Fault mode: ``fault_mode="handlers"`` (the default: handler threads resolve
-faults) or ``"in-thread"`` (the faulting thread resolves its own fault in a
-SIGBUS handler upager installs; no handler-thread wakeup, the largest cost
-of a fault on a VM), on :class:`Pager`, :data:`memmap` and :func:`open_array`; when not
-given, the environment variable ``UPAGER_FAULT_MODE`` chooses, else
-"handlers". In "in-thread" mode a system call that reads or writes a
-non-resident page of a region fails with EFAULT (``OSError``) instead of
-faulting it in: before file I/O straight from or into region memory
-(``f.write(region)``, ``f.readinto(region)``, ``array.tofile(f)``) call
-``Region.fault_in`` on the range (and retry on EFAULT: nothing pins it), or
-copy first (``f.write(a.tobytes())``; ``PagedArray.tofile`` does it for
-you, in chunks). upager's SIGBUS handler must stay
+Fault mode: ``fault_mode="handlers"`` (handler threads resolve faults) or
+``"in-thread"`` (the faulting thread resolves its own fault in a SIGBUS
+handler upager installs; no handler-thread wakeup, the largest cost of a
+fault on a VM), on :class:`Pager`, :data:`memmap` and :func:`open_array`;
+when not given, the environment variable ``UPAGER_FAULT_MODE`` chooses,
+else upager: "handlers" where the process may have a userfaultfd that
+serves system calls (root, or access to /dev/userfaultfd), "in-thread"
+where it may not (an ordinary user: no setup is needed, upager opens a
+user-mode-only userfaultfd, which Linux allows every process).
+``Pager.info()`` says which (``user_mode_only``, ``syscalls_fault_in``) and
+what else the kernel allowed. Where ``Region.syscalls_fault_in`` is False, a
+system call that reads or writes a non-resident page of a region fails with
+EFAULT (``OSError``) instead of faulting it in: before file I/O straight
+from or into region memory (``f.write(region)``, ``f.readinto(region)``,
+``array.tofile(f)``) call ``Region.fault_in`` on the range (and retry on
+EFAULT: nothing pins it), or copy first (``f.write(a.tobytes())``;
+``PagedArray.tofile`` and ``numpy.save`` of a PagedArray do it for you, in
+chunks). upager's SIGBUS handler must stay
 installed: enable :mod:`faulthandler` before the first "in-thread" pager
 (``python -X faulthandler``; pytest does). Enabling or disabling it later
 replaces upager's handler: faults end the process with SIGBUS until upager
@@ -80,8 +86,8 @@ installs its handler again, which it does when it maps the next region::
                       fault_mode="in-thread")
     a.region.fault_in(0, 1 << 20)          # before a system call on it
 
-Requirements: Linux 6.16+, access to /dev/userfaultfd (root, or the
-device's permissions). Counters (``Pager.stats()``) use the same stable names
+Requirements: Linux 6.6+ (x86-64; the README's feature table says what
+each newer kernel adds), no privilege. Counters (``Pager.stats()``) use the same stable names
 as the C API and the ``upager stat`` command.
 """
 

@@ -247,12 +247,13 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         return region.stats()
 
     def tofile(self, fid: Any, sep: str = "", format: str = "%s") -> None:
-        """numpy's ``tofile``. In fault mode "in-thread" the binary form
-        copies the data out in 8 MiB chunks first: the write(2) numpy makes
-        straight from region memory would fail with EFAULT on pages not
-        resident."""
+        """numpy's ``tofile``. Where system calls do not fault region pages
+        in (fault mode "in-thread", or a user-mode-only userfaultfd: an
+        ordinary user's, see ``Pager.info()``) the binary form copies the
+        data out in 8 MiB chunks first: the write(2) numpy makes straight
+        from region memory would fail with EFAULT on pages not resident."""
         region = self.region
-        if sep or region is None or region.fault_mode != "in-thread":
+        if sep or region is None or region.syscalls_fault_in:
             super().tofile(fid, sep, format)
             return
         if isinstance(fid, (str, bytes, os.PathLike)):

@@ -78,7 +78,7 @@ typedef struct upager_region upager_region_t; /* one mapped region */
  * names are the same on every face: "handlers" and "in-thread" (Rust
  * FaultMode, Python fault_mode=, the CLI's --fault-mode, UPAGER_FAULT_MODE).
  *
- *   UPAGER_FAULT_HANDLERS   the default. Handler threads resolve faults
+ *   UPAGER_FAULT_HANDLERS   Handler threads resolve faults
  *                           while the faulting thread sleeps in the kernel.
  *                           System calls on region memory fault pages in
  *                           like any access.
@@ -95,7 +95,14 @@ typedef struct upager_region upager_region_t; /* one mapped region */
  *                           (retry on EFAULT: nothing pins it), or copy
  *                           through a buffer of your own.
  *   UPAGER_FAULT_FROM_ENV   whatever UPAGER_FAULT_MODE names when
- *                           upager_create() runs (handlers if unset).
+ *                           upager_create() runs; if unset, upager
+ *                           chooses: handlers where the process may have a
+ *                           userfaultfd that serves system calls (root, or
+ *                           access to /dev/userfaultfd), in-thread where
+ *                           only a user-mode-only one may be had (an
+ *                           ordinary user, no setup): system calls on
+ *                           non-resident region memory fail with EFAULT
+ *                           there in either mode (upager_info()).
  */
 enum upager_fault_mode {
     UPAGER_FAULT_FROM_ENV = -1,
@@ -136,7 +143,8 @@ struct upager_options {
     int fault_mode;           /* enum upager_fault_mode. Default (set by
                                  init): the mode UPAGER_FAULT_MODE names
                                  ("handlers" or "in-thread"), else
-                                 UPAGER_FAULT_HANDLERS. If the variable names
+                                 UPAGER_FAULT_FROM_ENV (upager chooses at
+                                 creation, see above). If the variable names
                                  no mode, init sets UPAGER_FAULT_FROM_ENV and
                                  upager_create() fails with -EINVAL and a
                                  message naming the variable (set the field
@@ -169,10 +177,13 @@ void upager_options_init(struct upager_options *opts);
 
 /* Creates a pager and stores its handle in *out. opts may be NULL for all
  * defaults. Starts the fault-handler and reclaimer threads.
- * Returns 0, or -EINVAL (bad option), -EPERM / -EACCES (no access to
- * /dev/userfaultfd: run as root or give your user the device), -ENOSYS
- * (kernel lacks a needed userfaultfd feature: Linux 6.16+ needed), or the
- * errno of a failed thread/eventfd creation. */
+ * Needs no privilege: without access to /dev/userfaultfd, upager opens a
+ * user-mode-only userfaultfd (upager_info()).
+ * Returns 0, or -EINVAL (bad option), -EPERM / -ENOSYS (userfaultfd refused
+ * in every form: a seccomp filter, as in a container; or
+ * UPAGER_USERFAULTFD=kernel-faults without access: the message says what to
+ * do), -ENOSYS (kernel lacks a needed userfaultfd feature, named in the
+ * message), or the errno of a failed thread/eventfd creation. */
 int upager_create(const struct upager_options *opts, upager_t **out);
 
 /* The pager's fault mode: UPAGER_FAULT_HANDLERS or UPAGER_FAULT_IN_THREAD
@@ -182,6 +193,33 @@ int upager_fault_mode(const upager_t *pager);
 /* "handlers" or "in-thread" (static strings); NULL for any other value,
  * UPAGER_FAULT_FROM_ENV included. */
 const char *upager_fault_mode_name(int mode);
+
+/* What the kernel (and any seccomp filter) let a pager use, probed when it
+ * was created (features, never the kernel version); the names are those of
+ * every face (Rust PagerInfo, Python Pager.info()). Flags are 0 or 1. */
+struct upager_info {
+    size_t size;           /* sizeof(struct upager_info): set it first */
+    int fault_mode;        /* enum upager_fault_mode, as upager_fault_mode() */
+    int user_mode_only;    /* a user-mode-only userfaultfd (an ordinary
+                              user's; or UPAGER_USERFAULTFD=user-mode-only):
+                              system calls on non-resident region memory
+                              fail with EFAULT, in either fault mode */
+    int syscalls_fault_in; /* system calls on region memory fault pages in
+                              (handlers mode with a userfaultfd that serves
+                              them); 0: upager_fault_in() first, or copy */
+    int batched_unmap;     /* one process_madvise, one TLB flush, per
+                              eviction batch; 0: one madvise (one flush) per
+                              range (kernel before 6.13, or seccomp) */
+    int io_uring;          /* write-back through io_uring; 0: pwrite */
+    int uffd_move;         /* 2 MiB runs moved into views as huge pages */
+    int uffd_poison;       /* UFFDIO_POISON (6.6); 0: upager sends the
+                              thread SIGBUS itself */
+    int pagemap_scan;      /* the PAGEMAP_SCAN ioctl (6.7) */
+};
+
+/* Fills *out (out->size set by the caller). Returns 0, or -EINVAL for a
+ * NULL argument or a wrong size. */
+int upager_info(const upager_t *pager, struct upager_info *out);
 
 /* fork(): a child can use every file region it inherited, at the same
  * address (pointers taken before the fork stay valid), through the same

@@ -131,14 +131,16 @@ fn fault_mode_arg(v: c_int) -> Result<Option<FaultMode>, Failure> {
 }
 
 /// `fault_mode` as `upager_options_init` fills it: the mode
-/// `UPAGER_FAULT_MODE` names, handlers when it is unset or empty, and
-/// `UPAGER_FAULT_FROM_ENV` when it names no mode, so that `upager_create`
-/// fails with EINVAL and the engine's message naming the variable (init
-/// itself cannot fail).
+/// `UPAGER_FAULT_MODE` names; `UPAGER_FAULT_FROM_ENV` when it is unset or
+/// empty (upager chooses: handlers where the userfaultfd serves system
+/// calls, in-thread where it is user-mode-only) and when it names no mode,
+/// so that `upager_create` fails with EINVAL and the engine's message
+/// naming the variable (init itself cannot fail).
 fn fault_mode_from_env() -> c_int {
     match FaultMode::from_env() {
-        Ok(m) => fault_mode_code(m.unwrap_or_default()).unwrap_or(UPAGER_FAULT_FROM_ENV),
-        Err(_) => UPAGER_FAULT_FROM_ENV,
+        Ok(Some(m)) => fault_mode_code(m).unwrap_or(UPAGER_FAULT_FROM_ENV),
+        // Unset: upager chooses when the userfaultfd is open.
+        Ok(None) | Err(_) => UPAGER_FAULT_FROM_ENV,
     }
 }
 
@@ -354,6 +356,60 @@ pub unsafe extern "C" fn upager_fault_mode(p: *const upager_t) -> c_int {
         // SAFETY: by this function's contract.
         let h = unsafe { handle(p, "pager") }?;
         fault_mode_code(h.pager.fault_mode())
+    })
+}
+
+/// What the kernel let a pager use (`struct upager_info`); see upager.h.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct upager_info {
+    /// `sizeof(struct upager_info)`, set by the caller.
+    pub size: usize,
+    /// `UPAGER_FAULT_*`.
+    pub fault_mode: c_int,
+    /// 1: a user-mode-only userfaultfd.
+    pub user_mode_only: c_int,
+    /// 1: system calls on non-resident region memory fault it in.
+    pub syscalls_fault_in: c_int,
+    /// 1: one process_madvise (one TLB flush) per eviction batch.
+    pub batched_unmap: c_int,
+    /// 1: io_uring write-back.
+    pub io_uring: c_int,
+    /// 1: UFFDIO_MOVE of huge pages into views.
+    pub uffd_move: c_int,
+    /// 1: UFFDIO_POISON.
+    pub uffd_poison: c_int,
+    /// 1: the PAGEMAP_SCAN ioctl.
+    pub pagemap_scan: c_int,
+}
+
+/// `upager_info`: what the kernel let the pager use (probed when it was
+/// created), into `*out` (`out->size` set by the caller).
+///
+/// # Safety
+/// `p` is NULL or a live pager handle; `out` is NULL or valid for reading
+/// and writing one `struct upager_info`.
+#[no_mangle]
+pub unsafe extern "C" fn upager_info(p: *const upager_t, out: *mut upager_info) -> c_int {
+    guard(|| {
+        // SAFETY: by this function's contract.
+        let h = unsafe { handle(p, "pager") }?;
+        // SAFETY: by this function's contract (NULL is refused by as_mut).
+        let o = unsafe { out.as_mut() }.ok_or_else(|| Failure::inval("info is NULL"))?;
+        checked_size(o.size, std::mem::size_of::<upager_info>(), "upager_info")?;
+        let i = h.pager.info();
+        *o = upager_info {
+            size: o.size,
+            fault_mode: fault_mode_code(i.fault_mode)?,
+            user_mode_only: c_int::from(i.user_mode_only),
+            syscalls_fault_in: c_int::from(i.syscalls_fault_in()),
+            batched_unmap: c_int::from(i.batched_unmap),
+            io_uring: c_int::from(i.io_uring),
+            uffd_move: c_int::from(i.uffd_move),
+            uffd_poison: c_int::from(i.uffd_poison),
+            pagemap_scan: c_int::from(i.pagemap_scan),
+        };
+        Ok(0)
     })
 }
 

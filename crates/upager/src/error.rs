@@ -557,7 +557,7 @@ mod tests {
                 && m.contains("UPAGER_USERFAULTFD"),
             "{m}"
         );
-        assert_eq!(e.errno(), errno::EPERM);
+        assert_eq!(e.errno(), errno::EACCES);
         // Refused in every form: a seccomp filter (containers).
         let e = no_userfaultfd(upager_sys::uffd::OpenFailure {
             device: Some(io::Error::from_raw_os_error(errno::ENOENT)),

@@ -24,7 +24,7 @@ static void expect(int rc, int err, const char *text, const char *what) {
 
 /* What init must make of a value of UPAGER_FAULT_MODE (NULL: unset). */
 static int mode_for(const char *v) {
-    if (!v || !*v) return UPAGER_FAULT_HANDLERS;
+    if (!v || !*v) return UPAGER_FAULT_FROM_ENV; /* upager chooses */
     if (!strcmp(v, "handlers")) return UPAGER_FAULT_HANDLERS;
     if (!strcmp(v, "in-thread")) return UPAGER_FAULT_IN_THREAD;
     return UPAGER_FAULT_FROM_ENV;
@@ -147,15 +147,32 @@ int main(void) {
     CHECK(po.fault_mode == want, "init under UPAGER_FAULT_MODE=%s: %d, "
           "expected %d", env ? env : "(unset)", po.fault_mode, want);
     upager_t *pg = NULL;
-    if (want == UPAGER_FAULT_FROM_ENV) {
+    if (want == UPAGER_FAULT_FROM_ENV && env && *env) {
         expect(upager_create(NULL, &pg), EINVAL, "UPAGER_FAULT_MODE",
                "bad UPAGER_FAULT_MODE in the environment");
     } else {
         CHECK(upager_create(NULL, &pg) == 0, "create(NULL): %s",
               upager_last_error());
-        CHECK(upager_fault_mode(pg) == want, "create(NULL) under "
-              "UPAGER_FAULT_MODE=%s: mode %d", env ? env : "(unset)",
-              upager_fault_mode(pg));
+        struct upager_info info = {.size = sizeof info};
+        CHECK(upager_info(pg, &info) == 0, "upager_info: %s",
+              upager_last_error());
+        /* Unset: handlers where system calls can fault pages in, in-thread
+         * where the userfaultfd is user-mode-only (issue 28). */
+        int chosen = want != UPAGER_FAULT_FROM_ENV ? want
+                     : info.user_mode_only ? UPAGER_FAULT_IN_THREAD
+                                           : UPAGER_FAULT_HANDLERS;
+        CHECK(upager_fault_mode(pg) == chosen && info.fault_mode == chosen,
+              "create(NULL) under UPAGER_FAULT_MODE=%s: mode %d, info %d",
+              env ? env : "(unset)", upager_fault_mode(pg), info.fault_mode);
+        CHECK(info.syscalls_fault_in ==
+                  (chosen == UPAGER_FAULT_HANDLERS && !info.user_mode_only),
+              "syscalls_fault_in %d", info.syscalls_fault_in);
+        const char *um = getenv("UPAGER_USERFAULTFD");
+        if (um && !strcmp(um, "user-mode-only"))
+            CHECK(info.user_mode_only == 1, "UPAGER_USERFAULTFD=%s", um);
+        info.size = 1;
+        expect(upager_info(pg, &info), EINVAL, "upager_info.size", "bad size");
+        expect(upager_info(pg, NULL), EINVAL, "NULL", "NULL info");
         upager_destroy(pg);
     }
 
