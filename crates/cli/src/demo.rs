@@ -354,6 +354,9 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         a.threads,
         pager.fault_mode()
     );
+    for line in crate::info_lines(&pager.info()) {
+        println!("  {line}");
+    }
 
     // 1. Dataset.
     let t0 = Instant::now();

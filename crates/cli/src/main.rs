@@ -77,6 +77,32 @@ pub(crate) fn size_arg(s: &str) -> Result<u64, String> {
 
 /// Parser of `--fault-mode`: the names of [`upager::FaultMode`] (the same
 /// on every face), listed with a line each in `--help`.
+/// What a pager's info says a user should know, one line each: the
+/// fallbacks upager took (none on a kernel and machine that allow every
+/// feature).
+pub(crate) fn info_lines(i: &upager::PagerInfo) -> Vec<String> {
+    let mut v = Vec::new();
+    if i.user_mode_only {
+        v.push(format!(
+            "userfaultfd: user-mode-only (no privilege needed; system calls on non-resident region memory fail with EFAULT), fault mode {}",
+            i.fault_mode
+        ));
+    }
+    if !i.batched_unmap {
+        v.push("process_madvise refused (kernel before 6.13, or seccomp): eviction unmaps with one madvise per range, one TLB flush each".into());
+    }
+    if !i.io_uring {
+        v.push("io_uring unavailable: write-back with pwrite".into());
+    }
+    if !i.uffd_poison {
+        v.push("no UFFDIO_POISON (kernel before 6.6): a failed access gets SIGBUS from upager".into());
+    }
+    if !i.masked.is_empty() {
+        v.push(format!("masked for tests (UPAGER_MASK_FEATURES): {}", i.masked.join(", ")));
+    }
+    v
+}
+
 pub(crate) fn fault_mode_arg() -> impl clap::builder::TypedValueParser<Value = upager::FaultMode> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
     use upager::FaultMode;
