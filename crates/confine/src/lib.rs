@@ -26,7 +26,11 @@
 //! touches `/dev/userfaultfd`: a container has no such node unless started
 //! with `--device /dev/userfaultfd`; `--no-uffd-device` reproduces its
 //! absence by refusing the device's one ioctl (a seccomp filter cannot
-//! match the path of an `open`).
+//! match the path of an `open`). `--uffd-user-mode-only` reproduces a
+//! container without `CAP_SYS_PTRACE` (Docker's and Podman's default
+//! capability sets lack it), where the kernel allows only
+//! `UFFD_USER_MODE_ONLY` userfaultfds, so that tests run as root see what
+//! a container sees.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -40,6 +44,8 @@ pub enum Target {
     Syscall(&'static str, libc::c_long),
     /// `ioctl` with this request number.
     Ioctl(u32),
+    /// `userfaultfd(2)` without `UFFD_USER_MODE_ONLY` in its flags.
+    UffdKernelMode,
 }
 
 impl fmt::Display for Target {
@@ -50,6 +56,7 @@ impl fmt::Display for Target {
                 write!(f, "ioctl USERFAULTFD_IOC_NEW ({USERFAULTFD_IOC_NEW:#x})")
             }
             Target::Ioctl(req) => write!(f, "ioctl {req:#x}"),
+            Target::UffdKernelMode => write!(f, "userfaultfd without UFFD_USER_MODE_ONLY"),
         }
     }
 }
@@ -68,6 +75,7 @@ impl Entry {
         match self.target {
             Target::Syscall(_, nr) => Rule::syscall(nr, self.errno),
             Target::Ioctl(req) => Rule::ioctl(req, self.errno),
+            Target::UffdKernelMode => Rule::userfaultfd_kernel_mode(self.errno),
         }
     }
 }
@@ -263,6 +271,9 @@ options:
                            profile plus its fix, e.g. --allow userfaultfd
   --no-uffd-device         refuse ioctl USERFAULTFD_IOC_NEW with ENOENT, as in
                            a container without --device /dev/userfaultfd
+  --uffd-user-mode-only    refuse userfaultfd(2) without UFFD_USER_MODE_ONLY
+                           with EPERM, as the kernel does to a process without
+                           CAP_SYS_PTRACE (vm.unprivileged_userfaultfd = 0)
   --print                  print the refusals and exit
   --number NAME            print the number of syscall NAME (or of the request
                            of ioctl=NAME) on this architecture and exit
@@ -301,11 +312,16 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Option<Pla
                 target: Target::Ioctl(USERFAULTFD_IOC_NEW),
                 errno: libc::ENOENT as u16,
             }),
+            "--uffd-user-mode-only" => plan.entries.push(Entry {
+                target: Target::UffdKernelMode,
+                errno: libc::EPERM as u16,
+            }),
             "--print" => plan.print = true,
             "--number" => {
                 plan.number = Some(match parse_target(&value("--number")?)? {
                     Target::Syscall(_, nr) => nr,
                     Target::Ioctl(req) => libc::c_long::from(req),
+                    Target::UffdKernelMode => unreachable!("parse_target never returns it"),
                 });
             }
             other => return Err(ArgsError::UnknownOption(other.to_owned())),
@@ -378,6 +394,7 @@ mod tests {
             .map(|e| match e.target {
                 Target::Syscall(n, _) => (n.to_owned(), e.errno),
                 Target::Ioctl(r) => (format!("ioctl={r:#x}"), e.errno),
+                Target::UffdKernelMode => ("userfaultfd-kernel-mode".into(), e.errno),
             })
             .collect()
     }

@@ -215,3 +215,14 @@ fn bad_command_lines_and_commands() {
     assert!(String::from_utf8_lossy(&out.stderr)
         .starts_with("upager-confine: could not run \"/nonexistent/command\": "));
 }
+
+#[test]
+fn uffd_user_mode_only_refuses_kernel_mode_only() {
+    let umo = ["--uffd-user-mode-only"];
+    // flags 0 (kernel-mode): refused as the kernel refuses a process
+    // without CAP_SYS_PTRACE.
+    assert_eq!(probe(&umo, "userfaultfd", &["0"]), (-1, libc::EPERM));
+    // flags -1 include UFFD_USER_MODE_ONLY: reaches the kernel, which
+    // rejects the other bits (EINVAL) without creating anything.
+    assert_eq!(probe(&umo, "userfaultfd", &["-1"]), (-1, libc::EINVAL));
+}

@@ -17,10 +17,12 @@
 //!    they share the audit architecture and would otherwise slip past the
 //!    numbers below under different ones.
 //! 3. The rules in the order they were added: a rule matches on the syscall
-//!    number and, optionally, on the low 32 bits of one argument (the
-//!    kernel's `ioctl` takes `unsigned int cmd`, so high bits a caller sets
-//!    in the register are ignored by the kernel and must be ignored here,
-//!    or they would slip past an equality test). The first match returns
+//!    number and, optionally, on the low 32 bits of one argument under a
+//!    mask (`ioctl`'s request: the kernel takes `unsigned int cmd`, so
+//!    high bits a caller sets in the register are ignored by the kernel and
+//!    must be ignored here, or they would slip past an equality test;
+//!    `userfaultfd`'s flags, an `int`: refuse it unless
+//!    `UFFD_USER_MODE_ONLY` is set). The first match returns
 //!    `SECCOMP_RET_ERRNO | errno`.
 //! 4. Everything else is allowed.
 //!
@@ -55,20 +57,30 @@ const AUDIT_ARCH: u32 = linux_raw_sys::ptrace::AUDIT_ARCH_AARCH64;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("upager's seccomp filter knows the audit architecture of x86-64 and arm64 only");
 
-/// The most rules one [`Filter`] takes: a rule is at most 5 instructions,
+/// The most rules one [`Filter`] takes: a rule is at most 6 instructions,
 /// so the program stays far below `BPF_MAXINSNS` (4096). (Jumps are local,
-/// at most 4 ahead, so the 8-bit jump offsets of classic BPF never limit.)
+/// at most 5 ahead, so the 8-bit jump offsets of classic BPF never limit.)
 pub const MAX_RULES: usize = 200;
 
-/// One refusal: a syscall, optionally only when one argument's low 32 bits
-/// equal a value, answered with an errno.
+/// A test on one argument of a syscall: its low 32 bits, masked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgMatch {
+    /// Which argument (0..=5).
+    pub index: u8,
+    /// Bits of the argument's low 32 that are compared.
+    pub mask: u32,
+    /// What they must equal for the rule to match.
+    pub value: u32,
+}
+
+/// One refusal: a syscall, optionally only when one argument matches,
+/// answered with an errno.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
     /// The syscall number (`libc::SYS_*`).
     pub nr: libc::c_long,
-    /// `Some((index, value))`: match only when argument `index` (0..6) has
-    /// `value` in its low 32 bits.
-    pub arg: Option<(u8, u32)>,
+    /// `Some(m)`: match only when the argument matches `m`.
+    pub arg: Option<ArgMatch>,
     /// The errno the call fails with (1..=4095; 0 would look like success).
     pub errno: u16,
 }
@@ -87,7 +99,27 @@ impl Rule {
     pub fn ioctl(request: u32, errno: u16) -> Rule {
         Rule {
             nr: libc::SYS_ioctl,
-            arg: Some((1, request)),
+            arg: Some(ArgMatch {
+                index: 1,
+                mask: u32::MAX,
+                value: request,
+            }),
+            errno,
+        }
+    }
+
+    /// Refuse `userfaultfd(flags)` unless `flags` has
+    /// `UFFD_USER_MODE_ONLY`: what the kernel itself does to a process
+    /// without `CAP_SYS_PTRACE` while `vm.unprivileged_userfaultfd` is 0
+    /// (EPERM, `userfaultfd_syscall_allowed`).
+    pub fn userfaultfd_kernel_mode(errno: u16) -> Rule {
+        Rule {
+            nr: libc::SYS_userfaultfd,
+            arg: Some(ArgMatch {
+                index: 0,
+                mask: k::UFFD_USER_MODE_ONLY,
+                value: 0,
+            }),
             errno,
         }
     }
@@ -99,7 +131,7 @@ impl Rule {
             return None;
         }
         match self.arg {
-            Some((i, v)) if args[usize::from(i)] as u32 != v => None,
+            Some(m) if args[usize::from(m.index)] as u32 & m.mask != m.value => None,
             _ => Some(self.errno),
         }
     }
@@ -168,6 +200,7 @@ impl Filter {
         const LD_W_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
         const JEQ_K: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
         const RET_K: u32 = libc::BPF_RET | libc::BPF_K;
+        const AND_K: u32 = libc::BPF_ALU | libc::BPF_AND | libc::BPF_K;
         let nr_off = offset_of!(libc::seccomp_data, nr) as u32;
         let arch_off = offset_of!(libc::seccomp_data, arch) as u32;
 
@@ -207,15 +240,17 @@ impl Filter {
                     p.push(insn(JEQ_K, nr, 0, 1));
                     p.push(ret);
                 }
-                Some((i, v)) => {
-                    if i > 5 {
-                        return Err(invalid(format!("argument index {i} above 5")));
+                Some(m) => {
+                    if m.index > 5 {
+                        return Err(invalid(format!("argument index {} above 5", m.index)));
                     }
-                    // nr?  no: skip the 4 below.  yes: load the argument;
-                    // equal: refuse; else reload nr for the next rule.
-                    p.push(insn(JEQ_K, nr, 0, 4));
-                    p.push(insn(LD_W_ABS, arg_low_offset(i), 0, 0));
-                    p.push(insn(JEQ_K, v, 0, 1));
+                    // nr?  no: skip the 5 below.  yes: load the argument,
+                    // mask it; equal: refuse; else reload nr for the next
+                    // rule.
+                    p.push(insn(JEQ_K, nr, 0, 5));
+                    p.push(insn(LD_W_ABS, arg_low_offset(m.index), 0, 0));
+                    p.push(insn(AND_K, m.mask, 0, 0));
+                    p.push(insn(JEQ_K, m.value, 0, 1));
                     p.push(ret);
                     p.push(insn(LD_W_ABS, nr_off, 0, 0));
                 }
@@ -368,6 +403,7 @@ mod tests {
             match code {
                 c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => acc = word(i.k),
                 c if c == libc::BPF_RET | libc::BPF_K => return i.k,
+                c if c == libc::BPF_ALU | libc::BPF_AND | libc::BPF_K => acc &= i.k,
                 c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
                     pc += usize::from(if acc == i.k { i.jt } else { i.jf })
                 }
@@ -403,7 +439,8 @@ mod tests {
         f.deny(Rule::syscall(libc::SYS_process_madvise, libc::EPERM as u16))
             .deny(Rule::ioctl(USERFAULTFD_IOC_NEW, libc::ENOENT as u16))
             .deny(Rule::ioctl(0x1234, libc::EACCES as u16))
-            .deny(Rule::syscall(libc::SYS_io_uring_setup, libc::ENOSYS as u16));
+            .deny(Rule::syscall(libc::SYS_io_uring_setup, libc::ENOSYS as u16))
+            .deny(Rule::userfaultfd_kernel_mode(libc::EPERM as u16));
         let p = f.program().expect("valid");
         let calls: Vec<(libc::c_long, [u64; 6])> = vec![
             (libc::SYS_process_madvise, [0; 6]),
@@ -416,6 +453,15 @@ mod tests {
             (libc::SYS_ioctl, [0xAA00, 0, 0, 0, 0, 0]),
             (libc::SYS_madvise, [0; 6]),
             (libc::SYS_userfaultfd, [0; 6]),
+            (
+                libc::SYS_userfaultfd,
+                [libc::O_CLOEXEC as u64, 0, 0, 0, 0, 0],
+            ),
+            (
+                libc::SYS_userfaultfd,
+                [k::UFFD_USER_MODE_ONLY.into(), 0, 0, 0, 0, 0],
+            ),
+            (libc::SYS_userfaultfd, [u64::MAX, 0, 0, 0, 0, 0]),
             (libc::SYS_getpid, [0; 6]),
         ];
         for (nr, args) in calls {
@@ -429,6 +475,11 @@ mod tests {
             f.decide(libc::SYS_ioctl, &[3, 0xDEAD_BEEF_0000_AA00, 0, 0, 0, 0]),
             Some(libc::ENOENT as u16)
         );
+        assert_eq!(
+            f.decide(libc::SYS_userfaultfd, &[0; 6]),
+            Some(libc::EPERM as u16)
+        );
+        assert_eq!(f.decide(libc::SYS_userfaultfd, &[1, 0, 0, 0, 0, 0]), None);
     }
 
     #[test]
@@ -452,16 +503,24 @@ mod tests {
     fn many_rules_keep_jumps_in_range() {
         let mut f = Filter::new();
         for nr in 0..MAX_RULES as libc::c_long {
-            if nr % 2 == 0 {
-                f.deny(Rule::syscall(nr, 1 + (nr % 100) as u16));
-            } else {
-                f.deny(Rule::ioctl(nr as u32, 7));
-            }
+            f.deny(match nr % 3 {
+                0 => Rule::syscall(nr, 1 + (nr % 100) as u16),
+                1 => Rule::ioctl(nr as u32, 7),
+                _ => Rule {
+                    nr,
+                    arg: Some(ArgMatch {
+                        index: (nr % 6) as u8,
+                        mask: 0xF0,
+                        value: 0x30,
+                    }),
+                    errno: 9,
+                },
+            });
         }
         let p = f.program().expect("valid");
         for nr in 0..MAX_RULES as libc::c_long + 5 {
-            for req in [nr as u64, 0xAA00] {
-                let args = [0, req, 0, 0, 0, 0];
+            for a in [nr as u64, 0xAA00, 0x35, 0x1_0000_0035] {
+                let args = [a; 6];
                 let want = f
                     .decide(nr, &args)
                     .map_or(libc::SECCOMP_RET_ALLOW, |e| errno_ret(i32::from(e)));
@@ -483,7 +542,11 @@ mod tests {
             Rule::syscall(-1, 1),
             Rule {
                 nr: libc::SYS_ioctl,
-                arg: Some((6, 0)),
+                arg: Some(ArgMatch {
+                    index: 6,
+                    mask: 1,
+                    value: 0,
+                }),
                 errno: 1,
             },
         ] {
