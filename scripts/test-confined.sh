@@ -23,9 +23,18 @@
 #  (c) a filter refusing userfaultfd(2) and the device's ioctl: the demo
 #      must exit non-zero (not by a signal, not by the timeout) with a
 #      message that contains "seccomp"; Docker's and Podman's errnos.
+#  (d) only with UPAGER_SECCOMP_BASE=PATH (a real default profile, e.g.
+#      moby/profiles seccomp/default.json) and libseccomp's Python binding
+#      (Debian: python3-seccomp) for /usr/bin/python3: the WHOLE profile,
+#      loaded by scripts/run-under-profile.py as runc would, so the demo
+#      also meets every syscall the profile does not allow:
+#      d1  the profile from scripts/seccomp-profile.py, device usable;
+#      d2  the same without CAP_SYS_PTRACE (setpriv) and without the
+#          device: user-mode-only userfaultfd, found by the engine;
+#      d3  the base profile unchanged, no device: refused, naming seccomp.
 #
 # Usage: scripts/test-confined.sh            (all cases)
-#        scripts/test-confined.sh a1 b c    (some; a = a1 a2 a3)
+#        scripts/test-confined.sh a1 b c    (some; a = a1 a2 a3, d = d1 d2 d3)
 # Binaries: $CARGO_TARGET_DIR/release/{upager,upager-confine} (target/ by
 # default), built with `cargo build --release` if missing. Exit status 0
 # when every case passed; each failure is named with the tail of its log.
@@ -45,6 +54,10 @@ LOGS=$(mktemp -d /tmp/upager-confined.XXXXXX)
 IO_URING=io_uring_setup,io_uring_enter,io_uring_register
 failed=()
 passed=0
+skipped=()
+# Wrappers around the launcher (PRE) and between it and upager (MID), for (d).
+PRE=()
+MID=()
 
 # run NAME EXPECT [ENV=VALUE...] -- CONFINE-OPTIONS... -- DEMO-OPTIONS...
 #   EXPECT=pass: exit 0, every byte verified, no failed eviction batch.
@@ -64,7 +77,7 @@ run() {
     # In a subshell whose stderr is the log: bash's own "Bus error" report
     # of a run killed by a signal lands there too.
     (env "${envs[@]}" timeout --kill-after=5 $LIMIT \
-        "$CONFINE" "${opts[@]}" -- "$UPAGER" "${DEMO[@]}" "$@") >"$log" 2>&1
+        "${PRE[@]}" "$CONFINE" "${opts[@]}" -- "${MID[@]}" "$UPAGER" "${DEMO[@]}" "$@") >"$log" 2>&1
     local rc=$?
     case $expect in
     pass)
@@ -83,7 +96,8 @@ run() {
             why="timed out after ${LIMIT}s"
         elif ((rc > 125)); then
             why="killed by signal $((rc - 128)), expected an error exit"
-        elif ! grep -q 'seccomp' "$log"; then
+        elif ! grep -v '^run-under-profile.py:' "$log" | grep -q 'seccomp'; then
+            # (run-under-profile.py's own notes mention libseccomp.)
             why="exit status $rc, but the message does not name seccomp"
         fi
         ;;
@@ -97,7 +111,7 @@ run() {
     else
         failed+=("$name")
         echo "FAIL $name (${took}s): $why"
-        echo "     ${envs[*]:+env ${envs[*]} }$CONFINE ${opts[*]} -- $UPAGER ${DEMO[*]} $*"
+        echo "     ${envs[*]:+env ${envs[*]} }${PRE[*]:+${PRE[*]} }$CONFINE ${opts[*]} -- ${MID[*]:+${MID[*]} }$UPAGER ${DEMO[*]} $*"
         tail -n 6 "$log" | sed 's/^/     | /'
     fi
 }
@@ -107,7 +121,7 @@ sel() { # sel CASE: selected on the command line (all when none given)
     ((${#SELECT[@]} == 0)) && return 0
     local c
     for c in "${SELECT[@]}"; do
-        [[ $c == "$1" || ($c == [abc] && $1 == "$c"*) ]] && return 0
+        [[ $c == "$1" || ($c == [abcd] && $1 == "$c"*) ]] && return 0
     done
     return 1
 }
@@ -132,5 +146,33 @@ sel c && run "c-no-userfaultfd-podman" refuse -- \
 sel c && run "c-deny-userfaultfd" refuse -- \
     --deny userfaultfd,ioctl=USERFAULTFD_IOC_NEW -- --fault-mode handlers
 
-echo "test-confined: $passed passed, ${#failed[@]} failed${failed:+: ${failed[*]}} (logs in $LOGS)"
+if sel d1 || sel d2 || sel d3; then
+    why=""
+    if [[ -z ${UPAGER_SECCOMP_BASE:-} ]]; then
+        why="UPAGER_SECCOMP_BASE is not set"
+    elif ! /usr/bin/python3 -c 'import seccomp' 2>/dev/null; then
+        why="no libseccomp binding for /usr/bin/python3 (apt-get install python3-seccomp)"
+    elif ! python3 scripts/seccomp-profile.py -q "$UPAGER_SECCOMP_BASE" -o "$LOGS/upager-seccomp.json"; then
+        why="scripts/seccomp-profile.py refused $UPAGER_SECCOMP_BASE"
+    fi
+    if [[ -n $why ]]; then
+        skipped+=(d)
+        echo "SKIP d: $why"
+    else
+        LOAD=(/usr/bin/python3 scripts/run-under-profile.py)
+        for mode in handlers in-thread; do
+            MID=("${LOAD[@]}" "$LOGS/upager-seccomp.json" --)
+            sel d1 && run "d1-full-profile+device-$mode" pass -- -- --fault-mode "$mode"
+            PRE=(setpriv --bounding-set -sys_ptrace --)
+            sel d2 && run "d2-full-profile-no-ptrace-$mode" pass -- \
+                --no-uffd-device -- --fault-mode "$mode"
+            PRE=()
+        done
+        MID=("${LOAD[@]}" "$UPAGER_SECCOMP_BASE" --)
+        sel d3 && run "d3-base-profile" refuse -- --no-uffd-device -- --fault-mode handlers
+        MID=()
+    fi
+fi
+
+echo "test-confined: $passed passed, ${#failed[@]} failed${failed:+: ${failed[*]}}${skipped:+, skipped: ${skipped[*]}} (logs in $LOGS)"
 ((${#failed[@]} == 0))
