@@ -31,6 +31,8 @@
 //! capability sets lack it), where the kernel allows only
 //! `UFFD_USER_MODE_ONLY` userfaultfds, so that tests run as root see what
 //! a container sees.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::ffi::OsString;
 use std::fmt;

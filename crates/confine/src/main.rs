@@ -2,6 +2,7 @@
 //! Exit status: 2 for a bad command line, 126 when the filter cannot be
 //! installed, 127 when the command cannot be executed (as `env` does);
 //! otherwise the command's own, since the launcher becomes the command.
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
