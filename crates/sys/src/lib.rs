@@ -41,6 +41,7 @@ pub mod inject;
 pub mod io;
 pub mod mem;
 pub mod pagemap;
+pub mod seccomp;
 pub mod signal;
 pub mod snapshot;
 pub mod term;
