@@ -1113,7 +1113,9 @@ mod tests {
     fn r28_4_a_refused_direct_read_or_write_falls_back_to_buffered() {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let path = dir.path().join("data");
-        let pattern: Vec<u8> = (0..64 * 4096u32).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let pattern: Vec<u8> = (0..64 * 4096u32)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
         std::fs::write(&path, &pattern).unwrap();
 
         // Reads: a file store whose file system took O_DIRECT at open.
@@ -1126,7 +1128,10 @@ mod tests {
         let n = refusing(|| st.read_at(&mut buf, 8 * 4096)).unwrap();
         assert_eq!(n, 16 * 4096);
         assert_eq!(&buf[..], &pattern[8 * 4096..24 * 4096]);
-        assert!(!st.direct_io(), "the direct descriptor is not used after a refusal");
+        assert!(
+            !st.direct_io(),
+            "the direct descriptor is not used after a refusal"
+        );
         let why = st.fds.refused.load(Ordering::Relaxed);
         assert_eq!(
             why,
