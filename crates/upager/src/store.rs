@@ -4,6 +4,25 @@
 //!   read-write. Aligned I/O goes through an `O_DIRECT` descriptor when the
 //!   file system allows it, so the kernel's page cache keeps no second copy
 //!   outside the budget; the unaligned tail uses the buffered descriptor.
+//! - [`SwapFile`]: the private swap file of an anonymous region, created
+//!   0600 and unlinked at once, addressed in slots handed out by [`Slots`].
+//! - Anything implementing [`Store`] (tests wrap a store to inject faults).
+//!
+//! Write-back hands a store all the writes of one batch at once
+//! ([`Store::write_batch`]). The file store and the swap file submit them
+//! together through io_uring (rings from a process-wide pool, one per
+//! thread writing at a time) and return when every one has completed, so
+//! the store works on them in parallel where it can and one batch of
+//! scattered 4 KiB folios costs a few `io_uring_enter` calls instead of one
+//! `pwrite` each. Where io_uring is unavailable they write one by one (and
+//! log that once). The default for other stores loops over
+//! [`Store::write_from`].
+//!
+//! [`Slots`] is the store index that reclaim updates (seed 003): a batch of
+//! evicted folios gets its slots under one lock acquisition, and a batch of
+//! discarded folios returns them under one, their holes punched before (a
+//! freed slot may be reused at once, so a punch after the free could wipe
+//! the new owner's data).
 //!
 //! O_DIRECT refused after open. Some file systems accept `O_DIRECT` at
 //! open and fail the I/O with `EINVAL` (FUSE file systems such as LazyFS;
@@ -27,25 +46,6 @@
 //! I/O fails too. Ordering: Relaxed everywhere, the flag only chooses
 //! between two descriptors that are valid at all times, and the kernel
 //! keeps direct and buffered I/O of one inode coherent.
-//! - [`SwapFile`]: the private swap file of an anonymous region, created
-//!   0600 and unlinked at once, addressed in slots handed out by [`Slots`].
-//! - Anything implementing [`Store`] (tests wrap a store to inject faults).
-//!
-//! Write-back hands a store all the writes of one batch at once
-//! ([`Store::write_batch`]). The file store and the swap file submit them
-//! together through io_uring (rings from a process-wide pool, one per
-//! thread writing at a time) and return when every one has completed, so
-//! the store works on them in parallel where it can and one batch of
-//! scattered 4 KiB folios costs a few `io_uring_enter` calls instead of one
-//! `pwrite` each. Where io_uring is unavailable they write one by one (and
-//! log that once). The default for other stores loops over
-//! [`Store::write_from`].
-//!
-//! [`Slots`] is the store index that reclaim updates (seed 003): a batch of
-//! evicted folios gets its slots under one lock acquisition, and a batch of
-//! discarded folios returns them under one, their holes punched before (a
-//! freed slot may be reused at once, so a punch after the free could wipe
-//! the new owner's data).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -663,8 +663,8 @@ impl Fds {
         log::warn!(
             "{}: the file system accepted O_DIRECT at open but refused an O_DIRECT {call} ({err}): \
              this store reads and writes through the page cache from now on (the kernel may keep \
-             cached copies of its data outside the budget); turn direct I/O off for it \
-             (Pager builder `direct_io(false)`) to skip the attempt",
+             cached copies of its data outside the budget); a pager built with \
+             `direct_io(false)` (Python `direct_io=False`) skips the attempt",
             what()
         );
     }
