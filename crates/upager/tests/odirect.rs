@@ -460,7 +460,16 @@ impl Fuse {
         self.mnt.path()
     }
 
-    /// Calls the daemon refused so far ("read" or "write").
+    /// Waits (at most 10 s) until the daemon reported more than `n`
+    /// refused `call`s: its lines reach the test through a pipe and a
+    /// reader thread, after the refusal itself.
+    #[track_caller]
+    fn refused_more_than(&self, call: &str, n: usize) {
+        let what = format!("the daemon to report more than {n} refused {call}s");
+        wait_until(&what, 10, || self.refused(call) > n);
+    }
+
+    /// Calls the daemon reported refused so far ("read" or "write").
     fn refused(&self, call: &str) -> usize {
         let want = format!("refused {call}");
         self.err
@@ -548,10 +557,7 @@ fn r28_4_fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
             after_read: false
         }
     );
-    assert!(
-        fuse.refused("read") >= 1,
-        "the daemon refused the direct read"
-    );
+    fuse.refused_more_than("read", 0);
     let l = fallbacks_naming(&probe_path.display().to_string());
     assert_eq!(l.len(), 1, "one message: {l:?}");
     assert!(
@@ -572,7 +578,7 @@ fn r28_4_fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
         assert!(l[0].contains("O_DIRECT read (Invalid argument"), "{}", l[0]);
     }
     // The probe's store and each mapped file's met at least one refusal.
-    assert!(fuse.refused("read") > files.len());
+    fuse.refused_more_than("read", files.len());
 
     // An anonymous region swapping to this file system: its first direct
     // I/O is a write-back (a batch through io_uring, or one `pwrite` per
@@ -614,10 +620,8 @@ fn r28_4_fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
         assert!(stats.writebacks > 0 && stats.evictions > 0, "{stats:?}");
         assert_eq!(stats.writeback_errors, 0, "{stats:?}");
         assert_eq!(stats.read_errors, 0, "{stats:?}");
-        assert!(
-            fuse.refused("write") > before,
-            "{mode}: the daemon refused the swap file's direct write"
-        );
+        // The daemon refused the swap file's direct write.
+        fuse.refused_more_than("write", before);
         let l = fallbacks_naming(&format!("swap file {}", swap_dir.display()));
         assert_eq!(l.len(), 1, "{mode}: {l:?}");
         let call = if batched {
