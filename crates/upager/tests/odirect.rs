@@ -352,7 +352,7 @@ fn fuse_daemon() -> Result<PathBuf, String> {
         }
         let flags = String::from_utf8_lossy(&flags.stdout).into_owned();
         let cc = Command::new("cc")
-            .args(["-O2", "-Wall", "-Werror", "-o"])
+            .args(["-O2", "-Wall", "-o"])
             .arg(&out)
             .arg(src)
             .args(flags.split_whitespace())
