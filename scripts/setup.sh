@@ -20,6 +20,10 @@ command -v redis-cli >/dev/null || need_apt+=(redis-tools)
 # the system CA store a rediss-cluster:// URL without ?ca= trusts.
 command -v openssl >/dev/null || need_apt+=(openssl)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
+# FUSE (issue 28 item 4, crates/upager/tests/odirect.rs): fusermount3, and
+# libfuse 3's headers for the passthrough daemon that test builds with cc.
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+[ -f /usr/include/fuse3/fuse.h ] || need_apt+=(libfuse3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root to install ${need_apt[*]}" >&2; exit 1; fi

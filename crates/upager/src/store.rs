@@ -23,13 +23,36 @@
 //! discarded folios returns them under one, their holes punched before (a
 //! freed slot may be reused at once, so a punch after the free could wipe
 //! the new owner's data).
+//!
+//! O_DIRECT refused after open. Some file systems accept `O_DIRECT` at
+//! open and fail the I/O with `EINVAL` (FUSE file systems such as LazyFS;
+//! `EOPNOTSUPP` is treated alike). Contract of [`FileStore`] and
+//! [`SwapFile`] (their shared [`Fds`]):
+//!
+//! ```text
+//!   I/O through the direct descriptor fails with EINVAL/EOPNOTSUPP
+//!     1) mark the store's direct descriptor refused (one atomic, never cleared)
+//!     2) do the same I/O again, whole, through the buffered descriptor
+//!        (a write may have landed in part: rewriting the same bytes is harmless)
+//!     3) every later I/O of the store goes buffered
+//!     4) log once, naming the file and the refused call, outside any SIGBUS
+//!        handler: at the next store call that is not in one, or at close
+//! ```
+//!
+//! Steps 1-3 are async-signal-safe (an atomic and `pread`/`pwrite`, no
+//! allocation, no lock): an in-thread fault's read falls back inside the
+//! SIGBUS handler and the access goes on. Only the log waits. No access
+//! ends because of the refusal: the error is returned only if the buffered
+//! I/O fails too. Ordering: Relaxed everywhere, the flag only chooses
+//! between two descriptors that are valid at all times, and the kernel
+//! keeps direct and buffered I/O of one inode coherent.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use upager_sys::mem::Mapping;
@@ -211,8 +234,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 /// system call EFAULT), and the store logs the new size once.
 #[derive(Debug)]
 pub struct FileStore {
-    buffered: File,
-    direct: Option<File>,
+    fds: Fds,
     len: u64,
     writable: bool,
     /// Write-back rings: its own, or its pager's once shared.
@@ -239,8 +261,7 @@ impl FileStore {
         };
         let len = file_len(&buffered)?;
         Ok(FileStore {
-            buffered,
-            direct,
+            fds: Fds::new(buffered, direct),
             len,
             writable,
             rings: Arc::default(),
@@ -263,8 +284,7 @@ impl FileStore {
             std::os::fd::AsRawFd::as_raw_fd(&file)
         ));
         Ok(FileStore {
-            buffered: file,
-            direct,
+            fds: Fds::new(file, direct),
             len,
             writable,
             rings: Arc::default(),
@@ -281,7 +301,7 @@ impl FileStore {
         if !upager_sys::signal::in_sigbus_handler()
             && !self.shrink_logged.swap(true, Ordering::Relaxed)
         {
-            let now = file_len(&self.buffered).map_or("?".to_string(), |n| n.to_string());
+            let now = file_len(&self.fds.buffered).map_or("?".to_string(), |n| n.to_string());
             log::error!(
                 "{}: the file is {now} bytes now but was {} bytes when it was mapped (truncated under the mapping?): the read at byte {} got {got} bytes; accesses beyond the new end get SIGBUS (system calls EFAULT). Do not shrink a mapped file; unmap it first",
                 self.name.display(),
@@ -295,17 +315,20 @@ impl FileStore {
 
     /// The (buffered) descriptor.
     pub(crate) fn file(&self) -> &File {
-        &self.buffered
+        &self.fds.buffered
     }
 
-    fn pick(&self, addr: u64, len: usize, offset: u64) -> &File {
-        let aligned = addr.is_multiple_of(PAGE_SIZE as u64)
-            && len.is_multiple_of(PAGE_SIZE)
-            && offset.is_multiple_of(PAGE_SIZE as u64);
-        match &self.direct {
-            Some(d) if aligned => d,
-            _ => &self.buffered,
-        }
+    /// Whether aligned I/O goes through an `O_DIRECT` descriptor now:
+    /// false if direct I/O was not asked for, the file system refused
+    /// `O_DIRECT` at open, or refused an I/O since (see the module doc).
+    pub fn direct_io(&self) -> bool {
+        self.fds.direct().is_some()
+    }
+}
+
+impl Drop for FileStore {
+    fn drop(&mut self) {
+        self.fds.report(|| self.describe());
     }
 }
 
@@ -399,14 +422,15 @@ impl Store for FileStore {
         self.len
     }
     fn describe(&self) -> String {
-        format!("file {}", path_of(&self.buffered))
+        format!("file {}", path_of(&self.fds.buffered))
     }
     fn writable(&self) -> bool {
         self.writable
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let f = self.pick(buf.as_ptr() as u64, buf.len(), offset);
-        let n = read_full(f, buf, offset)?;
+        let n = self.fds.read(buf, offset);
+        self.fds.report(|| self.describe());
+        let n = n?;
         let promised = (buf.len() as u64).min(self.len.saturating_sub(offset)) as usize;
         if n < promised {
             return Err(self.shrunk(offset, n));
@@ -414,15 +438,18 @@ impl Store for FileStore {
         Ok(promised)
     }
     fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
-        src.write_to(self.pick(src.addr(), src.len(), offset), offset)
+        let res = self.fds.write(src, offset);
+        self.fds.report(|| self.describe());
+        res
     }
     fn write_batch(&self, batch: &[Write<'_>]) -> Written {
-        write_together(&self.rings, batch, |w| {
-            self.pick(w.src.addr(), w.src.len(), w.offset)
-        })
+        let done = write_together(&self.rings, &self.fds, batch);
+        self.fds.report(|| self.describe());
+        done
     }
     fn sync(&self) -> io::Result<()> {
-        self.buffered.sync_data()
+        self.fds.report(|| self.describe());
+        self.fds.buffered.sync_data()
     }
     fn signal_safe(&self) -> bool {
         true // pread into the caller's buffer
@@ -439,8 +466,7 @@ impl Store for FileStore {
 /// unlinked before anyone else can open it; closing it frees its space.
 #[derive(Debug)]
 pub struct SwapFile {
-    file: File,
-    direct: Option<File>,
+    fds: Fds,
     /// Write-back rings: its own, or its pager's once shared.
     rings: Arc<RingPool>,
 }
@@ -475,14 +501,21 @@ impl SwapFile {
             None
         };
         Ok(SwapFile {
-            file,
-            direct,
+            fds: Fds::new(file, direct),
             rings: Arc::default(),
         })
     }
 
-    fn pick(&self) -> &File {
-        self.direct.as_ref().unwrap_or(&self.file)
+    /// Whether aligned I/O goes through an `O_DIRECT` descriptor now (as
+    /// [`FileStore::direct_io`]).
+    pub fn direct_io(&self) -> bool {
+        self.fds.direct().is_some()
+    }
+}
+
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        self.fds.report(|| self.describe());
     }
 }
 
@@ -500,6 +533,160 @@ fn reopen_direct(file: &File, writable: bool) -> Option<File> {
         .ok()
 }
 
+/// The call through the direct descriptor that a file system refused
+/// (for the message).
+#[derive(Debug, Clone, Copy)]
+enum Refused {
+    Read = 1,
+    Write = 2,
+    RingWrite = 3,
+}
+
+/// A store's descriptors to one file: the buffered one, and an `O_DIRECT`
+/// one where the file system accepted the flag at open, used for aligned
+/// I/O until the file system refuses an I/O on it (module doc, "O_DIRECT
+/// refused after open"). Every method but [`Fds::report`] is
+/// async-signal-safe.
+#[derive(Debug)]
+struct Fds {
+    buffered: File,
+    direct: Option<File>,
+    /// 0 while the direct descriptor is in use; else why it is not any
+    /// more: `(Refused as u32) << 16 | errno`, of the first refusal. Set
+    /// once, never cleared.
+    refused: AtomicU32,
+    /// The refusal was logged (or is being logged, by one thread).
+    logged: AtomicBool,
+}
+
+impl Fds {
+    fn new(buffered: File, direct: Option<File>) -> Fds {
+        Fds {
+            buffered,
+            direct,
+            refused: AtomicU32::new(0),
+            logged: AtomicBool::new(false),
+        }
+    }
+
+    /// The direct descriptor, unless there is none or it was refused.
+    fn direct(&self) -> Option<&File> {
+        if self.refused.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.direct.as_ref()
+    }
+
+    /// The direct descriptor for `len` bytes at memory `addr` and file
+    /// `offset`, if it may take them (all three page-aligned); None: the
+    /// buffered one.
+    fn pick(&self, addr: u64, len: usize, offset: u64) -> Option<&File> {
+        let aligned = addr.is_multiple_of(PAGE_SIZE as u64)
+            && len.is_multiple_of(PAGE_SIZE)
+            && offset.is_multiple_of(PAGE_SIZE as u64);
+        self.direct().filter(|_| aligned)
+    }
+
+    /// Whether `e`, the error of `call` through the direct descriptor, is
+    /// the file system refusing direct I/O (EINVAL, EOPNOTSUPP); if so the
+    /// direct descriptor is not used any more (the first refusal's reason
+    /// is kept for the message).
+    fn refuse(&self, e: &io::Error, call: Refused) -> bool {
+        let Some(errno @ (libc::EINVAL | libc::EOPNOTSUPP)) = e.raw_os_error() else {
+            return false;
+        };
+        let why = ((call as u32) << 16) | (errno as u32 & 0xffff);
+        let _ = self
+            .refused
+            .compare_exchange(0, why, Ordering::Relaxed, Ordering::Relaxed);
+        true
+    }
+
+    /// Reads into `buf` from `offset` until it is full or the file ends:
+    /// through the direct descriptor if [`Fds::pick`] gives it, again
+    /// through the buffered one if the file system refuses that.
+    fn read(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if let Some(d) = self.pick(buf.as_ptr() as u64, buf.len(), offset) {
+            match test_refusal().map_or_else(|| read_full(d, buf, offset), Err) {
+                Err(e) if self.refuse(&e, Refused::Read) => {}
+                res => return res,
+            }
+        }
+        read_full(&self.buffered, buf, offset)
+    }
+
+    /// Writes all of `src` at `offset`, as [`Fds::read`] reads.
+    fn write(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
+        match self.pick(src.addr(), src.len(), offset) {
+            Some(d) => self.write_at(d, true, src, offset),
+            None => src.write_to(&self.buffered, offset),
+        }
+    }
+
+    /// Writes all of `src` at `offset` through `file` (`direct`: the
+    /// direct descriptor); if the file system refuses the direct write,
+    /// all of `src` again through the buffered descriptor (a part that
+    /// landed is written over with the same bytes: the source is
+    /// write-protected memory).
+    fn write_at(&self, file: &File, direct: bool, src: Src<'_>, offset: u64) -> io::Result<()> {
+        let res = match test_refusal().filter(|_| direct) {
+            Some(e) => Err(e),
+            None => src.write_to(file, offset),
+        };
+        match res {
+            Err(e) if direct && self.refuse(&e, Refused::Write) => {
+                src.write_to(&self.buffered, offset)
+            }
+            res => res,
+        }
+    }
+
+    /// Logs a refusal once, naming the store (`what`, called only then)
+    /// and the refused call. Not in a SIGBUS handler (no logging there):
+    /// the store calls this after each I/O and when it closes, so a
+    /// refusal met in a handler is logged by the next call outside one.
+    fn report(&self, what: impl FnOnce() -> String) {
+        let why = self.refused.load(Ordering::Relaxed);
+        if why == 0
+            || self.logged.load(Ordering::Relaxed)
+            || upager_sys::signal::in_sigbus_handler()
+            || self.logged.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        let call = match why >> 16 {
+            1 => "read",
+            2 => "write",
+            _ => "write (io_uring)",
+        };
+        let err = io::Error::from_raw_os_error((why & 0xffff) as i32);
+        log::warn!(
+            "{}: the file system accepted O_DIRECT at open but refused an O_DIRECT {call} ({err}): \
+             this store reads and writes through the page cache from now on (the kernel may keep \
+             cached copies of its data outside the budget); a pager built with \
+             `direct_io(false)` (Python `direct_io=False`) skips the attempt",
+            what()
+        );
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Unit tests: this thread's `pread`/`pwrite` on direct descriptors
+    /// fail with EINVAL, as on LazyFS (io_uring writes are not affected).
+    static REFUSE_DIRECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The error a unit test makes direct I/O fail with; None outside tests.
+#[inline]
+fn test_refusal() -> Option<io::Error> {
+    #[cfg(test)]
+    if REFUSE_DIRECT.with(std::cell::Cell::get) {
+        return Some(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    None
+}
+
 fn libc_o_tmpfile() -> i32 {
     libc::O_TMPFILE // includes O_DIRECTORY
 }
@@ -515,27 +702,34 @@ impl Store for SwapFile {
         u64::MAX
     }
     fn describe(&self) -> String {
-        format!("swap file {}", path_of(&self.file))
+        format!("swap file {}", path_of(&self.fds.buffered))
     }
     fn writable(&self) -> bool {
         true
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        let n = read_full(self.pick(), buf, offset)?;
+        let n = self.fds.read(buf, offset);
+        self.fds.report(|| self.describe());
+        let n = n?;
         buf[n..].fill(0); // a slot past the file's end reads as zeros
         Ok(buf.len())
     }
     fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
-        src.write_to(self.pick(), offset)
+        let res = self.fds.write(src, offset);
+        self.fds.report(|| self.describe());
+        res
     }
     fn write_batch(&self, batch: &[Write<'_>]) -> Written {
-        write_together(&self.rings, batch, |_| self.pick())
+        let done = write_together(&self.rings, &self.fds, batch);
+        self.fds.report(|| self.describe());
+        done
     }
     fn sync(&self) -> io::Result<()> {
+        self.fds.report(|| self.describe());
         Ok(()) // swap contents need not survive the process
     }
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
-        upager_sys::io::punch_hole(&self.file, offset, len)
+        upager_sys::io::punch_hole(&self.fds.buffered, offset, len)
     }
     fn signal_safe(&self) -> bool {
         true // pread into the caller's buffer
@@ -608,19 +802,14 @@ impl RingPool {
 }
 
 /// Writes a batch through one ring, all submitted together (see the module
-/// doc); `file` picks each write's descriptor. A write the ring could not
-/// submit, that completed short or was interrupted is finished with
-/// `pwrite`. One by one when there is no ring or one write.
-fn write_together<'f>(
-    rings: &RingPool,
-    batch: &[Write<'_>],
-    file: impl Fn(&Write<'_>) -> &'f File,
-) -> Written {
+/// doc), each write to the descriptor `fds` picks for it. A write the ring
+/// could not submit, that completed short or was interrupted is finished
+/// with `pwrite`; one the direct descriptor refused (EINVAL) is done again
+/// whole through the buffered one ([`Fds::write`]). One by one when there
+/// is no ring or one write.
+fn write_together(rings: &RingPool, fds: &Fds, batch: &[Write<'_>]) -> Written {
     let one_by_one = |batch: &[Write<'_>]| {
-        let results: Vec<_> = batch
-            .iter()
-            .map(|w| w.src.write_to(file(w), w.offset))
-            .collect();
+        let results: Vec<_> = batch.iter().map(|w| fds.write(w.src, w.offset)).collect();
         Written::new(results, batch.len() as u64)
     };
     if batch.len() < 2 {
@@ -629,10 +818,19 @@ fn write_together<'f>(
     let Some(mut ring) = rings.take() else {
         return one_by_one(batch);
     };
+    // Each write's descriptor, and whether it is the direct one.
+    let files: Vec<(&File, bool)> = batch
+        .iter()
+        .map(|w| match fds.pick(w.src.addr(), w.src.len(), w.offset) {
+            Some(d) => (d, true),
+            None => (&fds.buffered, false),
+        })
+        .collect();
     let ops: Vec<WriteOp<'_>> = batch
         .iter()
-        .map(|w| WriteOp {
-            fd: std::os::fd::AsFd::as_fd(file(w)),
+        .zip(&files)
+        .map(|(w, (f, _))| WriteOp {
+            fd: std::os::fd::AsFd::as_fd(*f),
             addr: w.src.addr(),
             len: w.src.len() as u64,
             offset: w.offset,
@@ -647,10 +845,15 @@ fn write_together<'f>(
     let results = batch
         .iter()
         .zip(out)
-        .map(|(w, o)| {
+        .zip(&files)
+        .map(|((w, o), &(f, direct))| {
             let done = match o {
                 Some(Ok(n)) if n as usize >= w.src.len() => return Ok(()),
                 Some(Ok(n)) => n as usize,
+                Some(Err(e)) if direct && fds.refuse(&e, Refused::RingWrite) => {
+                    submissions += 1;
+                    return w.src.write_to(&fds.buffered, w.offset);
+                }
                 Some(Err(e)) if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) => {
                     return Err(e)
                 }
@@ -662,7 +865,7 @@ fn write_together<'f>(
                 off: w.src.off + done,
                 len: w.src.len - done,
             };
-            rest.write_to(file(w), w.offset + done as u64)
+            fds.write_at(f, direct, rest, w.offset + done as u64)
         })
         .collect();
     Written::new(results, submissions)
@@ -887,6 +1090,143 @@ mod tests {
         }
     }
 
+    /// Runs `f` with this thread's direct `pread`/`pwrite` failing with
+    /// EINVAL (LazyFS's behaviour), reset even if `f` panics.
+    fn refusing<T>(f: impl FnOnce() -> T) -> T {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                REFUSE_DIRECT.with(|c| c.set(false));
+            }
+        }
+        REFUSE_DIRECT.with(|c| c.set(true));
+        let _reset = Reset;
+        f()
+    }
+
+    /// Issue 28 item 4, in the store alone: a refused direct read or write
+    /// is done through the buffered descriptor, the data is right, the
+    /// direct descriptor is not used again, and the reason is kept for one
+    /// log message. (The real refusal, by a FUSE file system, and the
+    /// message: tests/odirect.rs.)
+    #[test]
+    fn r28_4_a_refused_direct_read_or_write_falls_back_to_buffered() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = dir.path().join("data");
+        let pattern: Vec<u8> = (0..64 * 4096u32)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        std::fs::write(&path, &pattern).unwrap();
+
+        // Reads: a file store whose file system took O_DIRECT at open.
+        let st = FileStore::open(&path, false, true).unwrap();
+        if !st.direct_io() {
+            eprintln!("skipping: /dev/shm refuses O_DIRECT at open (tmpfs before Linux 6.6)");
+            return;
+        }
+        let mut buf = upager_sys::mem::AlignedBuf::zeroed(16 * 4096);
+        let n = refusing(|| st.read_at(&mut buf, 8 * 4096)).unwrap();
+        assert_eq!(n, 16 * 4096);
+        assert_eq!(&buf[..], &pattern[8 * 4096..24 * 4096]);
+        assert!(
+            !st.direct_io(),
+            "the direct descriptor is not used after a refusal"
+        );
+        let why = st.fds.refused.load(Ordering::Relaxed);
+        assert_eq!(
+            why,
+            ((Refused::Read as u32) << 16) | libc::EINVAL as u32,
+            "reason kept"
+        );
+        assert!(st.fds.logged.load(Ordering::Relaxed), "logged at once");
+        // Later reads (no refusal now) are buffered and right.
+        assert_eq!(st.read_at(&mut buf, 0).unwrap(), 16 * 4096);
+        assert_eq!(&buf[..], &pattern[..16 * 4096]);
+
+        // Writes: one by one, and a batch of one (the batch path's pwrite;
+        // its io_uring path meets a real refusal in tests/odirect.rs).
+        let map = Mapping::anonymous(8 * 4096, 4096, true).unwrap();
+        for i in 0..8 {
+            map.write_at(i * 4096, &[0xa0 + i as u8; 4096]);
+        }
+        let src = |i: usize, n: usize| Src {
+            map: &map,
+            off: i * 4096,
+            len: n * 4096,
+        };
+        for batched in [false, true] {
+            let st = FileStore::open(&path, true, true).unwrap();
+            assert!(st.direct_io());
+            let w = Write {
+                src: src(0, 2),
+                offset: 4 * 4096,
+            };
+            if batched {
+                let done = refusing(|| st.write_batch(&[w]));
+                assert!(done.results.iter().all(|r| r.is_ok()), "{:?}", done.results);
+            } else {
+                refusing(|| st.write_from(w.src, w.offset)).unwrap();
+            }
+            assert!(!st.direct_io());
+            assert_eq!(
+                st.fds.refused.load(Ordering::Relaxed) >> 16,
+                Refused::Write as u32
+            );
+            // After the refusal a batch goes buffered (through a ring or not).
+            let batch = [
+                Write {
+                    src: src(2, 1),
+                    offset: 40 * 4096,
+                },
+                Write {
+                    src: src(3, 5),
+                    offset: 50 * 4096,
+                },
+            ];
+            let done = st.write_batch(&batch);
+            assert!(done.results.iter().all(|r| r.is_ok()), "{:?}", done.results);
+            st.sync().unwrap();
+        }
+        let data = std::fs::read(&path).unwrap();
+        let page = |p: usize| &data[p * 4096..(p + 1) * 4096];
+        for (at, fill) in [(4, 0xa0), (5, 0xa1), (40, 0xa2), (50, 0xa3), (54, 0xa7)] {
+            assert!(page(at).iter().all(|&b| b == fill), "page {at}");
+        }
+        assert_eq!(page(6), &pattern[6 * 4096..7 * 4096], "untouched");
+
+        // The swap file: the same fallback.
+        let sw = SwapFile::create(dir.path(), true).unwrap();
+        if sw.direct_io() {
+            refusing(|| sw.write_from(src(1, 1), 3 * 4096)).unwrap();
+            assert!(!sw.direct_io());
+            let mut b = upager_sys::mem::AlignedBuf::zeroed(4096);
+            sw.read_at(&mut b, 3 * 4096).unwrap();
+            assert!(b.iter().all(|&x| x == 0xa1));
+        }
+    }
+
+    /// Errors that are not a refusal of direct I/O keep the direct
+    /// descriptor (a bad descriptor, an I/O error).
+    #[test]
+    fn only_einval_and_eopnotsupp_disable_direct_io() {
+        let f = tempfile::tempfile().unwrap();
+        let fds = Fds::new(f, None);
+        for errno in [libc::EIO, libc::ENOSPC, libc::EBADF, libc::EINTR] {
+            let e = io::Error::from_raw_os_error(errno);
+            assert!(!fds.refuse(&e, Refused::Read), "{e}");
+        }
+        assert_eq!(fds.refused.load(Ordering::Relaxed), 0);
+        let e = io::Error::from_raw_os_error(libc::EOPNOTSUPP);
+        assert!(fds.refuse(&e, Refused::RingWrite));
+        let e = io::Error::from_raw_os_error(libc::EINVAL);
+        assert!(fds.refuse(&e, Refused::Read));
+        assert_eq!(
+            fds.refused.load(Ordering::Relaxed),
+            ((Refused::RingWrite as u32) << 16) | libc::EOPNOTSUPP as u32,
+            "the first refusal is the one reported"
+        );
+    }
+
     #[test]
     fn swap_file_is_private_and_unnamed() {
         let dir = tempfile::tempdir().unwrap();
@@ -898,7 +1238,7 @@ mod tests {
         );
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
-            sw.file.metadata().unwrap().permissions().mode() & 0o777,
+            sw.fds.buffered.metadata().unwrap().permissions().mode() & 0o777,
             0o600
         );
         let mut buf = upager_sys::mem::AlignedBuf::zeroed(8192);
