@@ -95,10 +95,15 @@ pub(crate) fn info_lines(i: &upager::PagerInfo) -> Vec<String> {
         v.push("io_uring unavailable: write-back with pwrite".into());
     }
     if !i.uffd_poison {
-        v.push("no UFFDIO_POISON (kernel before 6.6): a failed access gets SIGBUS from upager".into());
+        v.push(
+            "no UFFDIO_POISON (kernel before 6.6): a failed access gets SIGBUS from upager".into(),
+        );
     }
     if !i.masked.is_empty() {
-        v.push(format!("masked for tests (UPAGER_MASK_FEATURES): {}", i.masked.join(", ")));
+        v.push(format!(
+            "masked for tests (UPAGER_MASK_FEATURES): {}",
+            i.masked.join(", ")
+        ));
     }
     v
 }

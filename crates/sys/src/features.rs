@@ -16,8 +16,9 @@
 //!   uffd_move          6.8            2 MiB runs copied (UFFDIO_COPY)
 //!   pagemap_scan       6.7            no huge pages moved into views
 //!                                      (the move's check needs the scan)
-//!   uffd_poison        6.6            SIGBUS sent to the faulting thread
-//!                                      (tgkill) by the handler
+//!   uffd_poison        6.6            handlers mode: a folio that cannot
+//!                                      be served is PROT_NONE for a while
+//!                                      (SIGSEGV instead of SIGBUS)
 //!   kernel_faults      -              a user-mode-only userfaultfd: system
 //!    (/dev/userfaultfd                 calls on non-resident region memory
 //!     or privilege)                    fail with EFAULT

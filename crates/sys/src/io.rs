@@ -168,22 +168,6 @@ pub fn gettid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
 
-/// Sends SIGBUS to thread `tid` of this process (`tgkill`): what
-/// `UFFDIO_POISON` makes the kernel do, for kernels without it.
-pub fn tgkill_sigbus(tid: u32) -> io::Result<()> {
-    // SAFETY: tgkill takes integers; a signal to a thread of our own
-    // process touches no memory of ours.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_tgkill,
-            libc::getpid(),
-            tid as libc::pid_t,
-            libc::SIGBUS,
-        )
-    };
-    crate::cvt(r).map(drop)
-}
-
 /// Pins the calling thread to one CPU (benchmarks and tests that need a
 /// thread on each CPU to see remote TLB shootdowns).
 pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {

@@ -208,13 +208,9 @@ impl Shared {
                 Ok(_) => {
                     for m in &msgs {
                         if let Msg::PageFault {
-                            addr,
-                            write,
-                            wp,
-                            tid,
+                            addr, write, wp, ..
                         } = *m
                         {
-                            ctx.tid = tid;
                             let _ = self.handle_fault(&mut ctx, addr, write, wp);
                         }
                     }
@@ -562,14 +558,12 @@ impl Shared {
                     }
                 }
                 Kind::Poisoned if in_thread => return Outcome::Sigbus,
-                Kind::Poisoned if !self.info.uffd_poison && ctx.tid != 0 => {
-                    // No UFFDIO_POISON (before 6.6): the thread gets its
-                    // SIGBUS from us. Its wait ends on the signal; in a
-                    // system call, the call fails with EFAULT first.
+                Kind::Poisoned if !self.info.uffd_poison => {
+                    // No UFFDIO_POISON (before 6.6), and the folio's
+                    // PROT_NONE was lifted (a region-wide mprotect): again.
                     self.counters.faults_stale.inc();
-                    if let Err(e) = upager_sys::io::tgkill_sigbus(ctx.tid) {
-                        log::error!("sending SIGBUS to thread {} failed: {e}", ctx.tid);
-                    }
+                    self.protect_poisoned(r, idx);
+                    let _ = self.uffd_of(r, idx).wake(r.folio_addr(idx), r.folio);
                     return Outcome::Done;
                 }
                 Kind::Clean | Kind::Dirty | Kind::Poisoned => {
@@ -1556,12 +1550,32 @@ impl Shared {
         );
     }
 
+    /// Where the kernel has no `UFFDIO_POISON`, handler mode: folio `idx`
+    /// of `r` becomes inaccessible (an access gets SIGSEGV, a system call
+    /// EFAULT; never a fault that would come back here for ever). The
+    /// reclaimer restores its access when it clears the poison.
+    pub(crate) fn protect_poisoned(&self, r: &Area, idx: usize) {
+        if self.mode == FaultMode::InThread {
+            return;
+        }
+        if let Err(e) = r.span(idx, 1).protect(upager_sys::mem::Access::None) {
+            log::error!("protecting a poisoned folio failed: {e}; the access will fault again");
+        }
+    }
+
     /// Makes an access to claimed folio `idx` raise SIGBUS (EFAULT in a
-    /// system call) until the reclaimer clears it. Holds no budget.
+    /// system call) until the reclaimer clears it (without UFFDIO_POISON,
+    /// in handler mode: SIGSEGV, see [`Shared::protect_poisoned`]). Holds
+    /// no budget.
     fn poison(&self, r: &Arc<Area>, idx: usize) {
         r.note_table(idx, 1);
-        // Without UFFDIO_POISON the woken access faults again and finds
-        // the folio POISONED: SIGBUS is raised then (resolve).
+        // Without UFFDIO_POISON (before 6.6): in-thread, the woken access
+        // faults again and finds the folio POISONED (SIGBUS then: resolve);
+        // handler threads make the folio PROT_NONE instead (SIGSEGV for an
+        // access, EFAULT for a system call) until the reclaimer clears it.
+        if !self.info.uffd_poison {
+            self.protect_poisoned(r, idx);
+        }
         let poisoned = self.info.uffd_poison && {
             let res = self.uffd_of(r, idx).poison(r.span(idx, 1));
             if !matches!(res, Ok(Fill::Done)) {

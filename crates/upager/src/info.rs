@@ -26,9 +26,10 @@ pub struct PagerInfo {
     /// `PAGEMAP_SCAN`); else they are copied.
     pub uffd_move: bool,
     /// `UFFDIO_POISON` (Linux 6.6) makes an access that cannot be served
-    /// raise SIGBUS; without it, upager sends the faulting thread SIGBUS
-    /// itself (`tgkill`; a system call then gets EFAULT and its thread the
-    /// signal too).
+    /// raise SIGBUS (a system call EFAULT); without it, the in-thread mode
+    /// raises SIGBUS all the same, and the handlers mode makes the folio
+    /// inaccessible for a while: SIGSEGV for an access, EFAULT for a
+    /// system call.
     pub uffd_poison: bool,
     /// The `PAGEMAP_SCAN` ioctl works.
     pub pagemap_scan: bool,
@@ -73,7 +74,7 @@ impl PagerInfo {
         }
         if !self.uffd_poison && !NO_POISON.swap(true, Relaxed) {
             log::warn!(
-                "no UFFDIO_POISON (Linux 6.6): an access upager cannot serve gets SIGBUS sent to its thread (tgkill)"
+                "no UFFDIO_POISON (Linux 6.6): an access upager cannot serve gets SIGBUS in the in-thread fault mode, SIGSEGV in the handlers mode (system calls EFAULT in both)"
             );
         }
         if !self.uffd_move && !NO_MOVE.swap(true, Relaxed) {

@@ -457,6 +457,17 @@ impl Shared {
                 continue;
             }
             self.zap(&[guard.span(e.idx, 1)], "a poisoned folio", false);
+            if !self.info.uffd_poison && self.mode == crate::FaultMode::Handlers {
+                // Its PROT_NONE (fault.rs protect_poisoned) lifted.
+                let access = if guard.writable {
+                    upager_sys::mem::Access::ReadWrite
+                } else {
+                    upager_sys::mem::Access::Read
+                };
+                if let Err(e) = guard.span(e.idx, 1).protect(access) {
+                    log::error!("restoring access to a poisoned folio failed: {e}");
+                }
+            }
             guard.trace.record(
                 e.idx,
                 crate::trace::Path::Unpoisoned,

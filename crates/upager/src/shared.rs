@@ -153,10 +153,6 @@ pub(crate) struct Ctx {
     pub pre: Option<(usize, usize)>,
     /// The prefetch batch's buffer (prefetch thread only, while it works).
     pub pre_buf: Option<AlignedBuf>,
-    /// The thread whose fault a handler thread resolves now (from the
-    /// message; 0 when unknown): a poisoned folio's SIGBUS goes to it where
-    /// the kernel has no `UFFDIO_POISON` (before 6.6).
-    pub tid: u32,
 }
 
 /// Bytes of a fill buffer kept resident when its thread is idle: a default
@@ -212,7 +208,6 @@ impl Ctx {
             high: CTX_KEEP,
             pre: None,
             pre_buf: None,
-            tid: 0,
         }
     }
 }
