@@ -37,7 +37,8 @@ by the suite's worker runner (crates/bench/src/worker.rs): prints
 ``ready <pid>``, waits for ``go`` on stdin, prints ``result <json>`` (the
 shape of the Rust workers' WorkerResult) or ``error <message>``. The JSON
 is the suite's ``Workload::Numpy``: file, backend ("memmap" or "upager"),
-budget, folio_kb, fault_mode ("handlers" or "in-thread"), slice_bytes,
+budget, folio_kb, fault_mode ("handlers", "in-thread", or "auto": upager
+chooses), slice_bytes,
 random_ops, seed, huge_runs (upager's mixed folio sizes, default false),
 readahead_async (default true) and mode ("r+", the default, or "r": no
 write phase).
@@ -102,6 +103,11 @@ def open_upager(upager, path, np, cfg):
                   # read by the fault that needs it
                   huge_runs=bool(cfg.get("huge_runs", False)),
                   readahead_async=bool(cfg.get("readahead_async", True)))
+    if cfg["fault_mode"] == "auto":
+        # upager chooses (issue 28: in-thread where the userfaultfd is
+        # user-mode-only, as an ordinary user's is).
+        os.environ.pop("UPAGER_FAULT_MODE", None)
+        return upager.open_array(path, np.float64, **kwargs)
     os.environ["UPAGER_FAULT_MODE"] = cfg["fault_mode"]
     try:
         return upager.open_array(path, np.float64, fault_mode=cfg["fault_mode"], **kwargs)
@@ -223,7 +229,7 @@ def run(cfg, np, upager):
         extra["evicted_pages"] = float(stats["evictions"] * cfg["folio_kb"] * 1024 // PAGE)
         in_thread = stats.get("faults_in_thread", 0) > 0
         extra["upager.fault_mode_in_thread"] = 1.0 if in_thread else 0.0
-        if in_thread != (cfg["fault_mode"] == "in-thread"):
+        if cfg["fault_mode"] != "auto" and in_thread != (cfg["fault_mode"] == "in-thread"):
             raise RuntimeError(
                 f"asked for fault mode {cfg['fault_mode']}, but faults_in_thread = "
                 f"{stats.get('faults_in_thread', 0)}: the package does not honour the mode")

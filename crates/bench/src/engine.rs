@@ -154,6 +154,7 @@ impl KernelEngine {
             cgroup_limit: p.use_cgroup.then_some(p.limit_bytes),
             trace_tlb: p.trace_tlb,
             timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
+            user: None,
         };
         Ok((w, opts))
     }

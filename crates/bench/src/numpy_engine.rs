@@ -73,10 +73,14 @@ pub struct NumpyEngine {
     name: String,
     backend: NumpyBackend,
     folio_kb: u64,
-    fault_mode: FaultMode,
+    /// `None`: upager chooses (handlers, or in-thread where the
+    /// userfaultfd is user-mode-only: issue 28).
+    fault_mode: Option<FaultMode>,
     huge_runs: bool,
     readahead_async: bool,
     mode: &'static str,
+    /// Run by this user and group id (root switches to them).
+    user: Option<(u32, u32)>,
 }
 
 impl NumpyEngine {
@@ -86,10 +90,11 @@ impl NumpyEngine {
             name: "kernel numpy.memmap".into(),
             backend: NumpyBackend::Memmap,
             folio_kb: 4,
-            fault_mode: FaultMode::Handlers,
+            fault_mode: Some(FaultMode::Handlers),
             huge_runs: false,
             readahead_async: true,
             mode: "r+",
+            user: None,
         }
     }
 
@@ -100,10 +105,31 @@ impl NumpyEngine {
             name: format!("upager {} {}K", mode.name(), folio_kb),
             backend: NumpyBackend::Upager,
             folio_kb,
-            fault_mode: mode,
+            fault_mode: Some(mode),
             huge_runs: false,
             readahead_async: true,
             mode: "r+",
+            user: None,
+        }
+    }
+
+    /// `upager.open_array(mode="r+")` with `folio_kb` folios and the fault
+    /// mode upager chooses (`upager default 4K`).
+    pub fn upager_default(folio_kb: u64) -> Self {
+        NumpyEngine {
+            name: format!("upager default {folio_kb}K"),
+            fault_mode: None,
+            ..Self::upager(folio_kb, FaultMode::Handlers)
+        }
+    }
+
+    /// This engine run by an ordinary user (`name`, `uid`, `gid`: the
+    /// driver's process switches to them; root keeps the cgroup and the
+    /// shootdown count). The data file is handed to the user.
+    pub fn as_user(self, name: &str, uid: u32, gid: u32) -> Self {
+        NumpyEngine {
+            user: Some((uid, gid)),
+            ..self.named(&format!("as {name}"))
         }
     }
 
@@ -159,7 +185,7 @@ impl NumpyEngine {
             backend: self.backend,
             budget: p.upager_budget(),
             folio_kb: self.folio_kb,
-            fault_mode: self.fault_mode.name().to_string(),
+            fault_mode: self.fault_mode.map_or("auto", FaultMode::name).to_string(),
             slice_bytes: p.slice_bytes,
             random_ops: p.random_ops,
             seed: p.seed,
@@ -186,6 +212,10 @@ impl Engine for NumpyEngine {
             .clone()
             .ok_or(BenchError::NoDataFile(scenario))?;
         ensure_data_file(DataFile::F64Index, p.file_bytes, p.seed, &file)?;
+        if let Some((uid, gid)) = self.user {
+            std::os::unix::fs::chown(&file, Some(uid), Some(gid))
+                .map_err(|e| BenchError::Other(format!("chown {}: {e}", file.display())))?;
+        }
         evict_file(&file)?;
         let script = std::env::temp_dir().join(format!("{}.py", unique_name("numpy")));
         std::fs::write(&script, NUMPY_SCENARIO_PY)
@@ -195,6 +225,7 @@ impl Engine for NumpyEngine {
             cgroup_limit: p.use_cgroup.then_some(p.limit_bytes),
             trace_tlb: p.trace_tlb,
             timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
+            user: self.user,
         };
         let run = run_worker(&exe, &w, &opts);
         let _ = std::fs::remove_file(&script);

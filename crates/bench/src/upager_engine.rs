@@ -314,6 +314,7 @@ fn run_upager(
         cgroup_limit: None,
         trace_tlb: p.trace_tlb,
         timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
+        user: None,
     };
     finish(&run_worker(exe, &w, &opts)?)
 }
@@ -374,6 +375,7 @@ pub fn probe_fault_mode(exe: &WorkerExe, mode: FaultMode) -> Result<(), String> 
         cgroup_limit: None,
         trace_tlb: false,
         timeout: Duration::from_secs(60),
+        user: None,
     };
     let run = run_worker(exe, &w, &opts).map_err(|e| e.to_string())?;
     if run.result.bad_words > 0 {

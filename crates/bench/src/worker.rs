@@ -202,6 +202,9 @@ pub struct RunOptions {
     pub trace_tlb: bool,
     /// Time limit for the whole run.
     pub timeout: Duration,
+    /// Run the worker as this user and group id (root only): an ordinary
+    /// user's process, as upager's users meet it (issue 28).
+    pub user: Option<(u32, u32)>,
 }
 
 impl Default for RunOptions {
@@ -210,6 +213,7 @@ impl Default for RunOptions {
             cgroup_limit: None,
             trace_tlb: true,
             timeout: Duration::from_secs(600),
+            user: None,
         }
     }
 }
@@ -276,6 +280,12 @@ pub fn run_worker(
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if let Some((uid, gid)) = opts.user {
+        // std drops the supplementary groups too (setgroups) when root
+        // switches to another uid.
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+        std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+    }
     let exe_name = format!("{exe:?}");
     let child = cmd.spawn().map_err(|source| WorkerError::Spawn {
         exe: exe_name,

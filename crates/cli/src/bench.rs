@@ -17,7 +17,7 @@ use upager_bench::env::in_ci;
 use upager_bench::workloads::MapAdvice;
 use upager_bench::{
     plot, prepare, run_scenario, select_fault_modes, BenchEnv, Engine, EnvConfig, KernelEngine,
-    Scenario, ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
+    NumpyEngine, Scenario, ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
 };
 
 use crate::size_arg;
@@ -179,9 +179,43 @@ pub struct BenchArgs {
     /// prints them, e.g. "kernel,upager handlers,upager redis").
     #[arg(long, value_delimiter = ',')]
     pub engines: Option<Vec<String>>,
+    /// numpy: also run upager as this ordinary user (an existing account,
+    /// e.g. one made with `useradd`; needs root): engines `upager default
+    /// 4K/64K as NAME` (the fault mode upager chooses: in-thread, with the
+    /// user-mode-only userfaultfd an ordinary user gets) and `upager
+    /// handlers 4K as NAME`, side by side with root's (issue 28).
+    #[arg(long, value_name = "NAME")]
+    pub as_user: Option<String>,
 }
 
-fn engines(a: &BenchArgs, exe: &WorkerExe, modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
+/// The user and group id of account `name` (`id -u`, `id -g`).
+fn user_ids(name: &str) -> Result<(u32, u32), String> {
+    let id = |flag: &str| -> Result<u32, String> {
+        let out = std::process::Command::new("id")
+            .args([flag, name])
+            .output()
+            .map_err(|e| format!("running id: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "--as-user {name}: no such user ({})",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .map_err(|e| format!("id {flag} {name}: {e}"))
+    };
+    Ok((id("-u")?, id("-g")?))
+}
+
+/// The engines of a run; `user`: the `--as-user` account, resolved.
+fn engines(
+    a: &BenchArgs,
+    exe: &WorkerExe,
+    modes: &[FaultMode],
+    user: Option<&(String, u32, u32)>,
+) -> Vec<Box<dyn Engine>> {
     let mut v: Vec<Box<dyn Engine>> = vec![
         Box::new(KernelEngine::with_worker(exe.clone())),
         Box::new(KernelEngine::with_worker(exe.clone()).with_advice(MapAdvice::Random)),
@@ -190,6 +224,15 @@ fn engines(a: &BenchArgs, exe: &WorkerExe, modes: &[FaultMode]) -> Vec<Box<dyn E
     v.extend(UpagerEngine::for_modes(exe, modes));
     if let Some(url) = &a.store {
         v.extend(UpagerEngine::for_store(exe, &url.to_string()));
+    }
+    if let Some((name, uid, gid)) = user {
+        for e in [
+            NumpyEngine::upager_default(4),
+            NumpyEngine::upager_default(64),
+            NumpyEngine::upager(4, FaultMode::Handlers),
+        ] {
+            v.push(Box::new(e.as_user(name, *uid, *gid)));
+        }
     }
     v.retain(|e| {
         let kernel = e.name().starts_with("kernel");
@@ -230,7 +273,14 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let exe = worker_exe()?;
     let (modes, mode_notes) = fault_modes(a, &exe)?;
-    let engines = engines(a, &exe, &modes);
+    let user = match &a.as_user {
+        Some(n) => {
+            let (uid, gid) = user_ids(n)?;
+            Some((n.clone(), uid, gid))
+        }
+        None => None,
+    };
+    let engines = engines(a, &exe, &modes, user.as_ref());
     let mut failed = Vec::new();
     for name in names {
         let sc = name.spec();
@@ -409,6 +459,7 @@ pub fn kernel_demo(
             cgroup_limit: Some(budget),
             trace_tlb: true,
             timeout: std::time::Duration::from_secs(1800),
+            user: None,
         },
     );
     let _ = std::fs::remove_file(&file);

@@ -292,11 +292,11 @@ fn many_regions_child() {
         open_fds("self").len()
     ));
     assert_eq!(s.resident_bytes, 0);
-    // Every store closed; the pager keeps its own (userfaultfds, pidfd,
-    // eventfd).
+    // Every store closed; the pager keeps its own (userfaultfds, pidfd
+    // where process_madvise is used, eventfd).
     assert_eq!(
         open_fds("self").len(),
-        fds_before + pager.uffd_shards() + 2,
+        fds_before + pager.uffd_shards() + 1 + usize::from(pager.info().batched_unmap),
         "every store closed"
     );
     // The written words reached the files.

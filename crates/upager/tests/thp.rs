@@ -165,7 +165,10 @@ fn without_staged_huge_pages_fills_copy_and_count_the_fallback() {
     r.flush().unwrap();
     let s = pager.stats();
     assert_eq!(s.thp_fills, 0, "{s:?}");
-    assert!(s.thp_fill_fallback >= 16, "{s:?}");
+    // Counted as a fallback where moves could happen (not masked: issue 28).
+    if !masked("uffd_move") && !masked("pagemap_scan") {
+        assert!(s.thp_fill_fallback >= 16, "{s:?}");
+    }
     assert!(s.resident_peak_bytes <= 8 * MIB, "{s:?}");
     r.unmap().unwrap();
     assert_eq!(
