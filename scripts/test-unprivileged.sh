@@ -9,7 +9,12 @@
 #      Pager.info(), tofile and numpy.save from non-resident pages;
 #   3. the C API and UMap drop-in suites (crates/capi/tests/run.sh, built by
 #      the user with gcc against the prefix `make test-c` installed);
-#   4. the Python suite (python/tests), if the package is installed.
+#   4. the Python suite (python/tests).
+# Python: an ordinary user cannot use root's interpreter when it lives under
+# /root (pyenv), so the user gets a virtual environment of the system's
+# python3 (UPAGER_UNPRIV_PYTHON names another) with numpy, pytest,
+# safetensors and the wheel `make python` built, in $TARGET/unpriv-venv
+# (made once, by root, readable by all).
 # The user's checks must see a user-mode-only userfaultfd; if this machine
 # gives ordinary users more (vm.unprivileged_userfaultfd = 1), the run says
 # so and fails under CI=true. Exit status 0 when every part passed.
@@ -19,7 +24,9 @@ ROOT=$PWD
 USER_NAME=${UPAGER_TEST_USER:-upager-user}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 UPAGER=$TARGET/release/upager
-PYTHON=${PYTHON:-python3}
+BASE_PYTHON=${UPAGER_UNPRIV_PYTHON:-/usr/bin/python3}
+VENV=$TARGET/unpriv-venv
+PYTHON=$VENV/bin/python
 failed=()
 passed=0
 
@@ -76,7 +83,18 @@ export -f demo_check
 part demo-default bash -c 'demo_check "$0" demo --size 512M --budget 64M --reads 50000 --writes 25000 --dir "$TMPDIR" && "$0" demo --help >/dev/null' "$UPAGER"
 part demo-handlers bash -c 'demo_check "$0" demo --size 512M --budget 64M --reads 50000 --writes 25000 --dir "$TMPDIR" --fault-mode handlers' "$UPAGER"
 
-if "$PYTHON" -c "import upager" 2>/dev/null; then
+WHEEL=$(ls "$TARGET"/wheels/upager-*.whl 2>/dev/null | head -n 1)
+if [ -n "$WHEEL" ]; then
+    if [ ! -x "$PYTHON" ]; then
+        "$BASE_PYTHON" -m venv "$VENV" &&
+            "$PYTHON" -m pip install -q "numpy>=1.21" "pytest>=7" "safetensors>=0.4" ||
+            { echo "test-unprivileged: making $VENV failed" >&2; rm -rf "$VENV"; }
+    fi
+    # This tree's wheel, every time (it changes with the tree).
+    [ -x "$PYTHON" ] && "$PYTHON" -m pip install -q --force-reinstall --no-deps "$WHEEL"
+    chmod -R a+rX "$VENV" 2>/dev/null
+fi
+if [ -x "$PYTHON" ] && "$PYTHON" -c "import upager" 2>/dev/null; then
     for mode in default handlers in-thread; do
         part "python-memmap-$mode" "$PYTHON" - "$mode" <<'EOF'
 import os, sys
@@ -116,7 +134,7 @@ print("verified", mode)
 EOF
     done
 else
-    echo "SKIP python: the upager package is not installed for $PYTHON (make python)"
+    echo "SKIP python: no wheel in $TARGET/wheels (make python) or no $PYTHON"
     [ "${CI:-}" = true ] && failed+=("python-not-installed")
 fi
 
@@ -128,7 +146,7 @@ else
     [ "${CI:-}" = true ] && failed+=("c-suite-not-installed")
 fi
 
-if "$PYTHON" -c "import upager, pytest" 2>/dev/null; then
+if [ -x "$PYTHON" ] && "$PYTHON" -c "import upager, pytest" 2>/dev/null; then
     part python-suite "$PYTHON" -m pytest -q -p no:cacheprovider python/tests
 fi
 

@@ -24,8 +24,11 @@ def test_names():
 def test_default_is_handlers_or_the_environment(monkeypatch):
     monkeypatch.delenv("UPAGER_FAULT_MODE", raising=False)
     with upager.Pager(budget=BUDGET) as pager:
-        assert pager.fault_mode == "handlers"
-        assert "fault_mode=handlers" in repr(pager)
+        # upager chooses: in-thread where the userfaultfd is user-mode-only
+        # (an ordinary user's, issue 28), else handlers.
+        default = "in-thread" if pager.info()["user_mode_only"] else "handlers"
+        assert pager.fault_mode == default
+        assert f"fault_mode={default}" in repr(pager)
     monkeypatch.setenv("UPAGER_FAULT_MODE", "in-thread")
     pager = upager.Pager(budget=BUDGET)
     assert pager.fault_mode == "in-thread"
@@ -36,7 +39,32 @@ def test_default_is_handlers_or_the_environment(monkeypatch):
         assert pager.fault_mode == "handlers"
     monkeypatch.setenv("UPAGER_FAULT_MODE", "")
     with upager.Pager(budget=BUDGET) as pager:
-        assert pager.fault_mode == "handlers"
+        assert pager.fault_mode == default
+
+
+def test_info_says_what_the_kernel_allowed(monkeypatch):
+    """Pager.info() (issue 28): the same names on every face."""
+    with upager.Pager(budget=BUDGET) as pager:
+        info = pager.info()
+    assert set(info) == {"fault_mode", "user_mode_only", "syscalls_fault_in",
+                         "batched_unmap", "io_uring", "uffd_move", "uffd_poison",
+                         "pagemap_scan", "masked"}
+    assert info["fault_mode"] == pager.fault_mode
+    assert info["syscalls_fault_in"] == (
+        info["fault_mode"] == "handlers" and not info["user_mode_only"])
+    # UPAGER_USERFAULTFD=user-mode-only: an ordinary user's userfaultfd,
+    # for root too; the fault mode follows unless one is asked for.
+    monkeypatch.setenv("UPAGER_USERFAULTFD", "user-mode-only")
+    monkeypatch.delenv("UPAGER_FAULT_MODE", raising=False)
+    with upager.Pager(budget=BUDGET) as pager:
+        info = pager.info()
+    assert info["user_mode_only"] and not info["syscalls_fault_in"], info
+    assert info["fault_mode"] == "in-thread"
+    with upager.Pager(budget=BUDGET, fault_mode="handlers") as pager:
+        assert pager.info()["fault_mode"] == "handlers"
+    monkeypatch.setenv("UPAGER_USERFAULTFD", "kernel")
+    with pytest.raises(ValueError, match="UPAGER_USERFAULTFD"):
+        upager.Pager(budget=BUDGET)
 
 
 def test_bad_values_name_the_choices(monkeypatch, scratch):
@@ -88,18 +116,23 @@ def test_open_array_in_each_mode(data64, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_system_calls_on_region_memory(data64, scratch, mode):
     """os.write from, and readinto into, never-touched region memory: EFAULT
-    in "in-thread" mode until Region.fault_in; works at once with
-    handlers."""
+    in "in-thread" mode, or with a user-mode-only userfaultfd (an ordinary
+    user's: issue 28), until Region.fault_in; works at once with handlers
+    otherwise (Region.syscalls_fault_in says which)."""
     path, words = data64
     n, off = 256 * 1024, 4 * MIB
     out = os.path.join(scratch, "out")
     with upager.Pager(budget=BUDGET, fault_mode=mode) as pager:
         region = pager.map_file(path, mode="r+")
         assert region.fault_mode == mode and f"fault_mode={mode}" in repr(region)
+        info = pager.info()
+        assert region.syscalls_fault_in == info["syscalls_fault_in"] == (
+            mode == "handlers" and not info["user_mode_only"])
+        efault = not region.syscalls_fault_in
         view = memoryview(region)
         fd = os.open(out, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600)
         try:
-            if mode == "in-thread":
+            if efault:
                 with pytest.raises(OSError) as e:
                     os.write(fd, view[off:off + n])
                 assert e.value.errno == errno.EFAULT
@@ -112,7 +145,7 @@ def test_system_calls_on_region_memory(data64, scratch, mode):
         # Into the region: a read(2) writes region memory.
         dst = 16 * MIB
         with open(out, "rb", buffering=0) as f:
-            if mode == "in-thread":
+            if efault:
                 with pytest.raises(OSError) as e:
                     f.readinto(view[dst:dst + n])
                 assert e.value.errno == errno.EFAULT

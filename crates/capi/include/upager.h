@@ -616,6 +616,10 @@ int upager_umap_stat(const char *name, uint64_t *value);
  * names no mode). */
 int upager_umap_fault_mode(void);
 
+/* What the kernel let the process-wide pager behind umap() use (see
+ * upager_info()), creating it as upager_umap_stat() does. */
+int upager_umap_info(struct upager_info *out);
+
 /* ------------------------------------------------------------------------
  * Errors and version
  * ------------------------------------------------------------------------ */

@@ -396,21 +396,27 @@ pub unsafe extern "C" fn upager_info(p: *const upager_t, out: *mut upager_info) 
         let h = unsafe { handle(p, "pager") }?;
         // SAFETY: by this function's contract (NULL is refused by as_mut).
         let o = unsafe { out.as_mut() }.ok_or_else(|| Failure::inval("info is NULL"))?;
-        checked_size(o.size, std::mem::size_of::<upager_info>(), "upager_info")?;
-        let i = h.pager.info();
-        *o = upager_info {
-            size: o.size,
-            fault_mode: fault_mode_code(i.fault_mode)?,
-            user_mode_only: c_int::from(i.user_mode_only),
-            syscalls_fault_in: c_int::from(i.syscalls_fault_in()),
-            batched_unmap: c_int::from(i.batched_unmap),
-            io_uring: c_int::from(i.io_uring),
-            uffd_move: c_int::from(i.uffd_move),
-            uffd_poison: c_int::from(i.uffd_poison),
-            pagemap_scan: c_int::from(i.pagemap_scan),
-        };
-        Ok(0)
+        fill_info(o, &h.pager)
     })
+}
+
+/// Fills `o` (its `size` checked) with `pager`'s info: `upager_info` and
+/// `upager_umap_info`.
+pub(crate) fn fill_info(o: &mut upager_info, pager: &Pager) -> Result<c_int, Failure> {
+    checked_size(o.size, std::mem::size_of::<upager_info>(), "upager_info")?;
+    let i = pager.info();
+    *o = upager_info {
+        size: o.size,
+        fault_mode: fault_mode_code(i.fault_mode)?,
+        user_mode_only: c_int::from(i.user_mode_only),
+        syscalls_fault_in: c_int::from(i.syscalls_fault_in()),
+        batched_unmap: c_int::from(i.batched_unmap),
+        io_uring: c_int::from(i.io_uring),
+        uffd_move: c_int::from(i.uffd_move),
+        uffd_poison: c_int::from(i.uffd_poison),
+        pagemap_scan: c_int::from(i.pagemap_scan),
+    };
+    Ok(0)
 }
 
 /// `upager_fault_mode_name`: "handlers", "in-thread", or NULL for a value

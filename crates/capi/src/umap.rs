@@ -685,6 +685,20 @@ pub extern "C" fn upager_umap_fault_mode() -> c_int {
     error::guard(|| native::fault_mode_code(pager()?.fault_mode()))
 }
 
+/// `upager_umap_info`: what the kernel let the pager behind umap() use
+/// (`struct upager_info`), creating it as `upager_umap_fault_mode` does.
+///
+/// # Safety
+/// `out` is NULL or valid for reading and writing one `struct upager_info`.
+#[no_mangle]
+pub unsafe extern "C" fn upager_umap_info(out: *mut native::upager_info) -> c_int {
+    error::guard(|| {
+        // SAFETY: by this function's contract (NULL is refused by as_mut).
+        let o = unsafe { out.as_mut() }.ok_or_else(|| Failure::inval("info is NULL"))?;
+        native::fill_info(o, pager()?)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,8 @@ static uint64_t counter(const char *name) {
 int main(void) {
     const char *env = getenv("UPAGER_FAULT_MODE");
     int want = UPAGER_FAULT_FROM_ENV; /* no mode */
-    if (!env || !*env || !strcmp(env, "handlers")) want = UPAGER_FAULT_HANDLERS;
+    if (!env || !*env) want = -2; /* upager chooses: checked below */
+    else if (!strcmp(env, "handlers")) want = UPAGER_FAULT_HANDLERS;
     else if (!strcmp(env, "in-thread")) want = UPAGER_FAULT_IN_THREAD;
     const char *shown = env ? env : "(unset)";
 
@@ -56,6 +57,14 @@ int main(void) {
     }
 
     int mode = upager_umap_fault_mode();
+    struct upager_info info = {.size = sizeof info};
+    CHECK(upager_umap_info(&info) == 0, "upager_umap_info: %s",
+          upager_last_error());
+    CHECK(info.fault_mode == mode, "info %d, mode %d", info.fault_mode, mode);
+    /* Unset: handlers, or in-thread with a user-mode-only userfaultfd (an
+     * ordinary user's, issue 28). */
+    if (want == -2)
+        want = info.user_mode_only ? UPAGER_FAULT_IN_THREAD : UPAGER_FAULT_HANDLERS;
     CHECK(mode == want, "umap pager under UPAGER_FAULT_MODE=%s: mode %d (%s), "
           "expected %d", shown, mode, upager_last_error(), want);
     /* A file 4x the buffer, read and written by 2 threads. */
