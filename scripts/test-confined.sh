@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # upager under the seccomp filters of container runtimes (issue 28, item 2).
 #
-# Runs `upager demo --size 256M --budget 32M` (fewer random accesses than
+# Runs `upager demo --size 128M --budget 16M` (fewer random accesses than
 # the demo's default, so each run stays well under a minute) under the
 # upager-confine launcher, which installs a seccomp filter refusing chosen
 # syscalls and execs the demo (see crates/confine and docs/containers.md):
@@ -48,7 +48,7 @@ if [[ ! -x $UPAGER || ! -x $CONFINE ]]; then
     cargo build --release -p upager-cli -p upager-confine || exit 1
 fi
 
-DEMO=(demo --size 256M --budget 32M --reads 50000 --writes 25000)
+DEMO=(demo --size 128M --budget 16M --reads 20000 --writes 10000)
 LIMIT=60 # seconds per run
 LOGS=$(mktemp -d /tmp/upager-confined.XXXXXX)
 IO_URING=io_uring_setup,io_uring_enter,io_uring_register

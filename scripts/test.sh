@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole test suite: format and lint checks, Rust unit
 # and integration tests (engine, reliability, benchmarks at tiny sizes), the
-# C API tests and the Python tests. Needs root (userfaultfd device, tracefs,
-# cgroups, zram). Under CI=true a test that cannot run fails.
+# C API tests and the Python tests; then where the users are (issue 28): the
+# engine's suite under a seccomp filter refusing process_madvise and
+# io_uring with the other optional kernel features masked, the demo under
+# the container runtimes' seccomp profiles, and the demo, C and Python
+# suites as an ordinary user. Needs root (userfaultfd device, tracefs,
+# cgroups, zram, useradd). Under CI=true a test that cannot run fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -33,6 +37,23 @@ fi
 if grep -q '^test-python:' Makefile 2>/dev/null && [ $python_ok = 1 ]; then
     run make -s test-python
     run env UPAGER_FAULT_MODE=in-thread make -s test-python
+fi
+# Issue 28, where the users are. Every fallback path on this kernel: the
+# engine's suite under a seccomp filter that refuses process_madvise and
+# io_uring (as Docker's default profile does), with the other features that
+# have a fallback masked (as a kernel before 6.6 lacks them).
+run cargo build --release -p upager-confine -p upager-cli --quiet
+run "${CARGO_TARGET_DIR:-target}"/release/upager-confine \
+    --deny process_madvise,io_uring_setup,io_uring_enter,io_uring_register -- \
+    env UPAGER_MASK_FEATURES=uffd_move,pagemap_scan,uffd_poison cargo test -p upager --quiet
+# The demo under the container runtimes' seccomp profiles (and the fix
+# docs/containers.md gives), both fault modes; refused userfaultfd named.
+run bash scripts/test-confined.sh
+# As an ordinary user (created here), no setup: demo, Python, C and UMap.
+if [ $python_ok = 1 ]; then
+    run bash scripts/test-unprivileged.sh
+else
+    echo "== test-unprivileged skipped: the Python package did not build"; status=1
 fi
 if [ $status -ne 0 ]; then echo "test.sh: FAILED"; else echo "test.sh: all suites passed"; fi
 exit $status

@@ -155,6 +155,7 @@ impl KernelEngine {
             trace_tlb: p.trace_tlb,
             timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
             user: None,
+            env: Vec::new(),
         };
         Ok((w, opts))
     }

@@ -226,6 +226,7 @@ impl Engine for NumpyEngine {
             trace_tlb: p.trace_tlb,
             timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
             user: self.user,
+            env: Vec::new(),
         };
         let run = run_worker(&exe, &w, &opts);
         let _ = std::fs::remove_file(&script);

@@ -33,6 +33,8 @@ pub struct UpagerEngine {
     name: String,
     config: UpagerConfig,
     scenarios: &'static [Scenario],
+    /// Extra environment of its workers (a masked kernel feature).
+    env: Vec<(String, String)>,
 }
 
 impl UpagerEngine {
@@ -48,7 +50,17 @@ impl UpagerEngine {
             name: name.into(),
             config,
             scenarios,
+            env: Vec::new(),
         }
+    }
+
+    /// This engine with `UPAGER_MASK_FEATURES=features` in its workers:
+    /// upager as it runs where the kernel (or a seccomp filter) refuses
+    /// them (issue 28; `upager_sys::features`).
+    pub fn masking(mut self, features: &str) -> Self {
+        self.env
+            .push(("UPAGER_MASK_FEATURES".into(), features.into()));
+        self
     }
 
     /// Every upager engine: both fault modes ([`UpagerEngine::for_modes`]).
@@ -178,6 +190,47 @@ impl UpagerEngine {
                 &[Scenario::Swap],
             ),
             e("upager", d(), &[Scenario::UnmapFolio]),
+            // Issue 28: the fallbacks, priced next to the defaults.
+            Box::new(
+                UpagerEngine::new(
+                    exe.clone(),
+                    "upager no-process_madvise",
+                    d(),
+                    &[Scenario::MmapRead],
+                )
+                .masking("process_madvise"),
+            ),
+            Box::new(
+                UpagerEngine::new(
+                    exe.clone(),
+                    "upager no-process_madvise",
+                    UpagerConfig { folio_kb: 4, ..d() },
+                    &[Scenario::RandomRead],
+                )
+                .masking("process_madvise"),
+            ),
+            Box::new(
+                UpagerEngine::new(
+                    exe.clone(),
+                    "upager no-io_uring",
+                    UpagerConfig { folio_kb: 4, ..d() },
+                    &[Scenario::Swap],
+                )
+                .masking("io_uring"),
+            ),
+            Box::new(
+                UpagerEngine::new(
+                    exe.clone(),
+                    "upager 2M no-uffd_move",
+                    UpagerConfig {
+                        folio_kb: 2048,
+                        writable: true,
+                        ..d()
+                    },
+                    &[Scenario::MmapRead],
+                )
+                .masking("uffd_move"),
+            ),
         ]);
         for (name, m) in [
             ("kernel", ResidencyMethod::ProcPagemap),
@@ -301,6 +354,7 @@ fn run_upager(
     budget: u64,
     config: UpagerConfig,
     job: UpagerJob,
+    env: &[(String, String)],
 ) -> Result<Measurement, BenchError> {
     if let Some(f) = &p.data_file {
         evict_file(f)?;
@@ -315,6 +369,7 @@ fn run_upager(
         trace_tlb: p.trace_tlb,
         timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
         user: None,
+        env: env.to_vec(),
     };
     finish(&run_worker(exe, &w, &opts)?)
 }
@@ -328,7 +383,7 @@ impl Engine for UpagerEngine {
     }
     fn run(&self, scenario: Scenario, p: &ScenarioParams) -> Result<Measurement, BenchError> {
         let (budget, config, job) = self.job(scenario, p)?;
-        run_upager(&self.exe, p, budget, config, job)
+        run_upager(&self.exe, p, budget, config, job, &self.env)
     }
 }
 
@@ -354,7 +409,7 @@ impl Engine for ResidencyEngine {
             method: self.method,
             repeats: 5,
         };
-        run_upager(&self.exe, p, 0, UpagerConfig::default(), job)
+        run_upager(&self.exe, p, 0, UpagerConfig::default(), job, &[])
     }
 }
 
@@ -376,6 +431,7 @@ pub fn probe_fault_mode(exe: &WorkerExe, mode: FaultMode) -> Result<(), String> 
         trace_tlb: false,
         timeout: Duration::from_secs(60),
         user: None,
+        env: Vec::new(),
     };
     let run = run_worker(exe, &w, &opts).map_err(|e| e.to_string())?;
     if run.result.bad_words > 0 {

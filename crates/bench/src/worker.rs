@@ -205,6 +205,9 @@ pub struct RunOptions {
     /// Run the worker as this user and group id (root only): an ordinary
     /// user's process, as upager's users meet it (issue 28).
     pub user: Option<(u32, u32)>,
+    /// Extra environment variables for the worker (e.g.
+    /// `UPAGER_MASK_FEATURES`: upager without a kernel feature, issue 28).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for RunOptions {
@@ -214,6 +217,7 @@ impl Default for RunOptions {
             trace_tlb: true,
             timeout: Duration::from_secs(600),
             user: None,
+            env: Vec::new(),
         }
     }
 }
@@ -280,6 +284,7 @@ pub fn run_worker(
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
     if let Some((uid, gid)) = opts.user {
         // std drops the supplementary groups too (setgroups) when root
         // switches to another uid.

@@ -460,6 +460,7 @@ pub fn kernel_demo(
             trace_tlb: true,
             timeout: std::time::Duration::from_secs(1800),
             user: None,
+            env: Vec::new(),
         },
     );
     let _ = std::fs::remove_file(&file);

@@ -776,9 +776,13 @@ impl RingPool {
         match WriteRing::new(RING_ENTRIES) {
             Ok(r) => Some(r),
             Err(e) => {
+                // EINVAL: a kernel before 5.18, which does not know
+                // IORING_SETUP_SUBMIT_ALL (issue 28): pwrite there too.
                 let off = matches!(
                     e.raw_os_error(),
-                    Some(libc::EPERM | libc::ENOSYS | libc::EACCES | libc::EOPNOTSUPP)
+                    Some(
+                        libc::EPERM | libc::ENOSYS | libc::EACCES | libc::EOPNOTSUPP | libc::EINVAL
+                    )
                 );
                 if off && !IO_URING_OFF.swap(true, Ordering::Relaxed) {
                     log::warn!(
