@@ -545,7 +545,7 @@ mod tests {
     fn engines_follow_modes_and_filters() {
         let exe = WorkerExe::Binary("/nonexistent".into());
         let names = |line: &str, modes: &[FaultMode]| -> Vec<String> {
-            engines(&parse(line), &exe, modes)
+            engines(&parse(line), &exe, modes, None)
                 .iter()
                 .map(|e| e.name())
                 .collect()

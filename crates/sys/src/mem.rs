@@ -867,7 +867,8 @@ mod tests {
         m.read_at(4096, &mut b);
         assert_eq!(&b, b"hello");
         assert_eq!(mincore(m.addr(), 8192).unwrap()[1] & 1, 1);
-        let pid = SelfPidfd::open().unwrap();
+        let pid = SelfPidfd::open();
+        assert!(pid.batched(), "{:?}", pid.unbatched_reason());
         assert_eq!(pid.dontneed(&[m.range(4096, 4096)]).unwrap(), 4096);
         let mut r = m.range(0, 4096);
         assert!(r.try_extend(&m.range(4096, 8192)) && r.len() == 12288);
@@ -875,6 +876,30 @@ mod tests {
         assert_eq!(mincore(m.addr(), 8192).unwrap()[1] & 1, 0);
         m.read_at(4096, &mut b);
         assert_eq!(b, [0; 5]);
+    }
+
+    /// The fallback (a kernel before 6.13, or seccomp): one madvise per
+    /// range, in order, bytes counted; one flush per range.
+    #[test]
+    fn dontneed_each_drops_every_range() {
+        let m = Mapping::anonymous(8 * PAGE_SIZE, PAGE_SIZE, true).unwrap();
+        for p in 0..8 {
+            m.write_at(p * PAGE_SIZE, b"x");
+        }
+        let unbatched = SelfPidfd {
+            fd: None,
+            why_not: Some(io::Error::from_raw_os_error(libc::EPERM)),
+        };
+        assert!(!unbatched.batched() && unbatched.flushes(3) == 3);
+        let ranges = [
+            m.range(0, PAGE_SIZE),
+            m.range(2 * PAGE_SIZE, 2 * PAGE_SIZE),
+            m.range(7 * PAGE_SIZE, PAGE_SIZE),
+        ];
+        assert_eq!(unbatched.dontneed(&ranges).unwrap(), 4 * PAGE_SIZE as u64);
+        let resident = mincore(m.addr(), 8 * PAGE_SIZE as u64).unwrap();
+        let kept: Vec<usize> = (0..8).filter(|&p| resident[p] & 1 == 1).collect();
+        assert_eq!(kept, [1, 4, 5, 6]);
     }
 
     #[test]

@@ -74,17 +74,7 @@ impl FaultMode {
     /// The mode named by `UPAGER_FAULT_MODE`: None when unset or empty, an
     /// error naming the variable when it names no mode.
     pub fn from_env() -> Result<Option<FaultMode>, String> {
-        match std::env::var(Self::ENV) {
-            Ok(v) if v.trim().is_empty() => Ok(None),
-            Ok(v) => v
-                .parse()
-                .map(Some)
-                .map_err(|e| format!("{}={v:?}: {e}", Self::ENV)),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(format!("{} is not valid UTF-8", Self::ENV))
-            }
-        }
+        env_choice(Self::ENV)
     }
 }
 
@@ -104,6 +94,17 @@ impl std::str::FromStr for FaultMode {
 impl std::fmt::Display for FaultMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// The choice environment variable `var` names: None when unset or blank,
+/// an error naming the variable when it names none or is not UTF-8.
+fn env_choice<T: std::str::FromStr<Err = String>>(var: &str) -> Result<Option<T>, String> {
+    match std::env::var(var) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => v.parse().map(Some).map_err(|e| format!("{var}={v:?}: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{var} is not valid UTF-8")),
     }
 }
 
@@ -150,14 +151,7 @@ impl Userfaultfd {
     /// The choice named by `UPAGER_USERFAULTFD` (`Auto` when unset or
     /// empty), or an error naming the variable.
     pub fn from_env() -> Result<Userfaultfd, String> {
-        match std::env::var(Self::ENV) {
-            Ok(v) if v.trim().is_empty() => Ok(Userfaultfd::Auto),
-            Ok(v) => v.parse().map_err(|e| format!("{}={v:?}: {e}", Self::ENV)),
-            Err(std::env::VarError::NotPresent) => Ok(Userfaultfd::Auto),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(format!("{} is not valid UTF-8", Self::ENV))
-            }
-        }
+        env_choice(Self::ENV).map(Option::unwrap_or_default)
     }
 
     pub(crate) fn policy(self) -> upager_sys::uffd::OpenPolicy {

@@ -42,8 +42,10 @@
 //!   every earlier write (fdatasync).
 //!
 //! # Requirements and non-goals
-//! Linux 6.16 or later (one TLB flush per `process_madvise` call), access to
-//! `/dev/userfaultfd` (root, or the device's permissions). A `fork` child
+//! Linux 5.7 or later on x86-64 (6.10 on arm64), no privilege: features are
+//! probed at start and missing ones fall back (one TLB flush per
+//! `process_madvise` call needs 6.16; an ordinary user's userfaultfd is
+//! user-mode-only, 5.11: [`Userfaultfd`], [`PagerInfo`]). A `fork` child
 //! can use every file region it inherited, at the same address, on an
 //! engine of its own started before `fork()` returns there (cold, with a
 //! budget of the same size; the parent's writes made before the fork are

@@ -167,27 +167,15 @@ struct Loop {
 
 impl Loop {
     fn attach(file: &Path) -> Option<Loop> {
-        let out = Command::new("timeout")
-            .args(["30", "losetup", "-f", "--show"])
-            .arg(file)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Loop {
-                dev: PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
-            }),
-            Ok(o) => {
-                skip_or_fail(&format!(
-                    "no loop device for the block-device test: losetup failed ({}: {})",
-                    o.status,
-                    String::from_utf8_lossy(&o.stderr).trim()
-                ));
-                None
-            }
-            Err(e) => {
-                skip_or_fail(&format!("no loop device: cannot run losetup: {e}"));
-                None
-            }
-        }
+        let out = setup_command(
+            Command::new("timeout")
+                .args(["30", "losetup", "-f", "--show"])
+                .arg(file),
+            "no loop device for the block-device test: losetup",
+        )?;
+        Some(Loop {
+            dev: PathBuf::from(out.trim()),
+        })
     }
 }
 

@@ -260,29 +260,16 @@ impl Overlay {
             .tempdir_in("/tmp")
             .unwrap();
         let b = base.path().display();
-        let st = Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o"])
-            .arg(format!(
-                "lowerdir={b}/lower,upperdir={b}/upper,workdir={b}/work"
-            ))
-            .arg(mnt.path())
-            .stderr(Stdio::piped())
-            .output();
-        match st {
-            Ok(o) if o.status.success() => Some(Overlay { mnt, base }),
-            Ok(o) => {
-                skip_or_fail(&format!(
-                    "no overlayfs here: `mount -t overlay` failed ({}: {}; mounting needs root)",
-                    o.status,
-                    String::from_utf8_lossy(&o.stderr).trim()
-                ));
-                None
-            }
-            Err(e) => {
-                skip_or_fail(&format!("no overlayfs here: cannot run `mount`: {e}"));
-                None
-            }
-        }
+        setup_command(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o"])
+                .arg(format!(
+                    "lowerdir={b}/lower,upperdir={b}/upper,workdir={b}/work"
+                ))
+                .arg(mnt.path()),
+            "no overlayfs here (mounting needs root): mount -t overlay",
+        )?;
+        Some(Overlay { mnt, base })
     }
 }
 
@@ -624,8 +611,9 @@ fn r28_4_fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
         fuse.refused_more_than("write", before);
         let l = fallbacks_naming(&format!("swap file {}", swap_dir.display()));
         assert_eq!(l.len(), 1, "{mode}: {l:?}");
-        // With io_uring masked (issue 28) batches are written with pwrite.
-        let call = if batched && !masked("io_uring") {
+        // Where io_uring is refused (seccomp) or masked (issue 28),
+        // batches are written with pwrite.
+        let call = if batched && upager_sys::uring::WriteRing::new(8).is_ok() {
             "write (io_uring)"
         } else {
             "write ("

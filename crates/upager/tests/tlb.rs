@@ -99,8 +99,9 @@ fn at_most_two_shootdowns_per_1000_evicted_pages() {
         "the scan must evict most of the file twice: {pages} pages"
     );
     if !batched {
-        // process_madvise refused (UPAGER_MASK_FEATURES=process_madvise,
-        // issue 28): one madvise, one flush, per range. The cost is
+        // process_madvise refused (seccomp, a kernel before 6.13, or
+        // UPAGER_MASK_FEATURES=process_madvise: issue 28): one madvise,
+        // one flush, per range. The cost is
         // counted: every shootdown sent is one upager counted.
         eprintln!(
             "unbatched: {:.1} shootdowns per 1000 evicted pages, {flushes} flushes counted",
@@ -146,7 +147,7 @@ fn huge_runs_cost_at_most_six_shootdowns_per_run() {
         skip_or_fail("fewer than two online CPUs: nothing to count");
         return;
     }
-    if !thp_available() || masked("process_madvise") {
+    if !thp_available() || !unmap_is_batched() {
         return;
     }
     let dir = ram_dir();

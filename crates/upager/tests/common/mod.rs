@@ -697,6 +697,37 @@ pub fn thp_available() -> bool {
     true
 }
 
+/// Runs a command a test needs for its setup (mounting, a loop device):
+/// its standard output if it succeeded; else the test cannot run here, said
+/// by [`skip_or_fail`] with `what` and the command's error, and `None`.
+pub fn setup_command(cmd: &mut std::process::Command, what: &str) -> Option<String> {
+    match cmd.stderr(std::process::Stdio::piped()).output() {
+        Ok(o) if o.status.success() => Some(String::from_utf8_lossy(&o.stdout).into_owned()),
+        Ok(o) => {
+            skip_or_fail(&format!(
+                "{what} failed ({}: {})",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+            None
+        }
+        Err(e) => {
+            skip_or_fail(&format!("{what}: cannot run it: {e}"));
+            None
+        }
+    }
+}
+
+/// Whether a pager here unmaps eviction batches with one `process_madvise`
+/// each (false where a seccomp filter or the kernel refuses it, or it is
+/// masked: one `madvise` per range then, issue 28).
+pub fn unmap_is_batched() -> bool {
+    upager::Pager::builder()
+        .budget(1 << 20)
+        .build()
+        .is_ok_and(|p| p.info().batched_unmap)
+}
+
 /// Whether `feature` is masked for this test run (`UPAGER_MASK_FEATURES`,
 /// issue 28): a test of what the feature gives skips, saying so (a
 /// deliberate mask, not a missing capability: no failure under CI).
