@@ -728,6 +728,13 @@ pub fn unmap_is_batched() -> bool {
         .is_ok_and(|p| p.info().batched_unmap)
 }
 
+/// Whether this process runs under a seccomp filter (`Seccomp: 2` in
+/// /proc/self/status): scripts/test.sh runs the suite once so, refusing
+/// process_madvise and io_uring as a container's profile does (issue 28).
+pub fn under_seccomp_filter() -> bool {
+    upager_sys::seccomp::status().is_ok_and(|(mode, _)| mode == 2)
+}
+
 /// Whether `feature` is masked for this test run (`UPAGER_MASK_FEATURES`,
 /// issue 28): a test of what the feature gives skips, saying so (a
 /// deliberate mask, not a missing capability: no failure under CI).
