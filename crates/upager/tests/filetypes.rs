@@ -15,7 +15,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
@@ -245,23 +244,6 @@ fn r20_6_a_block_device_is_a_store_of_its_size() {
     }
 }
 
-/// Log records, to check a truncation is reported.
-struct Capture(Mutex<Vec<String>>);
-
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::Level::Warn
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            self.0.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-static LOG: Capture = Capture(Mutex::new(Vec::new()));
-
 /// Runs `f` on a thread and waits for it at most `secs` (a hang fails the
 /// test instead of stalling it).
 fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -275,8 +257,7 @@ fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Sen
 
 #[test]
 fn r20_6_a_file_truncated_under_its_mapping_fails_beyond_its_new_end_and_says_so() {
-    let _ = log::set_logger(&LOG);
-    log::set_max_level(log::LevelFilter::Warn);
+    capture_log();
     for mode in [FaultMode::Handlers, FaultMode::InThread] {
         for writable in [false, true] {
             let dir = ram_dir();

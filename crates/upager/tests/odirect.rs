@@ -45,28 +45,6 @@ const STRIDE: usize = 509;
 /// What the log says on a fallback (the message of `Fds::report`).
 const FALLBACK: &str = "accepted O_DIRECT at open but refused an O_DIRECT";
 
-/// Log records (warnings and errors), to count the fallback messages.
-struct Capture(Mutex<Vec<String>>);
-
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::Level::Warn
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            self.0.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-static LOG: Capture = Capture(Mutex::new(Vec::new()));
-
-fn capture_log() {
-    let _ = log::set_logger(&LOG);
-    log::set_max_level(log::LevelFilter::Warn);
-}
-
 /// The fallback messages logged so far that name `what`.
 fn fallbacks_naming(what: &str) -> Vec<String> {
     LOG.0

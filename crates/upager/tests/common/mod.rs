@@ -735,6 +735,31 @@ pub fn under_seccomp_filter() -> bool {
     upager_sys::seccomp::status().is_ok_and(|(mode, _)| mode == 2)
 }
 
+/// Log records (warnings and errors) of this test process, for tests of
+/// what upager says (a truncation, a fallback): [`capture_log`] installs it.
+pub struct Capture(pub Mutex<Vec<String>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            self.0.lock().unwrap().push(r.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// The records [`capture_log`] keeps.
+pub static LOG: Capture = Capture(Mutex::new(Vec::new()));
+
+/// Makes [`LOG`] the process's logger (warnings and errors).
+pub fn capture_log() {
+    let _ = log::set_logger(&LOG);
+    log::set_max_level(log::LevelFilter::Warn);
+}
+
 /// Whether `feature` is masked for this test run (`UPAGER_MASK_FEATURES`,
 /// issue 28): a test of what the feature gives skips, saying so (a
 /// deliberate mask, not a missing capability: no failure under CI).
