@@ -200,7 +200,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 #[pyclass(module = "upager", name = "Pager", frozen)]
 struct PyPager {
     pager: Mutex<Option<Arc<Pager>>>,
-    folio: u64,
+    /// The folio given when the pager was made; None: upager's default for
+    /// each kind of region.
+    folio: Option<u64>,
     budget: u64,
     /// What the kernel let the pager use (its fault mode among it), kept
     /// for after close().
@@ -221,8 +223,10 @@ impl PyPager {
             .ok_or_else(|| PyValueError::new_err("the pager is closed"))
     }
     fn opts(&self, folio: Option<&Bound<'_, PyAny>>) -> PyResult<MapOptions> {
-        let f = opt_size(folio, "folio")?.unwrap_or(self.folio);
-        Ok(MapOptions::new().folio(f))
+        Ok(match opt_size(folio, "folio")?.or(self.folio) {
+            Some(f) => MapOptions::new().folio(f),
+            None => MapOptions::new(),
+        })
     }
 
     /// Options of a mapping of part of a file or dataset: mode "r"/"r+",
@@ -267,7 +271,8 @@ impl PyPager {
         readahead_async: bool,
     ) -> PyResult<Self> {
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
-        let folio = opt_size(folio, "folio")?.unwrap_or(upager::DEFAULT_FOLIO);
+        let folio_set = opt_size(folio, "folio")?;
+        let folio = folio_set.unwrap_or(upager::DEFAULT_FOLIO);
         if !(folio.is_power_of_two() && (upager::MIN_FOLIO..=upager::MAX_FOLIO).contains(&folio)) {
             return Err(PyValueError::new_err(format!(
                 "folio size {folio} is not a power of two between 4 KiB and 2 MiB"
@@ -320,7 +325,7 @@ impl PyPager {
         Ok(PyPager {
             info: pager.info(),
             pager: Mutex::new(Some(Arc::new(pager))),
-            folio,
+            folio: folio_set,
             budget,
             swap_dir: swap_dir.unwrap_or_else(std::env::temp_dir),
             direct_io,
@@ -438,9 +443,19 @@ impl PyPager {
         self.budget
     }
 
-    /// The default folio size of this pager's regions.
+    /// The folio size of this pager's file and dataset regions unless a
+    /// map call gives one: the pager's `folio`, else upager's default for
+    /// files (4 KiB; a dataset's default is its chunk size, an anonymous
+    /// region's 64 KiB).
     #[getter]
     fn folio(&self) -> u64 {
+        self.folio.unwrap_or(upager::DEFAULT_FOLIO)
+    }
+
+    /// The `folio` given when the pager was made, or None (upager chooses
+    /// for each kind of region).
+    #[getter]
+    fn folio_option(&self) -> Option<u64> {
         self.folio
     }
 
@@ -488,7 +503,7 @@ impl PyPager {
         format!(
             "<upager.Pager budget={} folio={} fault_mode={}{}>",
             upager::format_size(self.budget),
-            upager::format_size(self.folio),
+            self.folio.map_or("default".to_string(), upager::format_size),
             self.info.fault_mode,
             if self.closed() { " closed" } else { "" }
         )
@@ -953,7 +968,7 @@ fn upload_dataset(
     progress: Option<Py<PyAny>>,
 ) -> PyResult<u64> {
     let url: StoreUrl = url.parse().map_err(engine_err)?;
-    let chunk = opt_size(chunk, "chunk")?.unwrap_or(upager::DEFAULT_FOLIO);
+    let chunk = opt_size(chunk, "chunk")?.unwrap_or(upager_redis::DEFAULT_CHUNK);
     let opts = RedisOptions {
         replicas,
         ..RedisOptions::default()
@@ -986,7 +1001,7 @@ fn create_dataset(
 ) -> PyResult<()> {
     let url: StoreUrl = url.parse().map_err(engine_err)?;
     let size = size_arg(size, "size")?;
-    let chunk = opt_size(chunk, "chunk")?.unwrap_or(upager::DEFAULT_FOLIO);
+    let chunk = opt_size(chunk, "chunk")?.unwrap_or(upager_redis::DEFAULT_CHUNK);
     RedisStore::create(&url, size, chunk, &RedisOptions::default()).map_err(engine_err)?;
     Ok(())
 }

@@ -562,11 +562,12 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
                          '"r", "r+" or "w+"')
     if mode == "w+":
         assert dims is not None
-        create_dataset(url, offset + _nbytes(dims, dt), chunk=pager.folio)
+        # the pager's folio if one was given, else the store's default chunk
+        create_dataset(url, offset + _nbytes(dims, dt), chunk=pager.folio_option)
         mode = "r+"
     smode = cast(Literal["r", "r+"], mode)
     whole = pager.map_store(url, mode=smode)
-    size = whole.size
+    size, folio = whole.size, whole.folio  # the dataset's chunk unless a folio was given
     whole.close()
     if dims is None:
         dims = _size_from_file(size, dt, offset, redact_url(url))
@@ -574,6 +575,6 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
         raise ValueError(
             f"offset {offset} is beyond the end of {redact_url(url)} ({size} bytes)")
     nbytes = _check_nonempty(dims, dt)
-    start = offset - offset % pager.folio
+    start = offset - offset % folio
     region = pager.map_store(url, mode=smode, offset=start, length=offset - start + nbytes)
     return region, dims

@@ -21,7 +21,7 @@
  *
  *     struct upager_map_options mo;
  *     upager_map_options_init(&mo);
- *     mo.flags = UPAGER_MAP_WRITE;                // read-write, 64 KiB folios
+ *     mo.flags = UPAGER_MAP_WRITE;                // read-write, 4 KiB folios
  *     upager_region_t *r;
  *     rc = upager_map_file(pg, "data.bin", &mo, &r);
  *     double *a = upager_region_addr(r);          // ordinary memory
@@ -263,7 +263,11 @@ struct upager_map_options {
                         (extend it first with ftruncate). Must be 0 for
                         upager_map_anonymous (the length is an argument). */
     uint64_t folio;  /* unit of fill, eviction and accounting: a power of
-                        two from 4096 to 2 MiB. 0 = default (64 KiB). */
+                        two from 4096 to 2 MiB. 0 = default: 4 KiB for
+                        files (a random fault fills 4 KiB, a sequential
+                        stream its whole readahead window at once), 64 KiB
+                        for anonymous regions, the chunk size for a
+                        dataset on a store. */
     uint32_t flags;  /* UPAGER_MAP_* */
     void *addr;      /* NULL = default: upager chooses the address. Else the
                         region is mapped AT addr, replacing whatever the
@@ -284,8 +288,8 @@ struct upager_map_options {
                         "Store URLs" says; messages print the password as
                         ***. upager_map_file(pager, NULL, opts, out) maps
                         the dataset NAME (uploaded with upager_store_load() or
-                        `upager load`; the folio must be a multiple of its
-                        chunk size); upager_map_anonymous() swaps to the
+                        `upager load`; the folio is its chunk size, or a
+                        multiple of it if set); upager_map_anonymous() swaps to the
                         cluster (far memory; NAME is not used, its keys are
                         deleted at unmap). Writes are acknowledged by the
                         master and one replica (WAIT) before memory is
@@ -345,7 +349,7 @@ int upager_store_delete(const char *url);
 /* Maps the file at `path` (path NULL with opts->store set: the dataset on the
  * store that URL names) (opened read-only, or read-write with
  * UPAGER_MAP_WRITE). opts may be NULL for defaults (whole file, read-only,
- * 64 KiB folios). Stores the region handle in *out.
+ * 4 KiB folios). Stores the region handle in *out.
  * Returns 0, or -ENOENT (no such file), -EACCES (permission denied, or a
  * read-only file mapped for writing), -EINVAL (zero length, bad folio size,
  * unaligned offset, range past the end of the file, budget smaller than one

@@ -734,7 +734,7 @@ pub unsafe extern "C" fn upager_store_load(
         let (path, url) = unsafe { (c_str(path, "path")?, c_str(url, "url")?) };
         let url: upager_redis::StoreUrl = url.parse()?;
         let chunk = if chunk == 0 {
-            engine::DEFAULT_FOLIO
+            upager_redis::DEFAULT_CHUNK
         } else {
             chunk
         };

@@ -31,9 +31,11 @@ pub struct DemoArgs {
     /// Memory budget of the pager.
     #[arg(long, default_value = "256M", value_parser = size_arg)]
     pub budget: u64,
-    /// Folio size (unit of fill and eviction), 4K to 2M.
-    #[arg(long, default_value = "64K", value_parser = size_arg)]
-    pub folio: u64,
+    /// Folio size (unit of fill and eviction), 4K to 2M [default: upager's,
+    /// 4K: a random fault fills 4 KiB, the scan's readahead fills whole
+    /// windows; with --store, the dataset's chunk, 64K].
+    #[arg(long, value_parser = size_arg)]
+    pub folio: Option<u64>,
     /// Worker threads of the workload.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -345,12 +347,18 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         b = b.fault_mode(m);
     }
     let pager = b.build()?;
+    let folio = a.folio.unwrap_or(if a.store.is_some() {
+        upager_redis::DEFAULT_CHUNK
+    } else {
+        upager::DEFAULT_FOLIO
+    });
     println!(
-        "upager demo: {} dataset in {}, budget {}, {} folios, {} threads, fault mode {}",
+        "upager demo: {} dataset in {}, budget {}, {} folios{}, {} threads, fault mode {}",
         format_size(a.size),
         base.display(),
         format_size(a.budget),
-        format_size(a.folio),
+        format_size(folio),
+        if a.folio.is_none() { " (default)" } else { "" },
         a.threads,
         pager.fault_mode()
     );
@@ -367,9 +375,9 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // 2. Region: the file, or the dataset uploaded to the cluster.
-    let opts = MapOptions::new().writable(true).folio(a.folio);
+    let opts = MapOptions::new().writable(true).folio(folio);
     let remote = match &a.store {
-        Some(url) => Some(Remote::upload(url, &path, a.size, a.folio)?),
+        Some(url) => Some(Remote::upload(url, &path, a.size, folio)?),
         None => None,
     };
     // The region's own store, kept for its counters (store_writes_degraded
@@ -483,7 +491,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     // 6. Summary.
     println!();
     println!("throughput: scan {scan:.2} GB/s, random reads {reads:.2} M/s, random writes {writes:.2} M/s");
-    print_stats(&stats);
+    print_stats(&stats, folio);
     if let Some(st) = paged_from {
         println!("store counters (the region's Redis Cluster store):");
         for (name, v) in st.counters().iter() {
@@ -723,7 +731,7 @@ impl Drop for Remote {
     }
 }
 
-fn print_stats(s: &Stats) {
+fn print_stats(s: &Stats, folio: u64) {
     println!("engine counters:");
     for (name, v) in s.iter() {
         let shown = if name.ends_with("bytes") {
@@ -733,13 +741,14 @@ fn print_stats(s: &Stats) {
         };
         println!("  {name:<28} {shown}");
     }
-    let pages = s.evictions * 16;
+    let pages = s.evictions * (folio / 4096);
     if s.evictions > 0 {
         println!(
-            "  -> {} flush calls for {} evicted folios: {:.2} per 1000 evicted 4 KiB pages (at 64 KiB folios)",
+            "  -> {} flush calls for {} evicted folios: {:.2} per 1000 evicted 4 KiB pages (at {} folios)",
             s.tlb_flush_batches,
             s.evictions,
-            s.tlb_flush_batches as f64 * 1000.0 / pages as f64
+            s.tlb_flush_batches as f64 * 1000.0 / pages as f64,
+            format_size(folio)
         );
     }
     println!(

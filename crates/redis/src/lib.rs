@@ -45,6 +45,11 @@ pub use dataset::{delete, list, DatasetInfo};
 pub use store::{OpenError, RedisCounters, RedisOptions, RedisStore, StoreError};
 pub use url::{StoreUrl, UrlError};
 
+/// Default chunk of a dataset (one key each), and so the folio of the
+/// regions that map it: a fault is a round trip to the cluster, so the
+/// unit stays at 64 KiB where a local file's default folio is 4 KiB.
+pub const DEFAULT_CHUNK: u64 = 64 << 10;
+
 /// Chunks sent per batch by [`upload`] (16 MiB at 64 KiB chunks; a guess
 /// that keeps a batch's pipelines and memory modest).
 const UPLOAD_BATCH: usize = 256;
@@ -248,8 +253,10 @@ pub fn upload_cancellable(
     }
 }
 
-/// Opens the dataset `url` names and maps it (writable if `opts` says so;
-/// the folio must be a multiple of the dataset's chunk).
+/// Opens the dataset `url` names and maps it (writable if `opts` says so).
+/// The folio is the dataset's chunk unless `opts` sets one, which must then
+/// be a multiple of the chunk (a fault is a round trip to the cluster: the
+/// chunk is the unit it was stored in).
 pub fn map(
     pager: &upager::Pager,
     url: &StoreUrl,
@@ -257,14 +264,15 @@ pub fn map(
     ropts: &RedisOptions,
 ) -> Result<upager::Region, MapUrlError> {
     let st = RedisStore::open(url, opts.is_writable(), ropts)?;
-    let folio = opts.folio_bytes();
+    let folio = opts.folio_set().unwrap_or(st.chunk());
     if !folio.is_multiple_of(st.chunk()) {
         return Err(MapUrlError::Folio {
             folio,
             chunk: st.chunk(),
         });
     }
-    Ok(pager.map_store(st as Arc<dyn upager::Store>, opts)?)
+    let opts = opts.clone().folio(folio);
+    Ok(pager.map_store(st as Arc<dyn upager::Store>, &opts)?)
 }
 
 /// Maps `len` bytes of anonymous memory that swaps to the cluster at `url`
@@ -277,6 +285,8 @@ pub fn map_anonymous(
     opts: &upager::MapOptions,
     ropts: &RedisOptions,
 ) -> Result<upager::Region, MapUrlError> {
-    let st = RedisStore::swap(url, opts.folio_bytes(), ropts)?;
-    Ok(pager.map_anonymous_on(st as Arc<dyn upager::Store>, len, opts)?)
+    let folio = opts.folio_set().unwrap_or(upager::DEFAULT_ANON_FOLIO);
+    let st = RedisStore::swap(url, folio, ropts)?;
+    let opts = opts.clone().folio(folio);
+    Ok(pager.map_anonymous_on(st as Arc<dyn upager::Store>, len, &opts)?)
 }

@@ -305,9 +305,11 @@ impl Region {
                 // A dirty folio may still be write-protected (a write-back
                 // that failed leaves it so): unprotect it as a write fault
                 // would (no flush if it was not).
+                // A folio dirty in part (PARTIAL) is unprotected whole by
+                // its second write fault: this one.
                 Kind::Clean | Kind::Dirty => {
                     if sh.resolve(ctx, r, addr, true, true) == Outcome::Done
-                        && folio::load(r.state(idx)).kind() == Kind::Dirty
+                        && folio::load(r.state(idx)).wholly_dirty()
                     {
                         return Ok(());
                     }
@@ -321,10 +323,12 @@ impl Region {
                 // bounded time.
                 Kind::Busy => std::thread::sleep(std::time::Duration::from_micros(50)),
                 // A write fill installs the folio writable and DIRTY: done
-                // (unprotecting it again would cost an ioctl for nothing).
+                // (unprotecting it again would cost an ioctl for nothing);
+                // a larger folio's is DIRTY in part, and the next round
+                // unprotects the rest.
                 Kind::Never | Kind::Evicted => {
                     if sh.resolve(ctx, r, addr, write, write) == Outcome::Done
-                        && folio::load(r.state(idx)).kind() == Kind::Dirty
+                        && folio::load(r.state(idx)).wholly_dirty()
                     {
                         return Ok(());
                     }
@@ -384,8 +388,7 @@ impl Region {
                     break Err(e);
                 }
                 let resident = |s: State| {
-                    matches!(s.kind(), Kind::Clean | Kind::Dirty)
-                        && (!write || s.kind() == Kind::Dirty)
+                    matches!(s.kind(), Kind::Clean | Kind::Dirty) && (!write || s.wholly_dirty())
                 };
                 if folio::set_flag_if(r.state(idx), folio::PINNED, resident) {
                     break if write {

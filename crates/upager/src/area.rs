@@ -77,6 +77,13 @@ pub(crate) struct Area {
     /// of the run); the kernel keeps a split run correct on its own
     /// (split PTEs keep the uffd-wp bit), only slower to evict.
     pub runs: upager_sys::mem::AtomicTable,
+    /// Writable file and store regions of folios above 4 KiB: one word per
+    /// folio, the 4 KiB page written in a folio that is DIRTY in part
+    /// (PARTIAL, folio.rs), which write-back writes alone (Linux 6.6's
+    /// per-block dirty state of iomap's large folios, for the same reason:
+    /// one small write should not write back the whole folio). Read and
+    /// written only by the folio's BUSY owner. Empty for other regions.
+    pub partial_pages: upager_sys::mem::AtomicTable,
     /// Recent folio state changes (trace.rs), dumped when a check finds a
     /// folio holding the wrong data.
     pub trace: crate::trace::Trace,
@@ -348,6 +355,31 @@ impl Area {
     pub fn state(&self, idx: usize) -> &AtomicU64 {
         &self.states[idx]
     }
+    /// Whether a write dirties one 4 KiB page of a folio first (PARTIAL)
+    /// rather than the whole folio: folios above 4 KiB of a writable file
+    /// whose writes keep no twins (a twin's diff finds what changed).
+    pub fn dirties_pages(&self) -> bool {
+        !self.partial_pages.is_empty() && !self.twinning()
+    }
+    /// The 4 KiB page of folio `idx` that `addr` is in.
+    pub fn page_in_folio(&self, idx: usize, addr: u64) -> u64 {
+        (addr.saturating_sub(self.folio_addr(idx)) >> 12).min((self.folio >> 12) - 1)
+    }
+    /// Records `page` as the written page of folio `idx` (its BUSY owner,
+    /// before it publishes DIRTY|PARTIAL).
+    pub fn set_partial_page(&self, idx: usize, page: u64) {
+        self.partial_pages[idx].store(page, Ordering::Relaxed);
+    }
+    /// The bytes of folio `idx` (DIRTY|PARTIAL, claimed) to write back:
+    /// (offset in the folio, length) of its written page, cut at the end of
+    /// the region.
+    pub fn partial_span(&self, idx: usize) -> (u64, u64) {
+        let at = self.partial_pages[idx]
+            .load(Ordering::Relaxed)
+            .min((self.folio >> 12) - 1)
+            << 12;
+        (at, 4096.min(self.valid_len(idx).saturating_sub(at)))
+    }
     /// Whether a first write to a clean folio must keep a twin (its file
     /// is mapped writable more than once: twins.rs).
     pub fn twinning(&self) -> bool {
@@ -362,9 +394,13 @@ impl Area {
     }
     /// Region memory of folios `[idx, idx+n)`, for writing to a store.
     pub fn src(&self, idx: usize, bytes: u64) -> Src<'_> {
+        self.src_at(idx, 0, bytes)
+    }
+    /// Region memory from byte `at` of folio `idx` on, for writing to a store.
+    pub fn src_at(&self, idx: usize, at: u64, bytes: u64) -> Src<'_> {
         Src {
             map: &self.map,
-            off: (idx << self.shift),
+            off: (idx << self.shift) + at as usize,
             len: bytes as usize,
         }
     }

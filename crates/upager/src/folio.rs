@@ -13,6 +13,11 @@
 //!  bit   5     QUEUED  an entry for this folio sits on an LRU list
 //!  bit   6     PINNED  resident until unpinned: reclaim, pageout and discard
 //!                      leave it alone (counts in `Area::pins`)
+//!  bit   7     PARTIAL DIRTY in part (folios above 4 KiB of writable files):
+//!                      one 4 KiB page was written, `Area::partial_page`
+//!                      says which; the folio's other pages are still
+//!                      write-protected. Only on DIRTY (and the BUSY that
+//!                      claimed a DIRTY one): any other kind clears it.
 //!  bits  8..32 eviction sequence number (pages), for the refault distance
 //!  bits 32..64 swap slot + 1 (anonymous regions; 0 = no slot)
 //! ```
@@ -21,7 +26,9 @@
 //!
 //! ```text
 //!   NEVER/EVICTED --fault/prefetch claims--> BUSY --fill done--> CLEAN (read) / DIRTY (write)
-//!   CLEAN --wp fault claims--> BUSY --unprotected--> DIRTY
+//!   CLEAN --wp fault claims--> BUSY --unprotected--> DIRTY (a folio above 4 KiB:
+//!         DIRTY|PARTIAL, its written page unprotected; a second page's wp
+//!         fault claims it again --whole folio unprotected--> DIRTY)
 //!   CLEAN/DIRTY --reclaim/pageout/flush claims--> BUSY --> EVICTED | NEVER | CLEAN (flush) | DIRTY (I/O failed)
 //!   BUSY --store read failed--> POISONED --reclaimer clears--> NEVER/EVICTED
 //! ```
@@ -61,6 +68,7 @@ pub(crate) const WAITER: u64 = 1 << 3;
 pub(crate) const ACTIVE: u64 = 1 << 4;
 pub(crate) const QUEUED: u64 = 1 << 5;
 pub(crate) const PINNED: u64 = 1 << 6;
+pub(crate) const PARTIAL: u64 = 1 << 7;
 const SEQ_SHIFT: u32 = 8;
 /// Width of the eviction sequence field; distances are taken modulo 2^24
 /// pages (64 GiB of evictions), far above any budget this targets.
@@ -96,10 +104,22 @@ impl State {
     pub fn seq(self) -> u64 {
         (self.0 >> SEQ_SHIFT) & SEQ_MASK
     }
-    /// Same flags, new kind; WAITER cleared (it belongs to a BUSY period).
+    /// Same flags, new kind; WAITER cleared (it belongs to a BUSY period),
+    /// and PARTIAL unless the new kind is DIRTY or BUSY (a claim keeps it
+    /// for its owner; a folio that is clean, evicted or never filled has
+    /// no written page).
     #[must_use]
     pub fn with_kind(self, k: Kind) -> State {
-        State((self.0 & !(KIND_MASK | WAITER)) | k as u64)
+        let keep = if matches!(k, Kind::Dirty | Kind::Busy) {
+            !(KIND_MASK | WAITER)
+        } else {
+            !(KIND_MASK | WAITER | PARTIAL)
+        };
+        State((self.0 & keep) | k as u64)
+    }
+    /// DIRTY as a whole: every page may have been written (not PARTIAL).
+    pub fn wholly_dirty(self) -> bool {
+        self.kind() == Kind::Dirty && !self.has(PARTIAL)
     }
     #[must_use]
     pub fn with_slot(self, slot: Option<u32>) -> State {
@@ -264,6 +284,19 @@ mod tests {
         assert!(s.has(ACTIVE) && !s.has(QUEUED));
         assert_eq!(s.with_slot(None).slot(), None);
         assert_eq!(s.with_seq(SEQ_MASK + 5).seq(), 4);
+    }
+
+    #[test]
+    fn partial_lives_only_on_dirty_and_its_claim() {
+        let d = State(0).with_kind(Kind::Dirty).set(PARTIAL, true);
+        assert!(!d.wholly_dirty());
+        let busy = d.with_kind(Kind::Busy);
+        assert!(busy.has(PARTIAL));
+        assert!(busy.with_kind(Kind::Dirty).has(PARTIAL));
+        for k in [Kind::Clean, Kind::Evicted, Kind::Never, Kind::Poisoned] {
+            assert!(!busy.with_kind(k).has(PARTIAL), "{k:?}");
+        }
+        assert!(d.set(PARTIAL, false).wholly_dirty());
     }
 
     #[test]

@@ -43,6 +43,9 @@
 //! `pwrite` each, at the same writes/s there (zram compresses inside the
 //! submitting call: 8–9 µs per folio either way; docs/benchmarks.md).
 //!
+//! A folio DIRTY in part (PARTIAL, folio.rs: one 4 KiB page of a larger
+//! folio written) writes back that page alone.
+//!
 //! A dirty folio with a twin (its file has several writers, twins.rs) is
 //! written in 3) on its own, as a diff against the twin under a byte-range
 //! lock, and its twin dropped; a discard drops the twin too.
@@ -336,9 +339,21 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
                 k += 1;
                 continue;
             }
+            if v.old.has(folio::PARTIAL) {
+                // Dirty in part: its one written page goes back alone (the
+                // rest is write-protected, as the store has it).
+                let (at, bytes) = r.partial_span(v.idx);
+                writes.push(Write {
+                    src: r.src_at(v.idx, at, bytes),
+                    offset: off + at,
+                });
+                runs.push((k, k + 1, bytes));
+                k += 1;
+                continue;
+            }
             let mut e = k + 1;
             while e < j
-                && victims[e].old.kind() == Kind::Dirty
+                && victims[e].old.wholly_dirty()
                 && !unprotected[e]
                 && victims[e].idx == victims[e - 1].idx + 1
                 && !r.twins.has(victims[e].idx)
@@ -596,7 +611,10 @@ fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
                 sh.counters.kernel_call_errors.inc();
                 log::error!("region {}: unprotecting pinned folio {i} failed: {e}", r.id);
             }
-            let prev = folio::release(r.state(i), |s| s.with_kind(Kind::Dirty));
+            // Writable as a whole now.
+            let prev = folio::release(r.state(i), |s| {
+                s.with_kind(Kind::Dirty).set(folio::PARTIAL, false)
+            });
             sh.wake_if_waiter(r, i, prev);
         }
     }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use upager_sys::mem::{Advice, Mapping};
 
 use crate::area::Area;
-use crate::config::{PagerBuilder, MAX_FOLIO, MIN_FOLIO};
+use crate::config::{PagerBuilder, DEFAULT_ANON_FOLIO, DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO};
 use crate::error::{limit_error, FileKind, MapError, PagerError};
 use crate::region::Region;
 use crate::shared::{Owner, Shared};
@@ -202,7 +202,8 @@ impl Pager {
             return p.map_file(path, opts);
         }
         let path = path.as_ref();
-        check_folio(opts.folio)?;
+        let opts = &opts.with_default_folio(DEFAULT_FOLIO);
+        check_folio(opts.folio_bytes())?;
         let open_error = |e: std::io::Error| {
             let path = path.to_path_buf();
             if let Some(limit) = limit_error(&e) {
@@ -263,7 +264,8 @@ impl Pager {
         if let Some(p) = self.heir() {
             return p.map_open_file(file, opts);
         }
-        check_folio(opts.folio)?;
+        let opts = &opts.with_default_folio(DEFAULT_FOLIO);
+        check_folio(opts.folio_bytes())?;
         let fd_path = std::path::PathBuf::from("<file descriptor>");
         let (readable, writable) =
             upager_sys::io::access_mode(&file).map_err(|source| MapError::Open {
@@ -338,14 +340,16 @@ impl Pager {
         opts: &MapOptions,
         writers: Option<Arc<FileWriters>>,
     ) -> Result<Region, MapError> {
-        check_folio(opts.folio)?;
+        let opts = &opts.with_default_folio(DEFAULT_FOLIO);
+        let folio = opts.folio_bytes();
+        check_folio(folio)?;
         if opts.writable && !store.writable() {
             return Err(MapError::StoreReadOnly);
         }
-        if !opts.offset.is_multiple_of(opts.folio) {
+        if !opts.offset.is_multiple_of(folio) {
             return Err(MapError::OffsetNotAligned {
                 offset: opts.offset,
-                folio: opts.folio,
+                folio,
             });
         }
         let store_len = store.len();
@@ -373,9 +377,9 @@ impl Pager {
         if let Some(p) = self.heir() {
             return p.map_anonymous(len, opts);
         }
-        check_anonymous(len, opts)?;
-        self.check_budget(opts.folio)?;
-        let (swap, slots) = self.swap_space(opts.folio)?;
+        let opts = &check_anonymous(len, opts)?;
+        self.check_budget(opts.folio_bytes())?;
+        let (swap, slots) = self.swap_space(opts.folio_bytes())?;
         self.map_inner(
             swap,
             Some(slots),
@@ -402,11 +406,11 @@ impl Pager {
         if let Some(p) = self.heir() {
             return p.map_anonymous_on(store, len, opts);
         }
-        check_anonymous(len, opts)?;
+        let opts = &check_anonymous(len, opts)?;
         if !store.writable() {
             return Err(MapError::StoreReadOnly);
         }
-        self.check_budget(opts.folio)?;
+        self.check_budget(opts.folio_bytes())?;
         let slots = Arc::new(Slots::default());
         self.map_inner(
             store,
@@ -470,7 +474,7 @@ impl Pager {
         writers: Option<Arc<FileWriters>>,
         reserved: Option<Mapping>,
     ) -> Result<Region, MapError> {
-        let (folio, writable) = (opts.folio, opts.writable);
+        let (folio, writable) = (opts.folio_bytes(), opts.writable);
         let writers = writers.filter(|_| writable);
         self.check_budget(folio)?;
         let sh = self.shared();
@@ -582,6 +586,16 @@ impl Pager {
             0
         })
         .map_err(|source| mmap_error(map_len / folio / 8, source))?;
+        // The written page of each folio dirty in part (writable files of
+        // folios above 4 KiB, area.rs `partial_pages`).
+        let partial_pages = upager_sys::mem::AtomicTable::zeroed(
+            if writable && slots.is_none() && folio > MIN_FOLIO {
+                nfolios
+            } else {
+                0
+            },
+        )
+        .map_err(|source| mmap_error(map_len / folio * 8, source))?;
         let _ = map.advise(0, map.len(), Advice::DontFork);
         // In-thread: upager's SIGBUS handler must be the process's (a
         // program may have replaced it since the pager was built, e.g.
@@ -627,6 +641,7 @@ impl Pager {
             wb_error: Mutex::new(None),
             wb_backoff: crate::area::Backoff::default(),
             pins: Mutex::new(std::collections::HashMap::new()),
+            partial_pages,
             trace: crate::trace::Trace::for_folios(len.div_ceil(folio) as usize),
             writers,
             twins: crate::twins::Twins::default(),
@@ -715,16 +730,18 @@ impl Pager {
 }
 
 /// The checks every anonymous mapping makes before anything is created: a
-/// valid folio, a length, no offset.
-fn check_anonymous(len: u64, opts: &MapOptions) -> Result<(), MapError> {
-    check_folio(opts.folio)?;
+/// valid folio, a length, no offset. Returns the options with the folio
+/// fixed (the one set, or [`DEFAULT_ANON_FOLIO`]).
+fn check_anonymous(len: u64, opts: &MapOptions) -> Result<MapOptions, MapError> {
+    let opts = opts.with_default_folio(DEFAULT_ANON_FOLIO);
+    check_folio(opts.folio_bytes())?;
     if len == 0 {
         return Err(MapError::ZeroSize);
     }
     if opts.offset != 0 {
         return Err(MapError::AnonymousOffset(opts.offset));
     }
-    Ok(())
+    Ok(opts)
 }
 
 fn check_folio(folio: u64) -> Result<(), MapError> {
