@@ -32,7 +32,7 @@
 //! Counters: `evict_pageout`, `discards`, `fills_readahead` (prefetch fills),
 //! `evicted_markers` (gauge, computed by `Pager::stats`).
 //!
-//! Uses: `area`, `error`, `fault`, `folio`, `gather`, `region`, `shared`.
+//! Uses: `area`, `error`, `fault`, `fill`, `folio`, `gather`, `region`, `shared`.
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -43,7 +43,7 @@ use upager_sys::pagemap::{PM_PRESENT, PM_SWAPPED};
 
 use crate::area::Area;
 use crate::error::{AdviseError, RangeError};
-use crate::fault::Outcome;
+use crate::fill::Outcome;
 use crate::folio::{self, Kind, State};
 use crate::gather::{Gather, Mode};
 use crate::region::Region;

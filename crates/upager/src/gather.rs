@@ -456,7 +456,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             v.region.folio == crate::thp::HUGE && v.region.pmd_mapped(v.idx)
         };
         // A read-only region's run moves out through a moment of write
-        // access, as it moved in (fault.rs install_huge).
+        // access, as it moved in (huge.rs install_huge).
         let ro = step > 1 && !v.region.writable;
         let opened = ro && span.protect(upager_sys::mem::Access::ReadWrite).is_ok();
         let moved = pmd && (!ro || opened) && sh.thp.recycle(&sh.uffds[0], span, &sh.budget);

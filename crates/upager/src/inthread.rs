@@ -42,7 +42,7 @@
 //!
 //! Counters: `faults_in_thread`, `faults_handed_off`.
 //!
-//! Uses: `area`, `config`, `fault`, `shared`.
+//! Uses: `area`, `config`, `fault`, `fill`, `shared`.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -54,7 +54,7 @@ use upager_sys::signal::{self, BusFault};
 use upager_sys::snapshot::SignalSafeCell;
 
 use crate::area::{Area, Inflight};
-use crate::fault::Outcome;
+use crate::fill::Outcome;
 use crate::shared::{Ctx, Shared};
 
 #[cfg(doc)]

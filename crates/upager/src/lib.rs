@@ -62,16 +62,23 @@ mod advice;
 mod area;
 mod budget;
 mod config;
+mod dirty;
 mod error;
 mod fault;
+mod fill;
 mod folio;
 mod fork;
 mod gather;
+mod huge;
 mod info;
+mod install;
 mod inthread;
 mod lineage;
 mod lru;
 mod pager;
+mod poison;
+mod prefetch;
+mod readahead;
 mod reclaim;
 mod region;
 mod shared;
@@ -130,9 +137,37 @@ mod tests {
     /// The engine's modules, lowest layer first: each may use only the ones
     /// before it.
     const LAYERS: &[&str] = &[
-        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "twins", "budget",
-        "area", "table", "lru", "thp", "shared", "gather", "reclaim", "fault", "inthread",
-        "lineage", "region", "advice", "pager", "fork",
+        "sync",
+        "config",
+        "info",
+        "error",
+        "folio",
+        "trace",
+        "stats",
+        "store",
+        "twins",
+        "budget",
+        "area",
+        "table",
+        "lru",
+        "thp",
+        "shared",
+        "gather",
+        "reclaim",
+        "poison",
+        "install",
+        "huge",
+        "readahead",
+        "fill",
+        "dirty",
+        "prefetch",
+        "fault",
+        "inthread",
+        "lineage",
+        "region",
+        "advice",
+        "pager",
+        "fork",
     ];
 
     /// The engine's modules form the DAG that lib.rs lists and

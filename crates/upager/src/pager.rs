@@ -4,7 +4,7 @@
 //! anonymous memory (one shared swap file per folio size).
 //!
 //! Uses: everything below it (`shared`, `area`, `region`, `advice`, `fault`,
-//! `reclaim`, `store`, `table`, `config`, `error`, `stats`).
+//! `prefetch`, `reclaim`, `store`, `table`, `config`, `error`, `stats`).
 
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
@@ -494,7 +494,7 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
-        // Mixed folio sizes (issue 23, fault.rs): writable file regions of
+        // Mixed folio sizes (issue 23, huge.rs): writable file regions of
         // folios below 2 MiB, big enough, fill sequential 2 MiB runs as huge
         // pages; their view is 2 MiB-aligned so runs are PMDs. (A fork
         // child's reservation is at the parent's address: aligned alike.)

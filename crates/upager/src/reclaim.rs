@@ -458,7 +458,7 @@ impl Shared {
             }
             self.zap(&[guard.span(e.idx, 1)], "a poisoned folio", false);
             if !self.info.uffd_poison && self.mode == crate::FaultMode::Handlers {
-                // Its PROT_NONE (fault.rs protect_poisoned) lifted.
+                // Its PROT_NONE (poison.rs protect_poisoned) lifted.
                 let access = if guard.writable {
                     upager_sys::mem::Access::ReadWrite
                 } else {

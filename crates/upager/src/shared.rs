@@ -90,7 +90,7 @@ struct Kick {
 }
 
 /// Most readahead windows waiting for the prefetch thread at once (async
-/// readahead, fault.rs); a request finding every slot taken is dropped
+/// readahead, readahead.rs); a request finding every slot taken is dropped
 /// (the stream's next fault then reads that window itself).
 pub(crate) const AHEAD_SLOTS: usize = 8;
 

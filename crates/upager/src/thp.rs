@@ -19,7 +19,7 @@
 //! none under 16 MiB).
 //!
 //! Regions of smaller folios use the same pool for their 2 MiB runs read
-//! in sequence (mixed folio sizes, issue 23; fault.rs): a run of N folios
+//! in sequence (mixed folio sizes, issue 23; huge.rs): a run of N folios
 //! is filled, protected, digested and recycled exactly like one 2 MiB
 //! folio.
 //!
@@ -43,7 +43,7 @@
 //! - Budget: a ready slot holds one folio's charge. The fill charged its
 //!   folio already, so a successful move gives the staged charge back.
 //!
-//! Counters: `thp_fills`, `thp_fill_fallback` (in `fault`), `thp_evictions`
+//! Counters: `thp_fills`, `thp_fill_fallback` (in `fill` and `huge`), `thp_evictions`
 //! (in `gather`).
 
 use std::fs::File;
@@ -316,7 +316,7 @@ const LANES: usize = 8;
 /// words collide with a probability of about 2^-64. Pure computation on
 /// the caller's memory (async-signal-safe: the in-thread fault path uses
 /// it). Compares a staged huge page before its move with the view after
-/// (fault.rs, `install_huge`). `words` is called once per word, in order.
+/// (huge.rs, `install_huge`). `words` is called once per word, in order.
 #[inline(always)]
 fn digest(n: usize, word: impl Fn(usize) -> u64) -> [u64; LANES] {
     let mut lanes = [0u64; LANES];

@@ -76,7 +76,7 @@
 //! overwrite what the newcomer writes to the same folios meanwhile).
 //!
 //! Where the rest lives: the fault hooks (`twin_charge`, `twin_claimed`)
-//! at the end of fault.rs, the diff write-back in gather.rs, the switch's
+//! in dirty.rs, the diff write-back in gather.rs, the switch's
 //! write-back of a region (a closure each member gives [`FileWriters::join`])
 //! in pager.rs, the reclaimer's [`FileWriters::poll`] in reclaim.rs.
 //!

@@ -6,9 +6,10 @@
 //! this test crate (`#[path]`), against the `sync` module below, whose
 //! `AtomicU64` is shuttle's inside a model run and `std`'s outside it (the
 //! file's own unit tests run here too, outside any model), and whose
-//! `yield_now`/`sleep` are shuttle yields. The protocols of `fault.rs`,
-//! `gather.rs`, `reclaim.rs` and `inthread.rs` are transcribed step by step
-//! (those files need a kernel); each step names its function.
+//! `yield_now`/`sleep` are shuttle yields. The protocols of `fault.rs`
+//! (with `fill.rs`, `dirty.rs`, `huge.rs`), `gather.rs`, `reclaim.rs` and
+//! `inthread.rs` are transcribed step by step (those files need a kernel);
+//! each step names its function.
 //!
 //! The kernel is a model too: per folio `{present, write_protected, data}`
 //! plus `unsaved` (a store landed that the store does not have), the wait
@@ -148,10 +149,12 @@ enum Mode {
 /// The in-thread fill's order of LRU queueing and installing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InThreadFill {
-    /// fault.rs today: copy (writable for a write), then try the LRU lock;
-    /// on failure MADV_DONTNEED the folio and restore its old state.
+    /// The fill before issue 20 (then in fault.rs): copy (writable for a
+    /// write), then try the LRU lock; on failure MADV_DONTNEED the folio
+    /// and restore its old state.
     CopyThenQueue,
-    /// Try the LRU lock first; on failure nothing was installed.
+    /// Try the LRU lock first; on failure nothing was installed (fill.rs
+    /// `fill_claimed` since issue 20).
     QueueThenCopy,
 }
 
@@ -182,7 +185,7 @@ struct Cfg {
     mode: Mode,
     fill: InThreadFill,
     busy_wait: BusyWait,
-    /// Read fills go as fault.rs `install_huge` does for a 2 MiB folio:
+    /// Read fills go as huge.rs `install_huge` does for a 2 MiB folio:
     /// UFFDIO_MOVE installs it writable, then it is write-protected, then
     /// a digest of the view against the staged data tells whether a write
     /// landed in between (the folio is then published DIRTY).
@@ -271,7 +274,7 @@ struct World {
     log: Mutex<Vec<String>>,
 }
 
-/// How a resolution attempt ended (fault.rs `Outcome`, less `Sigbus`: the
+/// How a resolution attempt ended (fill.rs `Outcome`, less `Sigbus`: the
 /// model has no poison).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -637,7 +640,7 @@ impl World {
         }
     }
 
-    // -- fault.rs --
+    // -- fault.rs, dirty.rs and fill.rs --
 
     /// Handler thread (`handler_main`) or resolver thread (`resolver_main`).
     fn resolver_main(&self) {
@@ -1491,10 +1494,10 @@ fn in_thread_two_folios_writeback_failure() {
     check_model("in_thread_two_folios_writeback_failure", cfg, iters(2000));
 }
 
-/// The model stays honest: the in-thread fill as fault.rs has it (install
-/// writable, then try the LRU lock, and on failure MADV_DONTNEED and
-/// restore the old state) loses a store another thread made in between,
-/// and the checker must find that schedule.
+/// The model stays honest: the in-thread fill as it was before issue 20
+/// (install writable, then try the LRU lock, and on failure MADV_DONTNEED
+/// and restore the old state) loses a store another thread made in
+/// between, and the checker must find that schedule.
 #[test]
 fn in_thread_copy_then_queue_loses_a_write() {
     let cfg = in_thread_writers(InThreadFill::CopyThenQueue);
