@@ -189,7 +189,11 @@ impl Shared {
     }
 
     /// [`fill`](Self::fill) once the budget is reserved and the readahead
-    /// folios are claimed: read, install, publish (each step below).
+    /// folios are claimed (also the prefetch thread's fills): drives the
+    /// steps — take a staged huge page ([`fill_stage`](Self::fill_stage)),
+    /// read, queue the LRU entries (first, in a SIGBUS handler), install,
+    /// publish and wake — and ends a fill that fails
+    /// ([`fill_abort`](Self::fill_abort)).
     pub(crate) fn fill_claimed(&self, ctx: &mut Ctx, c: &Claimed<'_>) -> Outcome {
         let (r, idx) = (c.r, c.idx);
         let started = std::time::Instant::now();

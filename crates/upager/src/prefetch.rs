@@ -90,7 +90,7 @@ impl Shared {
     }
 
     /// Async readahead: fills the window from `addr` that a sequential
-    /// stream's fault asked for (see `fill`) — a whole 2 MiB run as one
+    /// stream's fault asked for (`ask_next_window`) — a whole 2 MiB run as one
     /// huge page where the region fills runs, else up to the readahead
     /// window of its folios — unless the stream, or anyone, got to its
     /// first folio first. Makes room with one batch of reclaim when the
