@@ -9,6 +9,18 @@
 //!   dirty age now) 3) wake, so when the faulting thread's write lands the
 //!   folio is DIRTY already. In a huge run the unprotect splits the PMD:
 //!   the run is base pages from then on.
+//! - Dirty per 4 KiB in a larger folio (issue 29; iomap's per-block dirty
+//!   state for large folios, Linux 6.6): in a writable file region of
+//!   folios above 4 KiB whose writes keep no twins, the first write to a
+//!   CLEAN folio unprotects only its 4 KiB page and publishes
+//!   DIRTY|PARTIAL with that page in `Area::partial_pages`; write-back
+//!   writes that page alone (gather.rs). A write to another page of it
+//!   faults on the protection (the folio is DIRTY, claimed again) and
+//!   unprotects the whole folio: DIRTY, written back whole. So a random
+//!   8-byte write writes back 4 KiB whatever the folio, and a sequential
+//!   writer pays one extra fault per folio. A missing write fault installs
+//!   the folio the same way: its page writable, the rest protected
+//!   (fill.rs).
 //! - A write that needs new dirty memory beyond the dirty limit while the
 //!   store refuses write-backs gets SIGBUS, and nothing is lost
 //!   ([`Shared::refuse_write`]): a CLEAN folio is dropped (write-protected:
@@ -90,16 +102,28 @@ impl Shared {
         }
     }
 
-    /// First write to a claimed resident folio: unprotect it, mark it dirty.
-    /// `fresh`: it was CLEAN (its dirty age starts now).
-    pub(crate) fn make_dirty(&self, r: &Area, idx: usize, quiet: bool, fresh: bool) {
+    /// A write to a claimed resident folio: unprotect it, mark it dirty.
+    /// `fresh`: it was CLEAN (its dirty age starts now). `page`: unprotect
+    /// only this 4 KiB page of the folio and publish DIRTY|PARTIAL (the
+    /// first write to a CLEAN folio above 4 KiB); `None`: the whole folio,
+    /// DIRTY (a 4 KiB folio, or a second page written).
+    pub(crate) fn make_dirty(
+        &self,
+        r: &Area,
+        idx: usize,
+        quiet: bool,
+        fresh: bool,
+        page: Option<u64>,
+    ) {
         // Unprotect without waking, publish DIRTY, then wake: when the
         // faulting thread's write lands, the folio is already DIRTY.
         // (In a huge run this splits the PMD: the run is base pages now.)
         r.clear_run_mapped(idx);
-        let res = self
-            .uffd_of(r, idx)
-            .writeprotect(r.span(idx, 1), false, false);
+        let span = match page {
+            Some(p) => r.span(idx, 1).sub((p << 12) as usize, 4096),
+            None => r.span(idx, 1),
+        };
+        let res = self.uffd_of(r, idx).writeprotect(span, false, false);
         if let Err(e) = res {
             // Still protected: DIRTY is right either way (a DIRTY folio may
             // be protected: the next write faults and unprotects again).
@@ -112,10 +136,13 @@ impl Shared {
             }
         }
         self.counters.wp_unprotects.inc();
+        if let Some(p) = page {
+            r.set_partial_page(idx, p);
+        }
         r.trace.record(idx, Path::WpDirty, Kind::Busy, Kind::Dirty);
         let tick = self.dirty_tick();
         let prev = folio::release(r.state(idx), |s| {
-            let s = s.with_kind(Kind::Dirty);
+            let s = s.with_kind(Kind::Dirty).set(folio::PARTIAL, page.is_some());
             if fresh {
                 s.with_seq(tick)
             } else {

@@ -228,7 +228,7 @@ impl Shared {
                         // A file with several writers is filled for
                         // reading: the write then faults on the protected
                         // folio, which makes its twin (twins.rs).
-                        let write = write && !r.twinning();
+                        let write = (write && !r.twinning()).then_some(addr);
                         return self.fill(ctx, r, idx, old, write, false);
                     }
                 }
@@ -282,7 +282,10 @@ impl Shared {
                         if fresh {
                             self.dirty_add(r, 1);
                         }
-                        self.make_dirty(r, idx, ctx.in_signal, fresh);
+                        // The first write to a larger folio dirties its
+                        // page; a second (the folio DIRTY) the whole folio.
+                        let page = (fresh && r.dirties_pages()).then(|| r.page_in_folio(idx, addr));
+                        self.make_dirty(r, idx, ctx.in_signal, fresh, page);
                         return Outcome::Done;
                     }
                 }

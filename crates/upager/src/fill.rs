@@ -79,6 +79,10 @@ pub(crate) struct Claimed<'a> {
     /// A write fault: installed writable and published DIRTY (no
     /// readahead).
     pub write: bool,
+    /// A write fault into a folio above 4 KiB of a region that dirties
+    /// pages (dirty.rs): the 4 KiB page written, installed writable alone
+    /// (the rest write-protected), published DIRTY|PARTIAL.
+    pub page: Option<u64>,
     /// Filled by the prefetch thread: no faulting thread to wake.
     pub prefetch: bool,
 }
@@ -101,16 +105,21 @@ impl Claimed<'_> {
 
 impl Shared {
     /// Fills claimed folio `idx` (previous state `old`), plus readahead.
+    /// `write`: a write fault, at this address.
     pub(crate) fn fill(
         &self,
         ctx: &mut Ctx,
         r: &Arc<Area>,
         idx: usize,
         old: State,
-        write: bool,
+        write: Option<u64>,
         prefetch: bool,
     ) -> Outcome {
         let folio = r.folio;
+        let page = write
+            .filter(|_| r.dirties_pages())
+            .map(|at| r.page_in_folio(idx, at));
+        let write = write.is_some();
         // Counted at its start, like `faults_missing`: the faulting thread
         // may read the counters as soon as the wake below lets it go.
         if self.lap(&mut ctx.mark, &self.phases.lookup) && !ctx.in_signal {
@@ -129,6 +138,7 @@ impl Shared {
                     old,
                     extras: &[],
                     write,
+                    page,
                     prefetch,
                 };
                 return self.fill_undo(&c, false, false);
@@ -181,6 +191,7 @@ impl Shared {
             old,
             extras: &extras,
             write,
+            page,
             prefetch,
         };
         let out = self.fill_claimed(ctx, &c);
@@ -238,6 +249,8 @@ impl Shared {
             drop(staged);
             return self.fill_undo(c, true, false);
         }
+        // (fill_stage takes no huge page for a write fill of one page.)
+        let partial = c.page.is_some() && staged.is_none();
         let installed = self.fill_install(ctx, c, staged.as_deref_mut(), prefetched);
         drop(staged);
         // A huge read fill that a write raced (see install_huge) is DIRTY.
@@ -260,7 +273,7 @@ impl Shared {
         if took > crate::shared::SLOW_FAULT {
             self.note_slow_fault(r, idx, took, ctx.in_signal);
         }
-        self.fill_publish(ctx, c, raced, now);
+        self.fill_publish(ctx, c, raced, partial, now);
         Outcome::Done
     }
 
@@ -277,7 +290,10 @@ impl Shared {
         // same way (mixed folio sizes: claim_readahead ends a sequential
         // window at its run's end, so a stream's next fault starts a run).
         let run = r.run_folios > 0 && n == r.run_folios && idx.is_multiple_of(n);
-        let huge = (r.folio == crate::thp::HUGE && n == 1 || run) && self.thp.usable();
+        // A write fill that dirties one page copies base pages: the page
+        // writable, the rest protected (a huge page moves in one way only).
+        let huge =
+            (r.folio == crate::thp::HUGE && n == 1 || run) && self.thp.usable() && c.page.is_none();
         // (A huge run of a read-only region is moved in through a moment of
         // write access: install_huge.)
         if huge && !r.writable && !run {
@@ -363,7 +379,31 @@ impl Shared {
             (Some(off), Some(pre)) => &pre[off..off + total],
             _ => &ctx.buf[..total],
         };
-        let ok = if c.write {
+        let ok = if let Some(p) = c.page {
+            // Dirty in part: the pages around the written one protected
+            // first (a failure may still drop them: nothing writable is
+            // in), then the written page writable — one page, so it is in
+            // whole or not at all.
+            let (at, folio) = ((p << 12) as usize, r.folio as usize);
+            let span = r.span(idx, 1);
+            (at == 0
+                || self
+                    .copy_all(r, span.sub(0, at), &src[..at], true, quiet)
+                    .is_ok())
+                && (at + 4096 == folio
+                    || self
+                        .copy_all(
+                            r,
+                            span.sub(at + 4096, folio - at - 4096),
+                            &src[at + 4096..folio],
+                            true,
+                            quiet,
+                        )
+                        .is_ok())
+                && self
+                    .copy_all(r, span.sub(at, 4096), &src[at..at + 4096], false, quiet)
+                    .is_ok()
+        } else if c.write {
             // Installed writable: from the first page copied on, other
             // threads may store into it without a fault. It is never
             // dropped once part of it is in (see settle_writable).
@@ -387,9 +427,9 @@ impl Shared {
     /// Publishes an installed fill: counters and state words (Release),
     /// then wakes the faulting thread and any waiters (the install did
     /// not: whoever runs next sees the folios resident and counted), then
-    /// the LRU (one lock) unless queued before the install. `raced`: a
+    /// the LRU (one lock) unless queued before the install. `partial`: the write fill installed its page alone. `raced`: a
     /// store landed in a huge read fill before its protection.
-    fn fill_publish(&self, ctx: &mut Ctx, c: &Claimed<'_>, raced: bool, now: u64) {
+    fn fill_publish(&self, ctx: &mut Ctx, c: &Claimed<'_>, raced: bool, partial: bool, now: u64) {
         let (r, idx, n) = (c.r, c.idx, c.n());
         // A store that raced the protection of a huge run landed in one of
         // its folios, which one is not known: all of them are DIRTY.
@@ -428,8 +468,16 @@ impl Shared {
             // A DIRTY folio's sequence field holds when it became dirty
             // (the age the background writer goes by); a CLEAN one keeps
             // its eviction sequence (unused while resident).
+            let partial = k == 0 && partial && !raced;
+            if let Some(p) = c.page.filter(|_| partial) {
+                r.set_partial_page(idx, p);
+            }
             let prev = folio::release(r.state(idx + k), |s| {
-                let s = s.with_kind(kind).set(ACTIVE, hot).set(QUEUED, true);
+                let s = s
+                    .with_kind(kind)
+                    .set(ACTIVE, hot)
+                    .set(QUEUED, true)
+                    .set(folio::PARTIAL, partial);
                 if kind == Kind::Dirty {
                     s.with_seq(tick)
                 } else {

@@ -131,6 +131,7 @@ impl Shared {
                 old,
                 extras: &extras,
                 write: false,
+                page: None,
                 prefetch: true,
             };
             let _ = self.fill_claimed(ctx, &c);
@@ -191,7 +192,7 @@ impl Shared {
                     if let Some(old) = folio::try_claim(r.state(next), |s| {
                         matches!(s.kind(), Kind::Never | Kind::Evicted)
                     }) {
-                        let _ = self.fill(ctx, &r, next, old, false, true);
+                        let _ = self.fill(ctx, &r, next, old, None, true);
                     }
                     next += 1;
                 }
@@ -215,6 +216,7 @@ impl Shared {
                     old,
                     extras: &[],
                     write: false,
+                    page: None,
                     prefetch: true,
                 };
                 let _ = self.fill_claimed(ctx, &c);

@@ -181,12 +181,12 @@ fn clean_folios_are_never_written() {
         (0, 0),
         "read-only use wrote back: {s:?} ({sum})"
     );
-    // One write dirties exactly one folio.
+    // One write dirties exactly one folio (4 KiB by default).
     r.words()[12345].store(7, Relaxed);
     r.flush().unwrap();
     let s2 = pager.stats();
     assert_eq!(s2.writebacks, 1);
-    assert_eq!(s2.bytes_written, 64 << 10);
+    assert_eq!(s2.bytes_written, upager::DEFAULT_FOLIO);
 }
 
 #[test]
