@@ -9,7 +9,7 @@ TLB shootdowns (tlb:tlb_flush remote sends of the engine's process) and
 shootdowns per 1000 evicted 4 KiB pages; the p50/p99/max latency of one
 access where the scenario times them (random-read, multi-fault); and a table
 of phases (time, rate, ratio vs the baseline engine) where it has phases
-(numpy).
+(numpy: by variant too, one per kind of data, where there are several).
 """
 import json
 import sys
@@ -58,8 +58,12 @@ def main(paths):
         if phase_names:
             units = rep.get("phase_units") or [""] * len(phase_names)
             heads = [f"{p} {u} (s) vs {base}" for p, u in zip(phase_names, units)]
-            print(f"\n| engine | " + " | ".join(heads) + " |")
-            print("|---|" + "---|" * len(phase_names))
+            # A variant column where there are several (numpy: one per kind
+            # of data, the label starting with it).
+            by_variant = len({r["variant"] for r in rep["summary"]}) > 1
+            first = "| variant | engine |" if by_variant else "| engine |"
+            print(f"\n{first} " + " | ".join(heads) + " |")
+            print("|" + "---|" * ((2 if by_variant else 1) + len(phase_names)))
             for r in rep["summary"]:
                 ph, vs = r.get("phases") or {}, r.get("phases_vs_kernel") or {}
                 cells = []
@@ -67,7 +71,8 @@ def main(paths):
                     rate, secs = ph.get(p), ph.get(f"{p} s")
                     ratio = "-" if p not in vs else f"**{vs[p]:.2f}×**"
                     cells.append(f"{fmt(rate)} ({fmt(secs, 2)} s) {ratio}")
-                print(f"| {r['engine']} | " + " | ".join(cells) + " |")
+                row = f"| {r['variant']} | {r['engine']} |" if by_variant else f"| {r['engine']} |"
+                print(f"{row} " + " | ".join(cells) + " |")
         for n in rep.get("notes") or []:
             print(f"\nnote: {n}")
         errs = [x for x in rep["runs"] if x.get("error")]

@@ -99,7 +99,10 @@ pub use latency::{Histogram, LatencySummary};
 pub use measurement::{Measurement, Metric};
 pub use numpy_engine::NumpyEngine;
 pub use report::{plot, Report, ReportError};
-pub use scenario::{DataFile, ParseScenarioError, Phase, Scenario, ScenarioParams, ScenarioSpec};
+pub use scenario::{
+    DataFile, DataKind, ParseDataKindError, ParseScenarioError, Phase, Scenario, ScenarioParams,
+    ScenarioSpec,
+};
 pub use suite::{prepare, run_scenario};
 pub use tracing::{InterruptCount, Target, TlbCountError, TlbCounter, TlbCounts};
 pub use upager_engine::{

@@ -10,10 +10,19 @@
 //! upager given a budget of 192 MiB inside it, so the interpreter, numpy and
 //! the index arrays are charged to both sides alike.
 //!
-//! The data file (float64, element i = i) is modified by the write phase;
-//! the driver writes the old values back after measuring. A run that fails
-//! may leave it modified, so the engine removes it and the next run makes it
-//! again.
+//! Two kinds of data, one variant and one data file each
+//! ([`DataKind`]): element i = i (compressible: zram stores each page
+//! compressed several times over, so reading it from the device
+//! decompresses it: CPU-bound, single-threaded per fault, as numpy.memmap's
+//! page cache and upager's O_DIRECT reads both pay) and random float64s in
+//! [0, 1) (incompressible: zram stores each page as it is, so a read is a
+//! copy, closer to a fast disk). Which one a pager wins on can differ: the
+//! cost of a miss is the device's, the cost of everything else the
+//! pager's.
+//!
+//! The data file is modified by the write phase; the driver writes the old
+//! values back after measuring. A run that fails may leave it modified, so
+//! the engine removes it and the next run makes it again.
 //!
 //! The Python interpreter is `$UPAGER_BENCH_PYTHON` or `python3`; it must
 //! import numpy and the upager package (`make python`).
@@ -27,7 +36,7 @@ use upager::FaultMode;
 use crate::engine::{BenchError, Engine};
 use crate::host::unique_name;
 use crate::measurement::Measurement;
-use crate::pattern::{ensure_data_file, evict_file, DataFile};
+use crate::pattern::{ensure_data_file, evict_file, f64_random_slice_sums, DataKind};
 use crate::scenario::{Scenario, ScenarioParams};
 use crate::worker::{run_worker, RunOptions, WorkerExe};
 use crate::workloads::{NumpyBackend, Workload};
@@ -65,19 +74,23 @@ pub fn check_python() -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// One side of the numpy scenario: `kernel numpy.memmap`, or upager with a
-/// folio size and fault mode (`upager handlers 4K`), opened "r+" unless the
+/// One side of the numpy scenario: `kernel numpy.memmap`, or upager with
+/// the defaults (`upager defaults`), a fault mode (`upager handlers`), or a
+/// fault mode and folio size (`upager handlers 4K`), opened "r+" unless the
 /// name ends in ` r`.
 #[derive(Debug, Clone)]
 pub struct NumpyEngine {
     name: String,
     backend: NumpyBackend,
-    folio_kb: u64,
+    /// `None`: no folio size given (upager chooses).
+    folio_kb: Option<u64>,
     /// `None`: upager chooses (handlers, or in-thread where the
     /// userfaultfd is user-mode-only: issue 28).
     fault_mode: Option<FaultMode>,
-    huge_runs: bool,
-    readahead_async: bool,
+    /// `None`: the package's default.
+    huge_runs: Option<bool>,
+    /// `None`: the package's default.
+    readahead_async: Option<bool>,
     mode: &'static str,
     /// Run by this user and group id (root switches to them).
     user: Option<(u32, u32)>,
@@ -89,27 +102,43 @@ impl NumpyEngine {
         NumpyEngine {
             name: "kernel numpy.memmap".into(),
             backend: NumpyBackend::Memmap,
-            folio_kb: 4,
-            fault_mode: Some(FaultMode::Handlers),
-            huge_runs: false,
-            readahead_async: true,
+            ..Self::defaults()
+        }
+    }
+
+    /// `upager.open_array(mode="r+", budget=…)` and nothing else: what a
+    /// user gets by default (`upager defaults`: the folio size and the
+    /// fault mode upager chooses). Issue 29's targets are for this engine.
+    pub fn defaults() -> Self {
+        NumpyEngine {
+            name: "upager defaults".into(),
+            backend: NumpyBackend::Upager,
+            folio_kb: None,
+            fault_mode: None,
+            huge_runs: None,
+            readahead_async: None,
             mode: "r+",
             user: None,
         }
     }
 
+    /// `upager.open_array(mode="r+")` in fault mode `mode`, the default
+    /// folio size (`upager handlers`).
+    pub fn mode(mode: FaultMode) -> Self {
+        NumpyEngine {
+            name: format!("upager {}", mode.name()),
+            fault_mode: Some(mode),
+            ..Self::defaults()
+        }
+    }
+
     /// `upager.open_array(mode="r+")` with `folio_kb` folios in `mode`,
-    /// the engine's defaults otherwise.
+    /// the engine's defaults otherwise (`upager handlers 4K`).
     pub fn upager(folio_kb: u64, mode: FaultMode) -> Self {
         NumpyEngine {
             name: format!("upager {} {}K", mode.name(), folio_kb),
-            backend: NumpyBackend::Upager,
-            folio_kb,
-            fault_mode: Some(mode),
-            huge_runs: false,
-            readahead_async: true,
-            mode: "r+",
-            user: None,
+            folio_kb: Some(folio_kb),
+            ..Self::mode(mode)
         }
     }
 
@@ -118,8 +147,8 @@ impl NumpyEngine {
     pub fn upager_default(folio_kb: u64) -> Self {
         NumpyEngine {
             name: format!("upager default {folio_kb}K"),
-            fault_mode: None,
-            ..Self::upager(folio_kb, FaultMode::Handlers)
+            folio_kb: Some(folio_kb),
+            ..Self::defaults()
         }
     }
 
@@ -141,12 +170,17 @@ impl NumpyEngine {
         }
     }
 
-    /// The memmap baseline, then upager with 4 KiB and 64 KiB folios in
-    /// each of `modes`; issue 23's ablations (4 KiB folios with mixed
+    /// The memmap baseline; upager with the defaults, then with the
+    /// default folio size in each of `modes`, then with 4 KiB and 64 KiB
+    /// folios in each; issue 23's ablations (4 KiB folios with mixed
     /// folio sizes, `huge-runs`, and without async readahead,
     /// `sync-readahead`); and both sides opened read-only (` r`).
     pub fn for_modes(modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
-        let mut v: Vec<Box<dyn Engine>> = vec![Box::new(Self::memmap())];
+        let mut v: Vec<Box<dyn Engine>> =
+            vec![Box::new(Self::memmap()), Box::new(Self::defaults())];
+        for &m in modes {
+            v.push(Box::new(Self::mode(m)));
+        }
         for folio in [4, 64] {
             for &m in modes {
                 v.push(Box::new(Self::upager(folio, m)));
@@ -154,11 +188,11 @@ impl NumpyEngine {
         }
         for &m in modes {
             v.push(Box::new(NumpyEngine {
-                huge_runs: true,
+                huge_runs: Some(true),
                 ..Self::upager(4, m).named("huge-runs")
             }));
             v.push(Box::new(NumpyEngine {
-                readahead_async: false,
+                readahead_async: Some(false),
                 ..Self::upager(4, m).named("sync-readahead")
             }));
         }
@@ -175,8 +209,16 @@ impl NumpyEngine {
         v
     }
 
-    /// The workload for a variant.
+    /// The workload for a variant (its kind of data: `p.data_kind`,
+    /// compressible where unset).
     pub fn workload(&self, p: &ScenarioParams) -> Result<Workload, BenchError> {
+        let data = p.data_kind.unwrap_or_default();
+        let slice_sums = match data {
+            DataKind::Compressible => Vec::new(),
+            DataKind::Incompressible => {
+                f64_random_slice_sums(p.file_bytes / 8, (p.slice_bytes / 8).max(1), p.seed)
+            }
+        };
         Ok(Workload::Numpy {
             file: p
                 .data_file
@@ -189,6 +231,8 @@ impl NumpyEngine {
             slice_bytes: p.slice_bytes,
             random_ops: p.random_ops,
             seed: p.seed,
+            data,
+            slice_sums,
             huge_runs: self.huge_runs,
             readahead_async: self.readahead_async,
             mode: self.mode.to_string(),
@@ -211,7 +255,12 @@ impl Engine for NumpyEngine {
             .data_file
             .clone()
             .ok_or(BenchError::NoDataFile(scenario))?;
-        ensure_data_file(DataFile::F64Index, p.file_bytes, p.seed, &file)?;
+        ensure_data_file(
+            p.data_kind.unwrap_or_default().file(),
+            p.file_bytes,
+            p.seed,
+            &file,
+        )?;
         if let Some((uid, gid)) = self.user {
             std::os::unix::fs::chown(&file, Some(uid), Some(gid))
                 .map_err(|e| BenchError::Other(format!("chown {}: {e}", file.display())))?;
@@ -254,5 +303,53 @@ impl Engine for NumpyEngine {
             };
         }
         Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default engine list: the baseline, what a user gets by default,
+    /// the default folio in each mode, then the explicit folios and the
+    /// ablations; the default engines give upager no folio size (and
+    /// `upager defaults` no fault mode either).
+    #[test]
+    fn engines_in_order_and_what_they_pass() {
+        let modes = [FaultMode::Handlers, FaultMode::InThread];
+        let names: Vec<String> = NumpyEngine::for_modes(&modes)
+            .iter()
+            .map(|e| e.name())
+            .collect();
+        // The spec lists them in the order they run.
+        let spec = Scenario::Numpy.spec().engines;
+        assert_eq!(names[..spec.len()], *spec);
+        assert_eq!(spec[..2], ["kernel numpy.memmap", "upager defaults"]);
+        let p = ScenarioParams {
+            data_file: Some("/d/f".into()),
+            ..Scenario::Numpy.tiny()
+        };
+        let json = |e: &NumpyEngine| serde_json::to_value(e.workload(&p).unwrap()).unwrap();
+        let d = json(&NumpyEngine::defaults());
+        assert!(d["folio_kb"].is_null() && d["huge_runs"].is_null(), "{d}");
+        assert_eq!(d["fault_mode"], "auto");
+        assert_eq!(d["data"], "compressible");
+        assert!(d.get("slice_sums").is_none(), "{d}");
+        let h = json(&NumpyEngine::mode(FaultMode::Handlers));
+        assert!(h["folio_kb"].is_null(), "{h}");
+        assert_eq!(h["fault_mode"], "handlers");
+        assert_eq!(
+            json(&NumpyEngine::upager(4, FaultMode::InThread))["folio_kb"],
+            4
+        );
+        // Incompressible data: the exact slice sums go with the workload.
+        let p = ScenarioParams {
+            data_kind: Some(DataKind::Incompressible),
+            ..p
+        };
+        let w = serde_json::to_value(NumpyEngine::defaults().workload(&p).unwrap()).unwrap();
+        assert_eq!(w["data"], "incompressible");
+        let sums = w["slice_sums"].as_array().unwrap();
+        assert_eq!(sums.len() as u64, p.file_bytes.div_ceil(p.slice_bytes));
     }
 }

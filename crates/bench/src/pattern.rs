@@ -2,7 +2,9 @@
 //! every 8-byte word is `offset ^ seed`) made for a run, synced and dropped
 //! from the page cache, and checked. The words themselves, the xorshift
 //! generator the random workloads share (kernel and upager draw the same
-//! offsets) and reading a word come from `upager-testdata`.
+//! offsets) and reading a word come from `upager-testdata`. The numpy
+//! scenario's float64 files come in two [`DataKind`]s: element i = i
+//! (compressible) and a hash of i in [0, 1) (incompressible).
 //!
 //! An engine that returns wrong data fails a run instead of looking fast.
 
@@ -10,7 +12,7 @@ use std::fs::File;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use upager_testdata::xor_word;
+use upager_testdata::{mix, xor_word, GOLDEN};
 
 use crate::host::{io_err, SetupError};
 use crate::raw;
@@ -38,12 +40,130 @@ fn create_file(path: &Path, len: u64, word: impl Fn(u64) -> u64) -> Result<Durat
 }
 
 /// Create (or replace) `path` with `len / 8` float64 elements (little
-/// endian), element i = i (numpy scenario): every slice sum and every random
-/// gather then has an exact expected value (integers below 2^53 add
-/// exactly), so the Python driver checks what it read. Synced and evicted
-/// from the page cache like [`create_pattern_file`].
-pub fn create_f64_index_file(path: &Path, len: u64) -> Result<Duration, SetupError> {
-    create_file(path, len / 8 * 8, |off| ((off / 8) as f64).to_bits())
+/// endian) of `kind` (numpy scenario), element i = `kind.element(i, seed)`:
+/// every element, slice sum and random gather has a known value, so the
+/// Python driver checks what it read. Synced and evicted from the page
+/// cache like [`create_pattern_file`].
+pub fn create_f64_file(
+    path: &Path,
+    len: u64,
+    kind: DataKind,
+    seed: u64,
+) -> Result<Duration, SetupError> {
+    create_file(path, len / 8 * 8, |off| {
+        kind.element(off / 8, seed).to_bits()
+    })
+}
+
+/// Element `i` of an incompressible float64 file made with `seed`: the
+/// i-th output of splitmix64 seeded with `seed` (`mix(seed + i * GOLDEN)`),
+/// its top 53 bits as a float64 in [0, 1) (`>> 11`, times 2^-53, as
+/// numpy's `random()` makes a double). 52 random mantissa bits per element:
+/// no compressor shrinks a page of them, and every element is checkable.
+/// bench/numpy_scenario.py computes the same formula with numpy.
+pub fn f64_random(i: u64, seed: u64) -> f64 {
+    f64_random_units(i, seed) as f64 / (1u64 << 53) as f64
+}
+
+/// [`f64_random`]`(i, seed)` in units of 2^-53: a 53-bit integer.
+fn f64_random_units(i: u64, seed: u64) -> u64 {
+    mix(seed.wrapping_add(i.wrapping_mul(GOLDEN))) >> 11
+}
+
+/// The exact sum of each `slice` elements of an incompressible file of
+/// `elements` elements made with `seed` (the last slice may be shorter),
+/// rounded once to float64: each element is an integer times 2^-53, so the
+/// integers are summed exactly (u128) and scaled at the end. numpy's sum of
+/// the same slice differs from it only by its rounding (pairwise summation:
+/// below `slice * 2^-47` for values in [0, 1)); the numpy driver checks its
+/// slice sums against these within a wider bound, which any wrong element
+/// of random data exceeds.
+pub fn f64_random_slice_sums(elements: u64, slice: u64, seed: u64) -> Vec<f64> {
+    let slice = slice.max(1);
+    (0..elements.div_ceil(slice))
+        .map(|k| {
+            let units: u128 = (k * slice..elements.min((k + 1) * slice))
+                .map(|i| u128::from(f64_random_units(i, seed)))
+                .sum();
+            units as f64 / (1u64 << 53) as f64
+        })
+        .collect()
+}
+
+/// What kind of float64 data the numpy scenario reads: one variant, and
+/// one data file, each.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataKind {
+    /// Element i = i ([`DataFile::F64Index`]): zram compresses its pages
+    /// several times over, so a read from the device decompresses.
+    #[default]
+    Compressible,
+    /// Element i = [`f64_random`] ([`DataFile::F64Random`]): zram stores
+    /// its pages as they are, so a read from the device is a copy.
+    Incompressible,
+}
+
+impl DataKind {
+    /// Both kinds, in the order a run sweeps them.
+    pub const ALL: [DataKind; 2] = [DataKind::Compressible, DataKind::Incompressible];
+
+    /// The name on the command line, in variant labels and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataKind::Compressible => "compressible",
+            DataKind::Incompressible => "incompressible",
+        }
+    }
+
+    /// Element `i` of a file of this kind made with `seed`.
+    pub fn element(self, i: u64, seed: u64) -> f64 {
+        match self {
+            DataKind::Compressible => i as f64,
+            DataKind::Incompressible => f64_random(i, seed),
+        }
+    }
+
+    /// The data file of this kind.
+    pub fn file(self) -> DataFile {
+        match self {
+            DataKind::Compressible => DataFile::F64Index,
+            DataKind::Incompressible => DataFile::F64Random,
+        }
+    }
+}
+
+impl std::fmt::Display for DataKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// unknown data kind {0:?}; known: compressible, incompressible
+#[derive(Debug, Clone, PartialEq, Eq, displaydoc::Display, thiserror::Error)]
+pub struct ParseDataKindError(pub String);
+
+impl std::str::FromStr for DataKind {
+    type Err = ParseDataKindError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DataKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| ParseDataKindError(s.to_string()))
+    }
 }
 
 /// What a scenario's data file holds.
@@ -53,9 +173,25 @@ pub enum DataFile {
     None,
     /// `upager_testdata::xor_word` pattern words (`offset ^ seed`).
     Pattern,
-    /// float64 values, element i = i (numpy): every slice sum and random
-    /// gather has an exact expected value.
+    /// float64 values, element i = i (numpy, compressible): every slice sum
+    /// and random gather has an exact expected value.
     F64Index,
+    /// float64 values in [0, 1), element i = [`f64_random`]`(i, seed)`
+    /// (numpy, incompressible).
+    F64Random,
+}
+
+impl DataFile {
+    /// The file's name for `file_bytes` and `seed`: by kind and size (and
+    /// seed where the content depends on it), so runs that need the same
+    /// content share a file and different kinds can sit side by side.
+    pub fn file_name(self, file_bytes: u64, seed: u64) -> String {
+        match self {
+            DataFile::F64Index => format!("f64-compressible-{file_bytes}"),
+            DataFile::F64Random => format!("f64-incompressible-{file_bytes}-{seed:x}"),
+            DataFile::Pattern | DataFile::None => format!("data-{file_bytes}-{seed:x}"),
+        }
+    }
 }
 
 /// Make `file` with `kind`'s content unless it already exists with the
@@ -69,14 +205,15 @@ pub fn ensure_data_file(
     file: &Path,
 ) -> Result<(), SetupError> {
     let want = match kind {
-        DataFile::F64Index => file_bytes / 8 * 8,
+        DataFile::F64Index | DataFile::F64Random => file_bytes / 8 * 8,
         DataFile::Pattern | DataFile::None => file_bytes.div_ceil(8) * 8,
     };
     if std::fs::metadata(file).map(|m| m.len()).ok() == Some(want) {
         return Ok(());
     }
     let t = match kind {
-        DataFile::F64Index => create_f64_index_file(file, file_bytes)?,
+        DataFile::F64Index => create_f64_file(file, file_bytes, DataKind::Compressible, seed)?,
+        DataFile::F64Random => create_f64_file(file, file_bytes, DataKind::Incompressible, seed)?,
         DataFile::Pattern | DataFile::None => create_pattern_file(file, file_bytes, seed)?,
     };
     eprintln!(
@@ -129,7 +266,7 @@ mod tests {
     #[test]
     fn f64_index_file() {
         let p = std::env::temp_dir().join(crate::host::unique_name("f64"));
-        create_f64_index_file(&p, (1 << 20) + 12).unwrap();
+        create_f64_file(&p, (1 << 20) + 12, DataKind::Compressible, 7).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(bytes.len(), (1 << 20) + 8);
         for i in [0usize, 1, 4095, 131_072] {
@@ -137,5 +274,47 @@ mod tests {
             assert_eq!(f64::from_le_bytes(b), i as f64);
         }
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn f64_random_file_and_sums() {
+        let seed = 0x5eed_0000_0000_0001;
+        // Pinned (Python integers: mix(seed) >> 11, as a double); the
+        // numpy driver computes the same bits.
+        assert_eq!(f64_random(0, seed).to_bits(), 0x3fe3_119d_a9b3_c267);
+        assert_eq!(f64_random(12_345, seed).to_bits(), 0x3f4a_c589_18ce_e400);
+        let p = std::env::temp_dir().join(crate::host::unique_name("f64r"));
+        create_f64_file(&p, (1 << 16) + 12, DataKind::Incompressible, seed).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        let n = bytes.len() as u64 / 8;
+        assert_eq!(n, (1 << 13) + 1);
+        let el = |i: u64| {
+            let at = i as usize * 8;
+            f64::from_le_bytes(bytes[at..at + 8].try_into().unwrap())
+        };
+        for i in 0..n {
+            let v = el(i);
+            assert_eq!(v, f64_random(i, seed));
+            assert!((0.0..1.0).contains(&v));
+        }
+        let sums = f64_random_slice_sums(n, 1000, seed);
+        assert_eq!(sums.len(), 9);
+        let naive: f64 = (8000..n).map(el).sum();
+        assert!((sums[8] - naive).abs() < 1e-9, "{} vs {naive}", sums[8]);
+        assert!((sums.iter().sum::<f64>() - n as f64 / 2.0).abs() < 3.0 * (n as f64).sqrt());
+    }
+
+    #[test]
+    fn data_kinds_by_name() {
+        for k in DataKind::ALL {
+            assert_eq!(k.name().parse::<DataKind>().unwrap(), k);
+            assert_eq!(serde_json::to_value(k).unwrap(), k.name());
+        }
+        assert!("random".parse::<DataKind>().is_err());
+        assert_ne!(
+            DataKind::Compressible.file().file_name(8, 1),
+            DataKind::Incompressible.file().file_name(8, 1)
+        );
     }
 }

@@ -475,8 +475,18 @@ impl Report {
                 "phases (median; rate, seconds, rate vs {}):",
                 self.baseline_engine
             );
+            // Rows by variant too where there are several (numpy: one per
+            // kind of data).
+            let by_variant = self
+                .summary
+                .iter()
+                .any(|r| r.variant != self.summary[0].variant);
             for r in &self.summary {
-                let _ = write!(s, "  {:<22}", r.engine);
+                if by_variant {
+                    let _ = write!(s, "  {:<22} {:<22}", r.variant, r.engine);
+                } else {
+                    let _ = write!(s, "  {:<22}", r.engine);
+                }
                 for ph in phases {
                     let rate = r.phases.get(ph.name);
                     let secs = r.phases.get(&format!("{} s", ph.name));

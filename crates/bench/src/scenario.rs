@@ -4,13 +4,14 @@
 //! default and tiny parameters), and the [`ScenarioParams`] of one run,
 //! swept into variants by [`Scenario::variants`].
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::host::ncpu;
 use crate::measurement::Metric;
-pub use crate::pattern::DataFile;
+pub use crate::pattern::{DataFile, DataKind, ParseDataKindError};
 use crate::thp::mthp_sizes_kb;
 
 /// A scenario: one seed experiment, run by every engine that supports it.
@@ -35,7 +36,8 @@ pub enum Scenario {
     /// Seed 004: classifying resident / evicted / never touched.
     Residency,
     /// Issue 12: a numpy user's float64 array larger than memory,
-    /// `numpy.memmap` in a memory cgroup vs `upager.open_array`.
+    /// `numpy.memmap` in a memory cgroup vs `upager.open_array`, on
+    /// compressible and incompressible data.
     Numpy,
 }
 
@@ -184,6 +186,15 @@ pub struct ScenarioParams {
     pub random_ops: u64,
     /// Bytes per slice of the sequential pass (numpy).
     pub slice_bytes: u64,
+    /// The kinds of data to run, one variant each (numpy: both by
+    /// default); empty = the scenario's one data file (`data_file`).
+    pub data_kinds: Vec<DataKind>,
+    /// This variant's kind of data (set by [`Scenario::variants`]).
+    pub data_kind: Option<DataKind>,
+    /// The data file of each of `data_kinds` (made by
+    /// [`crate::suite::prepare`]); [`Scenario::variants`] sets each
+    /// variant's `data_file` to its kind's.
+    pub data_files: BTreeMap<DataKind, PathBuf>,
 }
 
 impl Default for ScenarioParams {
@@ -214,6 +225,9 @@ impl Default for ScenarioParams {
             budget_bytes: 0,
             random_ops: 200_000,
             slice_bytes: 8 << 20,
+            data_kinds: Vec::new(),
+            data_kind: None,
+            data_files: BTreeMap::new(),
         }
     }
 }
@@ -375,6 +389,7 @@ fn numpy_defaults() -> ScenarioParams {
         random_ops: 200_000,
         slice_bytes: 8 << 20,
         threads: 1,
+        data_kinds: DataKind::ALL.to_vec(),
         ..Default::default()
     }
 }
@@ -391,6 +406,7 @@ fn numpy_tiny() -> ScenarioParams {
         threads: 1,
         rounds: 1,
         timeout_s: 120.0,
+        data_kinds: DataKind::ALL.to_vec(),
         ..Default::default()
     }
 }
@@ -635,14 +651,22 @@ static NUMPY: ScenarioSpec = ScenarioSpec {
     seed: "issue 12 (a numpy user's float64 array larger than memory)",
     doc: "One Python process (bench/numpy_scenario.py) in a memory cgroup of the limit works on a \
           float64 file on ext4 on a RAM block device: numpy.memmap(mode=\"r+\") against \
-          upager.open_array(mode=\"r+\", budget=…) with 4 KiB and 64 KiB folios in each fault \
-          mode, issue 23's ablations (4 KiB folios with mixed folio sizes: huge-runs; \
-          without async readahead: sync-readahead) and both opened read-only (engines ending in \
-          ` r`: no write phase). Phases: a sequential pass (sum over 8 MiB slices), N random \
-          element reads (a[idx].sum()), N random element writes (a[idx] = 1.5) and flush(). Time \
-          and rate per phase, each vs numpy.memmap (r+): what a numpy user sees first.",
+          upager.open_array(mode=\"r+\", budget=…) with what a user gets by default (`upager \
+          defaults`: no folio size, no fault mode), the default folio in each fault mode \
+          (`upager handlers`, `upager in-thread`), 4 KiB and 64 KiB folios in each mode, issue \
+          23's ablations (4 KiB folios with mixed folio sizes: huge-runs; without async \
+          readahead: sync-readahead) and both opened read-only (engines ending in ` r`: no write \
+          phase). Phases: a sequential pass (sum over 8 MiB slices), N random element reads \
+          (a[idx].sum()), N random element writes (a[idx] = 1.5) and flush(). Time and rate per \
+          phase, each vs numpy.memmap (r+): what a numpy user sees first. Once per kind of data \
+          (--data): compressible (element i = i: zram compresses it, so a read from the device \
+          decompresses) and incompressible (random float64s in [0, 1): zram stores them as they \
+          are, so a read is a copy, as from a fast disk).",
     engines: &[
         "kernel numpy.memmap",
+        "upager defaults",
+        "upager handlers",
+        "upager in-thread",
         "upager handlers 4K",
         "upager in-thread 4K",
         "upager handlers 64K",
@@ -732,14 +756,32 @@ impl Scenario {
                     })
                     .collect()
             }
-            Scenario::Numpy => vec![ScenarioParams {
-                variant: format!(
-                    "cgroup={},budget={}",
-                    size_label(p.limit_bytes >> 10),
-                    size_label(p.upager_budget() >> 10)
-                ),
-                ..base
-            }],
+            Scenario::Numpy => {
+                // One variant per kind of data, each reading its kind's
+                // file; without kinds, the one file of `data_file`.
+                let kinds = if p.data_kinds.is_empty() {
+                    vec![DataKind::Compressible]
+                } else {
+                    p.data_kinds.clone()
+                };
+                kinds
+                    .into_iter()
+                    .map(|kind| ScenarioParams {
+                        variant: format!(
+                            "{kind},cgroup={},budget={}",
+                            size_label(p.limit_bytes >> 10),
+                            size_label(p.upager_budget() >> 10)
+                        ),
+                        data_kind: Some(kind),
+                        data_file: if p.data_kinds.is_empty() {
+                            p.data_file.clone()
+                        } else {
+                            p.data_files.get(&kind).cloned()
+                        },
+                        ..base.clone()
+                    })
+                    .collect()
+            }
             Scenario::TlbReach => vec![ScenarioParams {
                 variant: format!("region={}", size_label(p.region_bytes >> 10)),
                 ..base
@@ -796,6 +838,37 @@ mod tests {
             v.iter().map(|p| p.variant.as_str()).collect::<Vec<_>>(),
             ["folio=4K", "folio=64K", "folio=2M"]
         );
+    }
+
+    /// numpy: one variant per kind of data, each with its kind's file.
+    #[test]
+    fn numpy_variants_by_data_kind() {
+        let mut p = Scenario::Numpy.defaults();
+        assert_eq!(p.data_kinds, DataKind::ALL);
+        for k in DataKind::ALL {
+            p.data_files.insert(k, format!("/d/{k}").into());
+        }
+        let v = Scenario::Numpy.variants(&p);
+        assert_eq!(
+            v.iter().map(|p| p.variant.as_str()).collect::<Vec<_>>(),
+            [
+                "compressible,cgroup=256M,budget=192M",
+                "incompressible,cgroup=256M,budget=192M"
+            ]
+        );
+        assert_eq!(v[1].data_kind, Some(DataKind::Incompressible));
+        assert_eq!(v[1].data_file, Some("/d/incompressible".into()));
+        // Without kinds: the one data file, compressible.
+        let v = Scenario::Numpy.variants(&ScenarioParams {
+            data_file: Some("/d/f".into()),
+            data_kinds: Vec::new(),
+            ..p
+        });
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].data_kind, Some(DataKind::Compressible));
+        assert_eq!(v[0].data_file, Some("/d/f".into()));
+        let json = serde_json::to_value(&v[0]).unwrap();
+        assert_eq!(json["data_kind"], "compressible");
     }
 
     #[test]

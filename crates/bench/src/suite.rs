@@ -12,7 +12,8 @@ use crate::report::{interleaved, Report, RunRecord};
 use crate::scenario::{Scenario, ScenarioParams};
 
 /// Create the data file a file scenario needs on the environment's RAM
-/// device (reused if it already has the right size), and set `data_file`.
+/// device (reused if it already has the right size), and set `data_file`;
+/// with `data_kinds` (numpy), one file per kind, in `data_files`.
 pub fn prepare(
     scenario: Scenario,
     params: &ScenarioParams,
@@ -20,10 +21,18 @@ pub fn prepare(
 ) -> Result<ScenarioParams, BenchError> {
     let sc = scenario.spec();
     let mut p = params.clone();
-    if sc.needs_file() && p.data_file.is_none() {
-        let file = data_file_path(scenario, &p, env);
+    if sc.needs_file() && p.data_file.is_none() && p.data_kinds.is_empty() {
+        let file = data_file_path(sc.data, &p, env);
         ensure_data_file(sc.data, p.file_bytes, p.seed, &file)?;
         p.data_file = Some(file);
+    }
+    // numpy: one file per kind of data, each variant reads its kind's.
+    for kind in p.data_kinds.clone() {
+        if !p.data_files.contains_key(&kind) {
+            let file = data_file_path(kind.file(), &p, env);
+            ensure_data_file(kind.file(), p.file_bytes, p.seed, &file)?;
+            p.data_files.insert(kind, file);
+        }
     }
     if sc.needs_swap && p.swap_dir.is_none() && env.store.is_some() {
         p.swap_dir = Some(env.data_dir());
@@ -31,14 +40,11 @@ pub fn prepare(
     Ok(p)
 }
 
-/// Where [`prepare`] puts a scenario's data file in `env`: named by kind,
-/// size and seed, so scenarios that share a file reuse it.
-pub fn data_file_path(scenario: Scenario, p: &ScenarioParams, env: &BenchEnv) -> PathBuf {
-    let name = match scenario.spec().data {
-        DataFile::F64Index => format!("f64-{}", p.file_bytes),
-        DataFile::Pattern | DataFile::None => format!("data-{}-{:x}", p.file_bytes, p.seed),
-    };
-    env.data_dir().join(name)
+/// Where [`prepare`] puts a data file of kind `data` in `env`
+/// ([`DataFile::file_name`]: by kind, size and seed, so scenarios that
+/// share a file reuse it).
+pub fn data_file_path(data: DataFile, p: &ScenarioParams, env: &BenchEnv) -> PathBuf {
+    env.data_dir().join(data.file_name(p.file_bytes, p.seed))
 }
 
 /// Run `scenario` with `params` on every engine that supports it:
@@ -51,7 +57,8 @@ pub fn run_scenario(
     engines: &[Box<dyn Engine>],
 ) -> Result<Report, BenchError> {
     let sc = scenario.spec();
-    if sc.needs_file() && params.data_file.is_none() {
+    let variants = scenario.variants(params);
+    if sc.needs_file() && variants.iter().any(|v| v.data_file.is_none()) {
         return Err(BenchError::NoDataFile(scenario));
     }
     let engines: Vec<&dyn Engine> = engines
@@ -59,7 +66,6 @@ pub fn run_scenario(
         .map(|e| e.as_ref())
         .filter(|e| e.supports(scenario))
         .collect();
-    let variants = scenario.variants(params);
     let rounds = params.rounds.max(1);
     let mut runs = Vec::new();
     let total = variants.len() * rounds * engines.len();

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use crate::kernel_workloads as kernel;
 pub use crate::kernel_workloads::MapAdvice;
 pub use crate::meter::{WorkerResult, WorkloadError};
+use crate::pattern::DataKind;
 use crate::upager_workloads::{self, UpagerConfig, UpagerJob};
 
 /// Which array the numpy scenario's Python driver opens.
@@ -15,7 +16,8 @@ use crate::upager_workloads::{self, UpagerConfig, UpagerJob};
 pub enum NumpyBackend {
     /// `numpy.memmap(file, float64, mode="r+")`.
     Memmap,
-    /// `upager.open_array(file, float64, mode="r+", budget=…, folio=…)`.
+    /// `upager.open_array(file, float64, mode="r+", budget=…)` (and
+    /// `folio=…`, `fault_mode=…` where the engine sets them).
     Upager,
 }
 
@@ -130,11 +132,15 @@ pub enum Workload {
     },
     /// Issue 12's numpy user, run by the Python driver
     /// (bench/numpy_scenario.py, which documents the phases) in the
-    /// cgroup: open `file` (float64, element i = i) as an array through
+    /// cgroup: open `file` (float64 of kind `data`) as an array through
     /// `backend`, then a sequential pass summing `slice_bytes` slices,
     /// `random_ops` random element reads (`a[idx].sum()`), `random_ops`
-    /// random element writes (`a[idx] = 1.5`) and `flush()`; every sum is
-    /// checked; afterwards the written elements are checked and restored.
+    /// random element writes (`a[idx] = 1.5`) and `flush()`; afterwards
+    /// (untimed) every slice sum and every element read is checked, and the
+    /// written elements are checked and restored.
+    ///
+    /// upager's options are passed to `open_array` only where given
+    /// (`None`: the package's default, as a user who does not set it gets).
     Numpy {
         /// The float64 file (modified, then restored).
         file: PathBuf,
@@ -142,22 +148,37 @@ pub enum Workload {
         backend: NumpyBackend,
         /// upager's budget, bytes.
         budget: u64,
-        /// upager's folio size, KiB.
-        folio_kb: u64,
-        /// upager's fault mode (`handlers`, `in-thread`).
+        /// upager's folio size, KiB; `None`: no `folio` keyword.
+        #[serde(default)]
+        folio_kb: Option<u64>,
+        /// upager's fault mode (`handlers`, `in-thread`, or `auto`: no
+        /// `fault_mode` keyword, upager chooses).
         fault_mode: String,
         /// Bytes per slice of the sequential pass.
         slice_bytes: u64,
         /// Random reads, and as many random writes.
         random_ops: u64,
-        /// Seed of the random indices.
+        /// Seed of the random indices, and of the incompressible file's
+        /// elements.
         seed: u64,
-        /// upager's mixed folio sizes (`huge_runs`; default off, as the engine's).
+        /// What the file holds: element i = i (`compressible`), or
+        /// `f64_random(i, seed)` (`incompressible`).
         #[serde(default)]
-        huge_runs: bool,
-        /// upager's async readahead (`readahead_async`; default on, as the engine's).
-        #[serde(default = "default_on")]
-        readahead_async: bool,
+        data: DataKind,
+        /// Incompressible data: the exact sum of each slice (made by
+        /// `f64_random_slice_sums`), which the driver's slice sums must
+        /// match within their rounding. Empty for compressible data (the
+        /// driver knows those sums in closed form).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        slice_sums: Vec<f64>,
+        /// upager's mixed folio sizes (`huge_runs`); `None`: the package's
+        /// default.
+        #[serde(default)]
+        huge_runs: Option<bool>,
+        /// upager's async readahead (`readahead_async`); `None`: the
+        /// package's default.
+        #[serde(default)]
+        readahead_async: Option<bool>,
         /// How the array is opened: "r+" (default; all three phases) or
         /// "r" (read-only: no write phase).
         #[serde(default = "default_numpy_mode")]
@@ -219,10 +240,6 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
         } => kernel::mixed(file, *threads, *reads_per_thread, *writes_per_thread, *seed),
         Workload::Numpy { .. } => Err(w.python_only()),
     }
-}
-
-fn default_on() -> bool {
-    true
 }
 
 fn default_numpy_mode() -> String {

@@ -1,8 +1,11 @@
 //! The numpy scenario (issue 12) at its tiny size, end to end: a float64
 //! file on ext4 on a RAM block device, the Python driver
 //! (bench/numpy_scenario.py) in a memory cgroup, numpy.memmap against
-//! upager.open_array with 4 KiB and 64 KiB folios in both fault modes.
-//! Asserted, not timed:
+//! upager.open_array with the defaults, with the default folio in each
+//! fault mode and with 4 KiB and 64 KiB folios in both; every engine on
+//! compressible data (element i = i), a few on incompressible data (random
+//! float64s, which zram is checked to store uncompressed). Asserted, not
+//! timed:
 //! - every engine ran every phase and read exact sums (the driver checks
 //!   each slice sum and the gather's sum; a wrong one fails the run);
 //! - every phase has a rate and a ratio vs numpy.memmap, in the summary and
@@ -10,9 +13,11 @@
 //! - the kernel stayed within its cgroup, upager within its budget, and
 //!   upager evicted (the file is 5× the budget);
 //! - the fault mode an engine is named after is the one that ran;
-//! - the data file is as it was after the runs (the driver restores what it
-//!   wrote), and a file with a wrong element fails the run and is made
-//!   again before the next one.
+//! - the data files are as they were after the runs (the driver restores
+//!   what it wrote), and a file with a wrong element fails the run and is
+//!   made again before the next one;
+//! - zram compresses the compressible file and stores the incompressible
+//!   one at full size.
 //!
 //! Needs root (cgroup, zram, userfaultfd) and a Python that imports numpy
 //! and this tree's upager package (`make python`; scripts/test.sh installs
@@ -29,10 +34,26 @@ mod tests {
     use upager::FaultMode;
     use upager_bench::numpy_engine::check_python;
     use upager_bench::{
-        prepare, run_scenario, BenchEnv, Engine, EnvConfig, NumpyEngine, Report, Scenario,
-        ScenarioParams, UpagerEngine,
+        prepare, run_scenario, BenchEnv, DataKind, Engine, EnvConfig, NumpyEngine, Report,
+        Scenario, ScenarioParams, UpagerEngine,
     };
 
+    /// zram's `mm_stat` of the environment's device: bytes stored before
+    /// compression and after.
+    fn zram_sizes(env: &BenchEnv) -> (u64, u64) {
+        let dev = env.store.as_ref().unwrap().device();
+        let name = dev.trim_start_matches("/dev/");
+        let stat = std::fs::read_to_string(format!("/sys/block/{name}/mm_stat")).unwrap();
+        let v: Vec<u64> = stat
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        (v[0], v[1])
+    }
+
+    /// The environment and the tiny parameters with a data file of each
+    /// kind, made one after the other to see what zram made of each: the
+    /// compressible one shrinks, the incompressible one does not.
     fn setup() -> Option<(BenchEnv, ScenarioParams)> {
         if !require_root("the numpy scenario (cgroup, zram, /dev/userfaultfd)") {
             return None;
@@ -46,7 +67,7 @@ mod tests {
         }
         let env = match BenchEnv::setup(&EnvConfig {
             zram_index: Some(0),
-            zram_bytes: 256 << 20,
+            zram_bytes: 512 << 20,
             swap: None,
             swap_bytes: 0,
         }) {
@@ -59,20 +80,49 @@ mod tests {
         };
         let mut p = Scenario::Numpy.tiny();
         p.drop_caches = false;
-        let p = prepare(Scenario::Numpy, &p, &env).unwrap();
+        p.data_kinds.clear();
+        let mut sizes = vec![zram_sizes(&env)];
+        for k in DataKind::ALL {
+            p.data_kinds.push(k);
+            p = prepare(Scenario::Numpy, &p, &env).unwrap();
+            sizes.push(zram_sizes(&env));
+        }
+        let ratio = |i: usize| {
+            let ((o0, c0), (o1, c1)) = (sizes[i], sizes[i + 1]);
+            (c1 - c0) as f64 / (o1 - o0) as f64
+        };
+        eprintln!(
+            "zram stores compressible data at {:.2}, incompressible at {:.3} of its size",
+            ratio(0),
+            ratio(1)
+        );
+        assert!(ratio(0) < 0.5, "compressible data not compressed");
+        assert!(ratio(1) > 0.99, "incompressible data compressed");
         Some((env, p))
     }
 
-    /// Element i of the file is i, everywhere.
-    fn assert_file_intact(p: &ScenarioParams) {
-        let bytes = std::fs::read(p.data_file.as_ref().unwrap()).unwrap();
-        assert_eq!(bytes.len() as u64, p.file_bytes);
-        let wrong = bytes
-            .chunks_exact(8)
-            .enumerate()
-            .filter(|(i, b)| f64::from_le_bytes((*b).try_into().unwrap()) != *i as f64)
-            .count();
-        assert_eq!(wrong, 0, "elements not restored after the runs");
+    /// Every element of each kind's file is as it was made.
+    fn assert_files_intact(p: &ScenarioParams) {
+        for (kind, file) in &p.data_files {
+            let bytes = std::fs::read(file).unwrap();
+            assert_eq!(bytes.len() as u64, p.file_bytes);
+            let wrong = bytes
+                .chunks_exact(8)
+                .enumerate()
+                .filter(|(i, b)| {
+                    f64::from_le_bytes((*b).try_into().unwrap()) != kind.element(*i as u64, p.seed)
+                })
+                .count();
+            assert_eq!(wrong, 0, "{kind}: elements not restored after the runs");
+        }
+    }
+
+    /// The run's parameters with only `kind`'s variant.
+    fn only(p: &ScenarioParams, kind: DataKind) -> ScenarioParams {
+        ScenarioParams {
+            data_kinds: vec![kind],
+            ..p.clone()
+        }
     }
 
     #[test]
@@ -80,13 +130,66 @@ mod tests {
         let _g = serial();
         let Some((env, p)) = setup() else { return };
         let engines = UpagerEngine::for_modes(&exe(), &[FaultMode::Handlers, FaultMode::InThread]);
-        let r = run_scenario(Scenario::Numpy, &p, &engines).unwrap();
-        assert_all_ran(&r);
-        assert_fault_modes_honoured(&r);
+        let r = run_scenario(Scenario::Numpy, &only(&p, DataKind::Compressible), &engines).unwrap();
         let spec = Scenario::Numpy.spec();
         for e in spec.engines {
             assert!(r.runs.iter().any(|x| x.engine == *e), "{e} did not run");
         }
+        assert_phases_and_bounds(&r, &p);
+        assert_files_intact(&p);
+        drop(env);
+    }
+
+    /// Incompressible data, with the baseline, the defaults, a fault mode
+    /// and a read-only engine: the same checks, the rows labelled by kind.
+    #[test]
+    fn numpy_scenario_incompressible_data() {
+        let _g = serial();
+        let Some((env, p)) = setup() else { return };
+        let engines: Vec<Box<dyn Engine>> = UpagerEngine::for_modes(&exe(), &[FaultMode::InThread])
+            .into_iter()
+            .filter(|e| {
+                [
+                    "kernel numpy.memmap",
+                    "upager defaults",
+                    "upager in-thread 4K",
+                    "upager in-thread 4K r",
+                ]
+                .contains(&e.name().as_str())
+            })
+            .collect();
+        assert_eq!(engines.len(), 4);
+        let r = run_scenario(
+            Scenario::Numpy,
+            &only(&p, DataKind::Incompressible),
+            &engines,
+        )
+        .unwrap();
+        assert_phases_and_bounds(&r, &p);
+        for run in &r.runs {
+            assert_eq!(run.params.data_kind, Some(DataKind::Incompressible));
+            assert!(
+                run.variant.starts_with("incompressible,"),
+                "{}",
+                run.variant
+            );
+        }
+        assert!(
+            r.table().contains("incompressible,cgroup="),
+            "{}",
+            r.table()
+        );
+        assert_files_intact(&p);
+        drop(env);
+    }
+
+    /// What every numpy run must show: each phase's rate and ratio, the
+    /// cgroup and budget kept, upager evicting and flushing, the fault mode
+    /// an engine is named after.
+    fn assert_phases_and_bounds(r: &Report, p: &ScenarioParams) {
+        assert_all_ran(r);
+        assert_fault_modes_honoured(r);
+        let spec = Scenario::Numpy.spec();
         assert_eq!(r.baseline_engine, "kernel numpy.memmap");
         // Engines ending in " r" open the array read-only: no write phase.
         let read_only = |engine: &str| engine.ends_with(" r");
@@ -110,7 +213,7 @@ mod tests {
                 assert_eq!(row.vs_kernel, Some(1.0));
             }
         }
-        for run in &r.runs {
+        for run in r.runs.iter() {
             let m = run.measurement.as_ref().unwrap();
             let x = |k: &str| m.extra.get(k).copied().unwrap_or(f64::NAN);
             assert_eq!(x("random_ops"), p.random_ops as f64, "{}", run.engine);
@@ -143,7 +246,6 @@ mod tests {
                 row.engine
             );
         }
-        assert_file_intact(&p);
         // The JSON keeps the phases (floats need not round-trip bit-exactly).
         let back: Report = serde_json::from_str(&r.to_json().unwrap()).unwrap();
         assert_eq!(back.baseline_engine, r.baseline_engine);
@@ -153,32 +255,33 @@ mod tests {
                 b.phases.keys().collect::<Vec<_>>()
             );
         }
-        drop(env);
     }
 
-    /// The driver's checks can fail: with one element changed, the
-    /// sequential pass's sum for that slice is wrong, so the run fails with
-    /// wrong data, and the engine removes the file so that the next run
-    /// starts from a file made anew.
+    /// The driver's checks can fail, on either kind of data: with one
+    /// element changed, the sequential pass's sum for that slice is wrong,
+    /// so the run fails with wrong data, and the engine removes the file so
+    /// that the next run starts from a file made anew.
     #[test]
     fn numpy_scenario_detects_a_wrong_element() {
         let _g = serial();
         let Some((env, p)) = setup() else { return };
-        let file = p.data_file.clone().unwrap();
-        {
-            use std::os::unix::fs::FileExt;
-            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-            f.write_all_at(&7.25f64.to_le_bytes(), 8 * 12_345).unwrap();
-            f.sync_all().unwrap();
-        }
         let engines: Vec<Box<dyn Engine>> = vec![Box::new(NumpyEngine::memmap())];
-        let r = run_scenario(Scenario::Numpy, &p, &engines).unwrap();
-        let err = r.runs[0].error.as_deref().unwrap_or("");
-        assert!(err.contains("wrong words"), "{:?}", r.runs[0]);
-        assert!(!file.exists(), "a failed run removes the data file");
-        let r = run_scenario(Scenario::Numpy, &p, &engines).unwrap();
-        assert_all_ran(&r);
-        assert_file_intact(&p);
+        for kind in DataKind::ALL {
+            let file = p.data_files[&kind].clone();
+            {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+                f.write_all_at(&7.25f64.to_le_bytes(), 8 * 12_345).unwrap();
+                f.sync_all().unwrap();
+            }
+            let r = run_scenario(Scenario::Numpy, &only(&p, kind), &engines).unwrap();
+            let err = r.runs[0].error.as_deref().unwrap_or("");
+            assert!(err.contains("wrong words"), "{kind}: {:?}", r.runs[0]);
+            assert!(!file.exists(), "a failed run removes the data file");
+            let r = run_scenario(Scenario::Numpy, &only(&p, kind), &engines).unwrap();
+            assert_all_ran(&r);
+        }
+        assert_files_intact(&p);
         drop(env);
     }
 }

@@ -16,8 +16,8 @@ use upager::FaultMode;
 use upager_bench::env::in_ci;
 use upager_bench::workloads::MapAdvice;
 use upager_bench::{
-    plot, prepare, run_scenario, select_fault_modes, BenchEnv, Engine, EnvConfig, KernelEngine,
-    NumpyEngine, Scenario, ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
+    plot, prepare, run_scenario, select_fault_modes, BenchEnv, DataKind, Engine, EnvConfig,
+    KernelEngine, NumpyEngine, Scenario, ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
 };
 
 use crate::size_arg;
@@ -93,6 +93,14 @@ fn mode_item() -> impl clap::builder::TypedValueParser<Value = FaultMode> {
     .try_map(|s| s.parse::<FaultMode>())
 }
 
+/// One element of a comma-separated data kind list
+/// (`compressible,incompressible`), by `DataKind`'s names (shown in --help).
+fn data_item() -> impl clap::builder::TypedValueParser<Value = DataKind> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(DataKind::ALL.map(DataKind::name))
+        .try_map(|s| s.parse::<DataKind>())
+}
+
 /// One element of a comma-separated thread count list (`1,2,4`).
 fn count_item(s: &str) -> Result<usize, String> {
     s.trim().parse::<usize>().map_err(|e| format!("{s:?}: {e}"))
@@ -157,6 +165,12 @@ pub struct BenchArgs {
     /// Random element reads and writes (numpy).
     #[arg(long)]
     pub ops: Option<u64>,
+    /// Kinds of data, one row per engine each (numpy; default both):
+    /// `compressible` (element i = i: zram compresses it, a read from the
+    /// device decompresses) and `incompressible` (random float64s: zram
+    /// stores them as they are, a read is a copy).
+    #[arg(long, value_delimiter = ',', value_parser = data_item())]
+    pub data: Option<Vec<DataKind>>,
     /// upager's budget inside the cgroup of --budget (numpy; default
     /// three quarters of it).
     #[arg(long, value_parser = size_arg)]
@@ -180,9 +194,10 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub engines: Option<Vec<String>>,
     /// numpy: also run upager as this ordinary user (an existing account,
-    /// e.g. one made with `useradd`; needs root): engines `upager default
-    /// 4K/64K as NAME` (the fault mode upager chooses: in-thread, with the
-    /// user-mode-only userfaultfd an ordinary user gets) and `upager
+    /// e.g. one made with `useradd`; needs root): engines `upager defaults
+    /// as NAME` and `upager default 4K/64K as NAME` (the fault mode upager
+    /// chooses: in-thread, with the user-mode-only userfaultfd an ordinary
+    /// user gets; the default folio size, then 4K and 64K) and `upager
     /// handlers 4K as NAME`, side by side with root's (issue 28).
     #[arg(long, value_name = "NAME")]
     pub as_user: Option<String>,
@@ -227,6 +242,7 @@ fn engines(
     }
     if let Some((name, uid, gid)) = user {
         for e in [
+            NumpyEngine::defaults(),
             NumpyEngine::upager_default(4),
             NumpyEngine::upager_default(64),
             NumpyEngine::upager(4, FaultMode::Handlers),
@@ -315,6 +331,10 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(n) = a.ops {
             p.random_ops = n;
         }
+        if let (Some(d), false) = (&a.data, p.data_kinds.is_empty()) {
+            p.data_kinds.clone_from(d);
+            p.data_kinds.dedup();
+        }
         if let Some(b) = a.upager_budget {
             p.budget_bytes = b;
         } else if a.budget.is_some() && p.budget_bytes > 0 {
@@ -344,7 +364,10 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         let needs_env = sc.needs_file() || sc.needs_swap;
         let env = if needs_env {
             let zram_bytes = if sc.needs_file() {
-                p.file_bytes + p.file_bytes / 8 + (64 << 20)
+                // One file per kind of data (numpy), incompressible ones
+                // stored at full size.
+                let files = p.data_kinds.len().max(1) as u64;
+                files * p.file_bytes + p.file_bytes / 8 + (64 << 20)
             } else {
                 // upager's private swap files on the same kind of RAM device.
                 anon_bytes + anon_bytes / 4 + (64 << 20)
@@ -537,6 +560,13 @@ mod tests {
             (a.ops, a.budget, a.upager_budget),
             (Some(1000), Some(64 << 20), Some(40 << 20))
         );
+        assert_eq!(a.data, None, "default: both kinds");
+        assert_eq!(
+            parse("numpy --data incompressible,compressible").data,
+            Some(vec![DataKind::Incompressible, DataKind::Compressible])
+        );
+        let e = Top::try_parse_from(["bench", "numpy", "--data", "zeros"]).unwrap_err();
+        assert!(e.to_string().contains("incompressible"), "{e}");
     }
 
     /// Which engines run: the mode engines only in the modes chosen, the
@@ -569,6 +599,24 @@ mod tests {
         );
         let u = names("numpy --upager-only", &[FaultMode::Handlers]);
         assert!(u.iter().all(|n| !n.starts_with("kernel")), "{u:?}");
+        // The numpy engines named by what they leave to upager.
+        let a = Top::try_parse_from([
+            "bench",
+            "numpy",
+            "--engines",
+            "kernel numpy.memmap,upager defaults,upager in-thread",
+        ])
+        .unwrap()
+        .bench;
+        let numpy: Vec<String> = engines(&a, &exe, &[FaultMode::InThread], None)
+            .iter()
+            .filter(|e| e.supports(Scenario::Numpy))
+            .map(|e| e.name())
+            .collect();
+        assert_eq!(
+            numpy,
+            ["kernel numpy.memmap", "upager defaults", "upager in-thread"]
+        );
     }
 
     #[test]
