@@ -161,10 +161,12 @@ def test_misuse_is_explained(data64, scratch):
 def test_sizes_say_the_rule(scratch):
     with pytest.raises(ValueError, match="cannot be negative, got -1"):
         upager.Pager(budget=-1)
-    for small in (0, 100, 4096):
-        with pytest.raises(ValueError, match="smaller than one folio \\(65536 bytes\\)"):
+    for small in (0, 100):
+        with pytest.raises(ValueError, match="smaller than one folio \\(4096 bytes\\)"):
             upager.Pager(budget=small)
-    upager.Pager(budget=4096, folio=4096).close()  # one 4 KiB folio is enough for it
+    with pytest.raises(ValueError, match="smaller than one folio \\(65536 bytes\\)"):
+        upager.Pager(budget=4096, folio="64KiB")
+    upager.Pager(budget=4096).close()  # one 4 KiB folio (the default) is enough for it
     with upager.Pager(budget=BUDGET) as pager:
         with pytest.raises(ValueError, match="size must be at least 1 byte, got 0"):
             pager.anonymous(0)

@@ -52,7 +52,7 @@ process opens it again (a pager of its own, with the same budget)::
         pool.starmap(work, [(a, lo, hi) for lo, hi in blocks])
 
 Several processes writing one file: keep each one's writes in folios no
-other process writes (64 KiB by default) until issue 21 item 2 lands;
+other process writes (4 KiB by default) until issue 21 item 2 lands;
 otherwise a write-back of a whole folio can overwrite another process's
 bytes in it.
 

@@ -70,8 +70,12 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
     ``offset`` plus the array.
 
     upager's own keywords: ``budget`` (bytes or a string like "256MiB";
-    default 256 MiB), ``folio``, ``fault_mode`` ("handlers" or "in-thread",
-    default the environment variable UPAGER_FAULT_MODE, else "handlers"),
+    default 256 MiB), ``folio`` (default 4 KiB: a random access reads and
+    writes back 4 KiB, a sequential pass is read a readahead window at a
+    time; a larger folio writes back only the 4 KiB page written first),
+    ``fault_mode`` ("handlers" or "in-thread", default the environment
+    variable UPAGER_FAULT_MODE, else "in-thread" where the kernel gives
+    this process a user-mode-only userfaultfd, else "handlers"),
     ``store`` (a dataset's URL instead of a file), and any option of
     :class:`Pager` (``batch``, ``readahead``, ``swap_dir``...).
 
@@ -440,8 +444,9 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
     ("redis-cluster://HOST:PORT/NAME"; ``path`` must then be None). Mode
     "r"/"r+" maps a dataset uploaded with :func:`upload_dataset` (or
     ``upager load``); "w+" creates it (all zeros, sized to hold the array;
-    NAME must not exist). The folio defaults to the pager's (64 KiB), which
-    must be a multiple of the dataset's chunk size. ``flush()`` returns
+    NAME must not exist). The folio defaults to the dataset's chunk size
+    (64 KiB unless it was uploaded with another); a folio given must be a
+    multiple of it. ``flush()`` returns
     once every change is acknowledged by a replica.
 
     The array keeps its region and pager alive; they are unmapped

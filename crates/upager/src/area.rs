@@ -356,8 +356,11 @@ impl Area {
         &self.states[idx]
     }
     /// Whether a write dirties one 4 KiB page of a folio first (PARTIAL)
-    /// rather than the whole folio: folios above 4 KiB of a writable file
-    /// whose writes keep no twins (a twin's diff finds what changed).
+    /// rather than the whole folio: folios above 4 KiB and below 2 MiB of
+    /// a writable file whose writes keep no twins (a twin's diff finds
+    /// what changed). A 2 MiB folio is one huge page mapped by one PMD,
+    /// which is what a user chooses it for (one TLB entry): unprotecting
+    /// 4 KiB of it would split the mapping, so it stays dirty as a whole.
     pub fn dirties_pages(&self) -> bool {
         !self.partial_pages.is_empty() && !self.twinning()
     }

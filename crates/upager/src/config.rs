@@ -449,7 +449,7 @@ impl PagerBuilder {
 }
 
 /// Options of one region.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MapOptions {
     pub(crate) folio: Option<u64>,
     pub(crate) writable: bool,
@@ -457,19 +457,6 @@ pub struct MapOptions {
     pub(crate) len: Option<u64>,
     pub(crate) at: Option<upager_sys::mem::FixedRange>,
     pub(crate) huge_runs: Option<bool>,
-}
-
-impl Default for MapOptions {
-    fn default() -> Self {
-        MapOptions {
-            folio: None,
-            writable: false,
-            offset: 0,
-            len: None,
-            at: None,
-            huge_runs: None,
-        }
-    }
 }
 
 impl MapOptions {
@@ -482,9 +469,10 @@ impl MapOptions {
     /// Unit of fill, eviction and accounting: a power of two from 4 KiB to
     /// 2 MiB. Default: [`DEFAULT_FOLIO`] (4 KiB; sequential streams still
     /// fill whole readahead windows at once) for file and store regions,
-    /// [`DEFAULT_ANON_FOLIO`] (64 KiB) for anonymous ones. In a folio above
-    /// 4 KiB, a write dirties the 4 KiB page it lands in first (one page
-    /// written back), and the whole folio from its second written page on.
+    /// [`DEFAULT_ANON_FOLIO`] (64 KiB) for anonymous ones. In a file
+    /// folio above 4 KiB and below 2 MiB, a write dirties the 4 KiB page it
+    /// lands in first (one page written back), and the whole folio from
+    /// its second written page on.
     pub fn folio(mut self, bytes: u64) -> Self {
         self.folio = Some(bytes);
         self

@@ -11,7 +11,9 @@
 //!   the run is base pages from then on.
 //! - Dirty per 4 KiB in a larger folio (issue 29; iomap's per-block dirty
 //!   state for large folios, Linux 6.6): in a writable file region of
-//!   folios above 4 KiB whose writes keep no twins, the first write to a
+//!   folios above 4 KiB and below 2 MiB (a 2 MiB folio is one PMD-mapped
+//!   huge page: unprotecting part of it would split it) whose writes keep
+//!   no twins, the first write to a
 //!   CLEAN folio unprotects only its 4 KiB page and publishes
 //!   DIRTY|PARTIAL with that page in `Area::partial_pages`; write-back
 //!   writes that page alone (gather.rs). A write to another page of it

@@ -249,7 +249,8 @@ impl Shared {
             drop(staged);
             return self.fill_undo(c, true, false);
         }
-        // (fill_stage takes no huge page for a write fill of one page.)
+        // (A region that dirties pages has folios below 2 MiB: a write fill
+        // takes no staged huge page.)
         let partial = c.page.is_some() && staged.is_none();
         let installed = self.fill_install(ctx, c, staged.as_deref_mut(), prefetched);
         drop(staged);
@@ -290,10 +291,7 @@ impl Shared {
         // same way (mixed folio sizes: claim_readahead ends a sequential
         // window at its run's end, so a stream's next fault starts a run).
         let run = r.run_folios > 0 && n == r.run_folios && idx.is_multiple_of(n);
-        // A write fill that dirties one page copies base pages: the page
-        // writable, the rest protected (a huge page moves in one way only).
-        let huge =
-            (r.folio == crate::thp::HUGE && n == 1 || run) && self.thp.usable() && c.page.is_none();
+        let huge = (r.folio == crate::thp::HUGE && n == 1 || run) && self.thp.usable();
         // (A huge run of a read-only region is moved in through a moment of
         // write access: install_huge.)
         if huge && !r.writable && !run {

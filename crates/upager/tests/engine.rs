@@ -572,7 +572,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
         "folio size 4194304 is not a power of two between 4 KiB and 2 MiB"
     );
     assert_eq!(
-        e(pager.map_file(&path, &MapOptions::new().offset(4096))),
+        e(pager.map_file(&path, &MapOptions::new().folio(64 << 10).offset(4096))),
         "offset 4096 is not a multiple of the folio size 65536: map from the folio boundary below it and index from there"
     );
     let missing = dir.path().join("nope");
@@ -597,7 +597,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
     drop(t);
     let chosen = Pager::builder().budget(MIB).batch(64).build().unwrap();
     assert_eq!(
-        e(chosen.map_file(&path, &MapOptions::new())),
+        e(chosen.map_file(&path, &MapOptions::new().folio(64 << 10))),
         "budget 1048576 bytes cannot hold one eviction batch of this region (64 folio(s) of 65536 bytes = 4194304 bytes): raise the budget to at least 4194304 bytes, or map with a smaller folio or batch"
     );
     let empty = dir.path().join("empty");
@@ -762,7 +762,7 @@ fn the_dirty_gauge_follows_every_transition() {
     let pager = small_pager(16 * MIB);
     let f = 64u64 << 10;
     let r = pager
-        .map_file(&path, &MapOptions::new().writable(true))
+        .map_file(&path, &MapOptions::new().writable(true).folio(f))
         .unwrap();
     let dirty = || pager.stats().dirty_bytes;
     let write = |folios: std::ops::Range<u64>| {
@@ -795,7 +795,9 @@ fn eight_threads_fault_the_same_folio_at_once() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 16 * MIB, 64);
     let pager = small_pager(4 * MIB);
-    let r = pager.map_file(&path, &MapOptions::new()).unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(64 << 10))
+        .unwrap();
     let start = std::sync::Barrier::new(8);
     // Round after round, all eight threads read the same not-yet-resident
     // 64 KiB folio at the same moment (each from its own word).
@@ -859,24 +861,23 @@ fn regions_sit_side_by_side_at_fixed_addresses_in_one_reservation() {
                 .at(range(0, 4 * MIB)),
         )
         .unwrap();
-    // B's 4 MiB + 100 bytes round up to 4 MiB + 64 KiB: it needs that much.
+    // B's 4 MiB + 100 bytes round up to 4 MiB + 64 KiB (its folio): it
+    // needs that much.
+    let b_opts = MapOptions::new().folio(64 << 10);
     let e = pager
-        .map_file(&b_path, &MapOptions::new().at(range(4 * MIB, 4 * MIB)))
+        .map_file(&b_path, &b_opts.clone().at(range(4 * MIB, 4 * MIB)))
         .unwrap_err();
     assert!(
         matches!(e, upager::MapError::FixedTooSmall { need, .. } if need == 4 * MIB + (64 << 10)),
         "{e}"
     );
     let e = pager
-        .map_file(
-            &b_path,
-            &MapOptions::new().at(range(4 * MIB + 4096, 8 * MIB)),
-        )
+        .map_file(&b_path, &b_opts.clone().at(range(4 * MIB + 4096, 8 * MIB)))
         .unwrap_err();
     assert!(matches!(e, upager::MapError::FixedUnaligned { .. }), "{e}");
     assert_eq!(upager::ErrorCode::errno(&e), libc::EINVAL);
     let b = pager
-        .map_file(&b_path, &MapOptions::new().at(range(4 * MIB, 8 * MIB)))
+        .map_file(&b_path, &b_opts.at(range(4 * MIB, 8 * MIB)))
         .unwrap();
     assert_eq!(a.as_ptr() as u64, base);
     assert_eq!(b.as_ptr() as u64, base + 4 * MIB);

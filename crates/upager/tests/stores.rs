@@ -141,7 +141,9 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
         upager::FileStore::open(&path, false, true).unwrap(),
     ));
     let pager = Pager::new(32 * MIB).unwrap();
-    let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
+    let r = pager
+        .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
+        .unwrap();
     r.prefetch(0, 8 * MIB).unwrap();
     assert!(r.wait_prefetch(Duration::from_secs(30)));
     let batches = store.batches.lock().unwrap().clone();
@@ -215,7 +217,9 @@ fn a_failed_read_in_a_prefetch_batch_leaves_that_folio_unfilled() {
         bad,
     });
     let pager = Pager::new(32 * MIB).unwrap();
-    let r = pager.map_store(store, &MapOptions::new()).unwrap();
+    let r = pager
+        .map_store(store, &MapOptions::new().folio(folio))
+        .unwrap();
     r.prefetch(0, 2 * MIB).unwrap();
     assert!(r.wait_prefetch(Duration::from_secs(30)));
     let resident = r.mincore(0, 2 * MIB).unwrap();

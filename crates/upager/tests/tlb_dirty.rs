@@ -41,7 +41,7 @@ fn run(len: u64, stride: usize, batch: Option<usize>) -> Option<(u64, Stats)> {
     }
     let pager = b.build().unwrap();
     let r = pager
-        .map_file(&path, &MapOptions::new().writable(true))
+        .map_file(&path, &MapOptions::new().writable(true).folio(64 << 10))
         .unwrap();
     let spinner = Spinner::start();
     // None: no tracefs, reported by TlbTrace::start (a failure under CI).

@@ -91,6 +91,7 @@ int main(void) {
     expect(upager_map_file(pg, path, &mo, &r), EINVAL, "power of two",
            "folio");
     upager_map_options_init(&mo);
+    mo.folio = 64 << 10;
     mo.offset = 4096;
     expect(upager_map_file(pg, path, &mo, &r), EINVAL, "multiple of the folio",
            "offset");
@@ -109,7 +110,9 @@ int main(void) {
         po.budget = 1 * MIB;
         po.batch = 64;
         CHECK(upager_create(&po, &small) == 0, "small pager");
-        expect(upager_map_file(small, path, NULL, &r), EINVAL,
+        upager_map_options_init(&mo);
+        mo.folio = 64 << 10;
+        expect(upager_map_file(small, path, &mo, &r), EINVAL,
                "eviction batch", "budget below batch");
         upager_destroy(small);
         upager_options_init(&po);
