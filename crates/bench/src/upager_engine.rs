@@ -130,7 +130,14 @@ impl UpagerEngine {
                 },
                 &[Scenario::MmapRead, Scenario::RandomRead],
             ),
-            e("upager 64K", d(), &[Scenario::RandomRead, Scenario::Swap]),
+            e(
+                "upager 64K",
+                UpagerConfig {
+                    folio_kb: 64,
+                    ..d()
+                },
+                &[Scenario::MmapRead, Scenario::RandomRead, Scenario::Swap],
+            ),
             e(
                 "upager 2M",
                 UpagerConfig {
@@ -260,6 +267,7 @@ impl UpagerEngine {
                 let config = UpagerConfig {
                     store: Some(url.to_string()),
                     store_pipelined: pipelined,
+                    folio_kb: 64,
                     ..UpagerConfig::default()
                 };
                 Box::new(UpagerEngine::new(exe.clone(), name, config, ON)) as Box<dyn Engine>

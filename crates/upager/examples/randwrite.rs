@@ -2,7 +2,7 @@
 //! then `flush()`: what write-back costs (issue 12's "random writes + flush"
 //! as a numpy user sees it: `a[idx] = 1.5; a.flush()`).
 //!
-//! Usage: randwrite FILE [folio=4K] [writes=200000] [budget=size/8] [direct=1] [warm=1] [batched=1]
+//! Usage: randwrite FILE [folio=4K] [writes=200000] [budget=size/8] [direct=1] [warm=1] [batched=1] [spin_us=0]
 //!
 //! `warm=1` first reads the whole file sequentially (as the issue's run did
 //! before its write phase), so the budget starts full of clean folios.
@@ -23,8 +23,10 @@ fn main() {
     let direct = a.get(5).is_none_or(|s| s != "0");
     let warm = a.get(6).is_none_or(|s| s != "0");
     let batched = a.get(7).is_none_or(|s| s != "0");
+    let spin = std::time::Duration::from_micros(a.get(8).map_or(0, |s| s.parse().unwrap()));
     let pager = Pager::builder()
         .budget(budget)
+        .handler_spin(spin)
         .direct_io(direct)
         .batched_writeback(batched)
         .build()

@@ -229,6 +229,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         let r = &group[0].region;
         let mut span: Option<(usize, usize)> = None;
         let mut refused: Vec<(usize, usize)> = Vec::new();
+        let mut spans: Vec<(usize, usize)> = Vec::new();
         for v in group.iter().filter(|v| v.old.kind() == Kind::Dirty) {
             // A span also protects the folios in its gaps; a pinned one must
             // stay writable (a system call may be writing into it in
@@ -247,6 +248,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
                         refused.push((s, e));
                         first_err.get_or_insert(err);
                     }
+                    spans.push((s, e));
                     Some((v.idx, v.idx))
                 }
                 None => Some((v.idx, v.idx)),
@@ -257,6 +259,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
                 refused.push((s, e));
                 first_err.get_or_insert(err);
             }
+            spans.push((s, e));
         }
         for (k, v) in group.iter().enumerate() {
             if v.old.kind() == Kind::Dirty && refused.iter().any(|&(s, e)| (s..=e).contains(&v.idx))
@@ -264,7 +267,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
                 unprotected[at + k] = true;
             }
         }
-        unprotect_pinned(sh, r, group);
+        unprotect_pinned(sh, r, group, &spans);
         at += group.len();
     }
 
@@ -587,12 +590,18 @@ fn evict_one(sh: &Shared, v: &Victim, new_slot: Option<u32>, seq: u64) {
 /// to avoid it is claimed and unprotected again (a write pin promises a
 /// writable folio: a system call writing it in in-thread mode would get
 /// EFAULT). A folio busy elsewhere is left to its owner.
-fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim]) {
-    let (Some(first), Some(last)) = (group.first(), group.last()) else {
+fn unprotect_pinned(sh: &Shared, r: &Area, group: &[Victim], spans: &[(usize, usize)]) {
+    // Only the gaps of the spans were protected (nothing, for a batch of
+    // clean folios: walking from the first victim to the last instead cost
+    // a scan of two streams 0.5 s of CPU per 2 GiB at 4 KiB folios), and
+    // only a region with pins has pinned folios (a pin is counted before
+    // its folio is marked, and a write pin unprotects again after marking).
+    if spans.is_empty() || r.pins.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
         return;
-    };
+    }
     let mut victims = group.iter().map(|v| v.idx).peekable();
-    for i in first.idx..=last.idx {
+    for i in spans.iter().flat_map(|&(s, e)| s..=e) {
+        while victims.next_if(|&v| v < i).is_some() {}
         if victims.next_if_eq(&i).is_some() {
             continue;
         }
