@@ -13,10 +13,9 @@
 //!   state for large folios, Linux 6.6): in a writable file region of
 //!   folios above 4 KiB and below 2 MiB (a 2 MiB folio is one PMD-mapped
 //!   huge page: unprotecting part of it would split it) whose writes keep
-//!   no twins, the first write to a
-//!   CLEAN folio unprotects only its 4 KiB page and publishes
-//!   DIRTY|PARTIAL with that page in `Area::partial_pages`; write-back
-//!   writes that page alone (gather.rs). A write to another page of it
+//!   no twins, the first write to a CLEAN folio unprotects only its 4 KiB
+//!   page and publishes DIRTY|PARTIAL with that page in
+//!   `Area::partial_pages`; write-back writes that page alone (gather.rs). A write to another page of it
 //!   faults on the protection (the folio is DIRTY, claimed again) and
 //!   unprotects the whole folio: DIRTY, written back whole. So a random
 //!   8-byte write writes back 4 KiB whatever the folio, and a sequential
