@@ -14,16 +14,29 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::Relaxed;
 
 use common::{pattern_file, ram_dir, word};
-use upager::{MapOptions, Pager};
+use upager::{MapOptions, Pager, Region};
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 
-fn pager(budget: u64) -> Pager {
-    Pager::builder()
+/// A pattern file of `len` bytes (seed `seed`) in `dir`, mapped writable
+/// with `folio` folios by a pager of `budget`.
+fn mapped(
+    dir: &std::path::Path,
+    name: &str,
+    (len, seed): (u64, u64),
+    budget: u64,
+    folio: u64,
+) -> (std::path::PathBuf, Pager, Region) {
+    let path = pattern_file(dir, name, len, seed);
+    let p = Pager::builder()
         .budget(budget)
         .build()
-        .expect("pager (needs /dev/userfaultfd: run as root)")
+        .expect("pager (needs /dev/userfaultfd: run as root)");
+    let r = p
+        .map_file(&path, &MapOptions::new().writable(true).folio(folio))
+        .unwrap();
+    (path, p, r)
 }
 
 /// The word at byte `off` of the file.
@@ -54,13 +67,15 @@ fn a_small_write_writes_back_its_page_whatever_the_folio() {
     let dir = ram_dir();
     for folio in [8 << 10, 64 << 10, MIB] {
         let len = 16 * MIB;
-        let path = pattern_file(dir.path(), &format!("data{folio}"), len, 11);
         // Room for both folios under the dirty limit (half the budget): no
         // write-back before the flush.
-        let p = pager(32 * MIB);
-        let r = p
-            .map_file(&path, &MapOptions::new().writable(true).folio(folio))
-            .unwrap();
+        let (path, p, r) = mapped(
+            dir.path(),
+            &format!("data{folio}"),
+            (len, 11),
+            32 * MIB,
+            folio,
+        );
         let per = (folio / PAGE) as usize;
         let mut written = Vec::new();
         // Folio 1: read first (CLEAN, write-protected), then one word in its
@@ -107,11 +122,7 @@ fn a_second_page_written_dirties_the_whole_folio() {
     let dir = ram_dir();
     let len = 8 * MIB;
     let folio = 64 << 10;
-    let path = pattern_file(dir.path(), "data", len, 12);
-    let p = pager(4 * MIB);
-    let r = p
-        .map_file(&path, &MapOptions::new().writable(true).folio(folio))
-        .unwrap();
+    let (path, p, r) = mapped(dir.path(), "data", (len, 12), 4 * MIB, folio);
     // Two pages of folio 5 (missing-write fill, then a write-protect fault
     // on the DIRTY|PARTIAL folio), and two pages of folio 9 read first.
     let _ = r.words()[(9 * folio / 8) as usize].load(Relaxed);
@@ -151,11 +162,7 @@ fn pages_written_in_part_survive_eviction() {
     let dir = ram_dir();
     let len = 64 * MIB;
     let folio = 64 << 10;
-    let path = pattern_file(dir.path(), "data", len, 13);
-    let p = pager(8 * MIB);
-    let r = p
-        .map_file(&path, &MapOptions::new().writable(true).folio(folio))
-        .unwrap();
+    let (path, p, r) = mapped(dir.path(), "data", (len, 13), 8 * MIB, folio);
     let per = folio / PAGE;
     let n = len / folio;
     let mut written = Vec::new();
@@ -198,11 +205,7 @@ fn a_write_pin_makes_the_whole_folio_writable() {
     let dir = ram_dir();
     let len = 4 * MIB;
     let folio = 64 << 10;
-    let path = pattern_file(dir.path(), "data", len, 14);
-    let p = pager(2 * MIB);
-    let r = p
-        .map_file(&path, &MapOptions::new().writable(true).folio(folio))
-        .unwrap();
+    let (path, p, r) = mapped(dir.path(), "data", (len, 14), 2 * MIB, folio);
     r.words()[(2 * folio / 8) as usize + 3].store(1, Relaxed);
     r.pin(2 * folio, folio, true).unwrap();
     // A pread into the pinned folio's last page: a system call writing it.
