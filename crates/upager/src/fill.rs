@@ -378,29 +378,7 @@ impl Shared {
             _ => &ctx.buf[..total],
         };
         let ok = if let Some(p) = c.page {
-            // Dirty in part: the pages around the written one protected
-            // first (a failure may still drop them: nothing writable is
-            // in), then the written page writable — one page, so it is in
-            // whole or not at all.
-            let (at, folio) = ((p << 12) as usize, r.folio as usize);
-            let span = r.span(idx, 1);
-            (at == 0
-                || self
-                    .copy_all(r, span.sub(0, at), &src[..at], true, quiet)
-                    .is_ok())
-                && (at + 4096 == folio
-                    || self
-                        .copy_all(
-                            r,
-                            span.sub(at + 4096, folio - at - 4096),
-                            &src[at + 4096..folio],
-                            true,
-                            quiet,
-                        )
-                        .is_ok())
-                && self
-                    .copy_all(r, span.sub(at, 4096), &src[at..at + 4096], false, quiet)
-                    .is_ok()
+            self.copy_page_writable(r, idx, p, &src[..r.folio as usize], quiet)
         } else if c.write {
             // Installed writable: from the first page copied on, other
             // threads may store into it without a fault. It is never

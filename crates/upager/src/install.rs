@@ -16,6 +16,10 @@
 //!   copied 3) unchanged: it may be dropped; changed: write it to the store
 //!   first. Only when the protection or that write fails can a store be
 //!   lost (logged, counted).
+//! - A write fill that dirties one page of a larger folio
+//!   ([`Shared::copy_page_writable`], dirty.rs) installs the protected
+//!   pages first and the written page last: until that last copy, nothing
+//!   writable is in, and a 4 KiB copy is in whole or not at all.
 //! - Async-signal-safe when `quiet` (in a SIGBUS handler): no allocation,
 //!   no message (the resolver thread that redoes the fill logs).
 //!
@@ -91,6 +95,34 @@ impl Shared {
         } else {
             Err(done)
         }
+    }
+
+    /// A write fill of folio `idx` that dirties one page (dirty.rs): the
+    /// folio's other pages installed write-protected first (a failure may
+    /// still drop them: nothing writable is in), then `page` writable — one
+    /// page, so it is in whole or not at all. True when all of it is in.
+    pub(crate) fn copy_page_writable(
+        &self,
+        r: &Area,
+        idx: usize,
+        page: u64,
+        src: &[u8],
+        quiet: bool,
+    ) -> bool {
+        const PAGE: usize = 4096;
+        let (at, end) = ((page as usize) * PAGE, src.len());
+        let span = r.span(idx, 1);
+        let protected = |from: usize, to: usize| {
+            from == to
+                || self
+                    .copy_all(r, span.sub(from, to - from), &src[from..to], true, quiet)
+                    .is_ok()
+        };
+        protected(0, at)
+            && protected(at + PAGE, end)
+            && self
+                .copy_all(r, span.sub(at, PAGE), &src[at..at + PAGE], false, quiet)
+                .is_ok()
     }
 
     /// A writable install of `dst` (one folio, from `src`) stopped after
