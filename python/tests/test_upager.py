@@ -292,7 +292,7 @@ def test_bad_arguments_raise_clear_errors(data64, scratch):
     with pytest.raises(ValueError, match="at least 1 byte"):
         pager.anonymous(0)
     with pytest.raises(ValueError, match="eviction batch"):
-        upager.Pager(budget="1MiB", batch=64).map_file(path)
+        upager.Pager(budget="1MiB", batch=64, folio="64KiB").map_file(path)
     with pytest.raises(ValueError, match="dirty limit"):
         upager.Pager(budget="1MiB", dirty_limit="2MiB")
     upager.Pager(budget="8MiB", dirty_limit="2MiB").close()

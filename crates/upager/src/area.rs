@@ -78,7 +78,8 @@ pub(crate) struct Area {
     /// (split PTEs keep the uffd-wp bit), only slower to evict.
     pub runs: upager_sys::mem::AtomicTable,
     /// Writable file and store regions of folios above 4 KiB and below
-    /// 2 MiB: one word per
+    /// 2 MiB, on a store that takes single pages (`Store::takes_pages`):
+    /// one word per
     /// folio, the 4 KiB page written in a folio that is DIRTY in part
     /// (PARTIAL, folio.rs), which write-back writes alone (Linux 6.6's
     /// per-block dirty state of iomap's large folios, for the same reason:

@@ -587,9 +587,15 @@ impl Pager {
         })
         .map_err(|source| mmap_error(map_len / folio / 8, source))?;
         // The written page of each folio dirty in part (writable files of
-        // folios above 4 KiB and below 2 MiB, area.rs `partial_pages`).
+        // folios above 4 KiB and below 2 MiB, on a store that takes single
+        // pages: area.rs `partial_pages`).
         let partial_pages = upager_sys::mem::AtomicTable::zeroed(
-            if writable && slots.is_none() && folio > MIN_FOLIO && folio < MAX_FOLIO {
+            if writable
+                && slots.is_none()
+                && folio > MIN_FOLIO
+                && folio < MAX_FOLIO
+                && store.takes_pages()
+            {
                 nfolios
             } else {
                 0

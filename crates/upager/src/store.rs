@@ -221,6 +221,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn fork_safe(&self) -> bool {
         false
     }
+    /// Whether write-back may hand this store part of a folio: one 4 KiB
+    /// page inside it, at its own offset (a folio of 8 KiB-1 MiB dirty in
+    /// part, dirty.rs). Default false: the store sees whole folios, or runs
+    /// of them, only (a store of chunks, such as a Redis dataset, or a
+    /// store that compresses whole folios).
+    fn takes_pages(&self) -> bool {
+        false
+    }
 }
 
 /// A file (or a range of one) as a store: a regular file or a block
@@ -459,6 +467,9 @@ impl Store for FileStore {
         // rings made before a fork are never used by the child (RingPool),
         // and its lock is only tried.
         true
+    }
+    fn takes_pages(&self) -> bool {
+        true // bytes at any offset
     }
 }
 

@@ -41,7 +41,7 @@ int main(void) {
     TRY(upager_map_file(pg, path, &mo, &r));
     CHECK(upager_region_length(r) == size, "length");
     CHECK(upager_region_writable(r) == 1, "writable");
-    CHECK(upager_region_folio(r) == 64 * 1024, "default folio");
+    CHECK(upager_region_folio(r) == 4096, "default folio (4 KiB for files)");
     run_workers(upager_region_addr(r), 0, size / 8, 4, WRITE);
     TRY(upager_flush(r));
     CHECK(counter(pg, "resident_peak_bytes") <= budget, "peak %" PRIu64
@@ -77,10 +77,11 @@ int main(void) {
         CHECK(a[i] == pattern(i), "anonymous word %" PRIu64, i);
     TRY(upager_unmap(r, 0));
 
-    /* 4. Residency, pageout, prefetch, discard. */
+    /* 4. Residency, pageout, prefetch, discard (64 KiB folios). */
     upager_map_options_init(&mo);
     mo.flags = UPAGER_MAP_WRITE;
     mo.length = 4 * MIB;
+    mo.folio = 64 * 1024;
     TRY(upager_map_file(pg, path, &mo, &r));
     struct upager_extent ext[64];
     CHECK(upager_residency(r, 0, 4 * MIB, ext, 64) == 1 &&
