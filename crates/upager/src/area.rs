@@ -379,10 +379,7 @@ impl Area {
     /// (offset in the folio, length) of its written page, cut at the end of
     /// the region.
     pub fn partial_span(&self, idx: usize) -> (u64, u64) {
-        let at = self.partial_pages[idx]
-            .load(Ordering::Relaxed)
-            .min((self.folio >> 12) - 1)
-            << 12;
+        let at = self.partial_pages[idx].load(Ordering::Relaxed) << 12;
         (at, 4096.min(self.valid_len(idx).saturating_sub(at)))
     }
     /// Whether a first write to a clean folio must keep a twin (its file

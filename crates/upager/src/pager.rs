@@ -202,7 +202,6 @@ impl Pager {
             return p.map_file(path, opts);
         }
         let path = path.as_ref();
-        let opts = &opts.with_default_folio(DEFAULT_FOLIO);
         check_folio(opts.folio_bytes())?;
         let open_error = |e: std::io::Error| {
             let path = path.to_path_buf();
@@ -264,7 +263,6 @@ impl Pager {
         if let Some(p) = self.heir() {
             return p.map_open_file(file, opts);
         }
-        let opts = &opts.with_default_folio(DEFAULT_FOLIO);
         check_folio(opts.folio_bytes())?;
         let fd_path = std::path::PathBuf::from("<file descriptor>");
         let (readable, writable) =
