@@ -8,7 +8,10 @@ scripts/redis-cluster.sh and stopped at the end."""
 import errno
 import os
 import shutil
+import signal
 import subprocess
+import threading
+import time
 import uuid
 
 import numpy as np
@@ -157,3 +160,28 @@ def test_list_datasets_shows_a_loaded_one_until_deleted(cluster, scratch):
     with pytest.raises(OSError) as e:
         upager.delete_dataset(url)
     assert e.value.errno == errno.ENOENT
+
+
+def test_signals_do_not_break_connecting(cluster):
+    """A signal that reaches a thread blocked on a socket with a timeout
+    makes the call fail with EINTR, SA_RESTART or not (signal(7)): a
+    program's own handlers or a profiler's timer must not make the cluster
+    unreachable (the CI run of 2026-11-27 failed so once)."""
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    main = threading.main_thread().ident
+    stop = threading.Event()
+
+    def pester():
+        while not stop.is_set():
+            signal.pthread_kill(main, signal.SIGUSR1)
+            time.sleep(0.0002)
+
+    t = threading.Thread(target=pester)
+    t.start()
+    try:
+        for _ in range(60):
+            upager.list_datasets(cluster)
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        signal.signal(signal.SIGUSR1, previous)

@@ -256,7 +256,7 @@ pub fn upload_cancellable(
 /// Opens the dataset `url` names and maps it (writable if `opts` says so).
 /// The folio is the dataset's chunk unless `opts` sets one, which must then
 /// be a multiple of the chunk (a fault is a round trip to the cluster: the
-/// chunk is the unit it was stored in).
+/// chunk is the unit it was stored in, [`RedisStore`]'s `Store::unit`).
 pub fn map(
     pager: &upager::Pager,
     url: &StoreUrl,
@@ -264,15 +264,14 @@ pub fn map(
     ropts: &RedisOptions,
 ) -> Result<upager::Region, MapUrlError> {
     let st = RedisStore::open(url, opts.is_writable(), ropts)?;
-    let folio = opts.folio_set().unwrap_or(st.chunk());
-    if !folio.is_multiple_of(st.chunk()) {
-        return Err(MapUrlError::Folio {
-            folio,
-            chunk: st.chunk(),
-        });
-    }
-    let opts = opts.clone().folio(folio);
-    Ok(pager.map_store(st as Arc<dyn upager::Store>, &opts)?)
+    pager
+        .map_store(st as Arc<dyn upager::Store>, opts)
+        .map_err(|e| match e {
+            upager::MapError::FolioBelowUnit { folio, unit, .. } => {
+                MapUrlError::Folio { folio, chunk: unit }
+            }
+            e => MapUrlError::Map(e),
+        })
 }
 
 /// Maps `len` bytes of anonymous memory that swaps to the cluster at `url`

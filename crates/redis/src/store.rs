@@ -551,6 +551,37 @@ impl Access {
     }
 }
 
+/// Runs `connect` again (a few times) while it fails because a signal
+/// interrupted it. A signal that reaches a thread blocked on a socket with
+/// a timeout makes the call fail with EINTR even under `SA_RESTART`
+/// (signal(7)): a Python program's handlers, a profiler's timer. The
+/// client is built with no retries of its own; it reports EINTR as such
+/// while connecting, and as a node that "failed to respond to connection
+/// check" when it interrupts the PING after connecting (redis-rs 1.8,
+/// `create_initial_connections`). Connecting and asking for the topology
+/// start afresh each time, so repeating them is safe; any other failure
+/// (a refusal, a timeout, a TLS or protocol error) is final.
+fn again_if_interrupted<T>(
+    mut connect: impl FnMut() -> redis::RedisResult<T>,
+) -> redis::RedisResult<T> {
+    let eintr = io::Error::from_raw_os_error(libc::EINTR).to_string();
+    let interrupted = |e: &redis::RedisError| {
+        let text = e.to_string();
+        e.is_io_error()
+            && (text.contains(&eintr) || text.contains("failed to respond to connection check"))
+    };
+    let mut tries = 0;
+    loop {
+        match connect() {
+            Err(e) if tries < 8 && interrupted(&e) => {
+                tries += 1;
+                log::debug!("connecting to the Redis Cluster was interrupted ({e}); again");
+            }
+            r => return r,
+        }
+    }
+}
+
 fn io_err(e: redis::RedisError) -> io::Error {
     let kind = if e.is_timeout() {
         io::ErrorKind::TimedOut
@@ -646,10 +677,12 @@ impl RedisStore {
         let opts = &opts;
         let client = Self::client_for(&url.nodes, &access, opts)
             .map_err(|source| unreachable(url, source))?;
-        let mut conn = client
-            .get_connection()
-            .map_err(|source| unreachable(url, source))?;
-        let topo = fetch_topology(&mut conn).map_err(|source| unreachable(url, source))?;
+        let (conn, topo) = again_if_interrupted(|| {
+            let mut conn = client.get_connection()?;
+            let topo = fetch_topology(&mut conn)?;
+            Ok((conn, topo))
+        })
+        .map_err(|source| unreachable(url, source))?;
         // Seed the client with every node, not only the URL's: a seed that
         // dies (a failed-over master) must not make the cluster unreachable.
         let mut seeds = url.nodes.clone();
@@ -1596,6 +1629,9 @@ impl Store for RedisStore {
     }
     fn writable(&self) -> bool {
         self.writable
+    }
+    fn unit(&self) -> u64 {
+        self.chunk // a write is whole chunks (`pieces`)
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let (first, end, n) = self.span(offset, buf.len());

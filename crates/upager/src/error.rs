@@ -76,6 +76,15 @@ pub enum MapError {
         /// `batch * folio`.
         need: u64,
     },
+    /// folio size {folio} is not a multiple of {unit} bytes, the unit {store} reads and writes whole: use a folio of {unit} bytes or a multiple (or leave it unset)
+    FolioBelowUnit {
+        /// The region's folio size.
+        folio: u64,
+        /// The store's unit ([`crate::Store::unit`]).
+        unit: u64,
+        /// The store ([`crate::Store::describe`]).
+        store: String,
+    },
     /// offset {offset} is not a multiple of the folio size {folio}: map from the folio boundary below it and index from there
     OffsetNotAligned {
         /// Requested file offset.
@@ -458,6 +467,7 @@ impl ErrorCode for MapError {
         match self {
             MapError::ZeroSize
             | MapError::FolioSize(_)
+            | MapError::FolioBelowUnit { .. }
             | MapError::BudgetBelowBatch { .. }
             | MapError::OffsetNotAligned { .. }
             | MapError::AnonymousOffset(_)

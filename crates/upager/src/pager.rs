@@ -338,9 +338,10 @@ impl Pager {
         opts: &MapOptions,
         writers: Option<Arc<FileWriters>>,
     ) -> Result<Region, MapError> {
-        let opts = &opts.with_default_folio(DEFAULT_FOLIO);
+        let opts = &opts.with_default_folio(DEFAULT_FOLIO.max(store.unit()));
         let folio = opts.folio_bytes();
         check_folio(folio)?;
+        check_unit(&*store, folio)?;
         if opts.writable && !store.writable() {
             return Err(MapError::StoreReadOnly);
         }
@@ -405,6 +406,7 @@ impl Pager {
             return p.map_anonymous_on(store, len, opts);
         }
         let opts = &check_anonymous(len, opts)?;
+        check_unit(&*store, opts.folio_bytes())?;
         if !store.writable() {
             return Err(MapError::StoreReadOnly);
         }
@@ -753,6 +755,21 @@ fn check_folio(folio: u64) -> Result<(), MapError> {
         Ok(())
     } else {
         Err(MapError::FolioSize(folio))
+    }
+}
+
+/// A folio of `folio` bytes on `store`: whole units of it
+/// ([`Store::unit`]).
+fn check_unit(store: &dyn Store, folio: u64) -> Result<(), MapError> {
+    let unit = store.unit();
+    if folio.is_multiple_of(unit) {
+        Ok(())
+    } else {
+        Err(MapError::FolioBelowUnit {
+            folio,
+            unit,
+            store: store.describe(),
+        })
     }
 }
 

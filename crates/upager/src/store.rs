@@ -229,6 +229,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn takes_pages(&self) -> bool {
         false
     }
+    /// The smallest run of bytes this store reads and writes whole, a
+    /// power of two of at least 4 KiB: a Redis dataset's chunk. A region
+    /// of the store has folios of this size unless its options set a
+    /// multiple of it ([`Pager::map_store`](crate::Pager::map_store)
+    /// refuses others). Default 4 KiB.
+    fn unit(&self) -> u64 {
+        crate::config::MIN_FOLIO
+    }
 }
 
 /// A file (or a range of one) as a store: a regular file or a block

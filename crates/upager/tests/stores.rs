@@ -246,3 +246,97 @@ fn a_failed_read_in_a_prefetch_batch_leaves_that_folio_unfilled() {
         "only the failed folio faults afterwards"
     );
 }
+
+/// A file store that reads and writes whole units of 64 KiB only, as a
+/// Redis dataset does with its chunks: a write of less is an error.
+#[derive(Debug)]
+struct Chunked {
+    inner: upager::FileStore,
+    unit: u64,
+}
+
+impl Store for Chunked {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn writable(&self) -> bool {
+        true
+    }
+    fn unit(&self) -> u64 {
+        self.unit
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
+        let whole = src.len() as u64 % self.unit == 0 || offset + src.len() as u64 == self.len();
+        if offset % self.unit != 0 || !whole {
+            return Err(io::Error::other(format!(
+                "write of {} bytes at {offset}: not whole units",
+                src.len()
+            )));
+        }
+        self.inner.write_from(src, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+/// A store's unit (`Store::unit`) is the folio of its regions unless the
+/// options set a multiple of it; a folio below it is refused, for file
+/// semantics and for anonymous memory swapping to it. (With 4 KiB folios,
+/// a Redis dataset's write-backs failed and its region raised SIGBUS.)
+#[test]
+fn a_store_s_unit_is_the_least_folio_of_its_regions() {
+    let dir = ram_dir();
+    let len = 4 * MIB;
+    let path = pattern_file(dir.path(), "chunked", len, 7);
+    let unit = 64 << 10;
+    let store = || {
+        Arc::new(Chunked {
+            inner: upager::FileStore::open(&path, true, true).unwrap(),
+            unit,
+        })
+    };
+    let pager = Pager::new(MIB).unwrap();
+    let r = pager
+        .map_store(store(), &MapOptions::new().writable(true))
+        .unwrap();
+    assert_eq!(r.folio_size(), unit, "the default folio is the unit");
+    let words = (len / 8) as usize;
+    for w in (0..words).step_by(1000) {
+        r.words()[w].store(!word(w as u64 * 8, 7), Relaxed);
+    }
+    r.flush().unwrap();
+    assert_eq!(pager.stats().writeback_errors, 0, "{:?}", pager.stats());
+    drop(r);
+    let back = std::fs::read(&path).unwrap();
+    for w in (0..words).step_by(1000) {
+        let got = u64::from_le_bytes(back[w * 8..w * 8 + 8].try_into().unwrap());
+        assert_eq!(got, !word(w as u64 * 8, 7), "word {w} in the file");
+    }
+    let r = pager
+        .map_store(store(), &MapOptions::new().folio(2 * unit))
+        .unwrap();
+    assert_eq!(r.folio_size(), 2 * unit, "a multiple of the unit is kept");
+    drop(r);
+    for e in [
+        pager.map_store(store(), &MapOptions::new().folio(16 << 10)),
+        pager.map_anonymous_on(store(), MIB, &MapOptions::new().folio(16 << 10)),
+    ] {
+        let e = e.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                MapError::FolioBelowUnit {
+                    folio: 16384,
+                    unit: 65536,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("65536 bytes"), "{e}");
+    }
+}
