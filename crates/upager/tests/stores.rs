@@ -269,8 +269,9 @@ impl Store for Chunked {
         self.inner.read_at(buf, offset)
     }
     fn write_from(&self, src: Src<'_>, offset: u64) -> io::Result<()> {
-        let whole = src.len() as u64 % self.unit == 0 || offset + src.len() as u64 == self.len();
-        if offset % self.unit != 0 || !whole {
+        let whole =
+            (src.len() as u64).is_multiple_of(self.unit) || offset + src.len() as u64 == self.len();
+        if !offset.is_multiple_of(self.unit) || !whole {
             return Err(io::Error::other(format!(
                 "write of {} bytes at {offset}: not whole units",
                 src.len()
