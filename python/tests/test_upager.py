@@ -244,6 +244,9 @@ PINNED_STAT_NAMES = [
     "diff_writebacks",
     "writer_switches",
     "readahead_async",
+    "replay_reads",
+    "replay_hits",
+    "replay_wasted",
 ]
 
 

@@ -457,6 +457,10 @@ pub struct MapOptions {
     pub(crate) len: Option<u64>,
     pub(crate) at: Option<upager_sys::mem::FixedRange>,
     pub(crate) huge_runs: Option<bool>,
+    pub(crate) warm: crate::warm::WarmStart,
+    /// The data file of a file region with a warm start (set by
+    /// `Pager::map_file`).
+    pub(crate) warm_file: Option<std::path::PathBuf>,
 }
 
 impl MapOptions {
@@ -512,6 +516,20 @@ impl MapOptions {
     /// folios below 2 MiB have huge runs; for others this changes nothing.
     pub fn huge_runs(mut self, on: bool) -> Self {
         self.huge_runs = Some(on);
+        self
+    }
+    /// Record the order this file region's folios are first needed beside
+    /// the file (`<file>.upager-trace`, written when the region is
+    /// unmapped), and replay a recorded one as prefetch ([`WarmStart`]:
+    /// `Auto` replays a trace that matches the file and records
+    /// otherwise). Only regions mapped with [`Pager::map_file`] keep
+    /// traces. Default [`WarmStart::Off`].
+    ///
+    /// [`WarmStart`]: crate::WarmStart
+    /// [`WarmStart::Off`]: crate::WarmStart::Off
+    /// [`Pager::map_file`]: crate::Pager::map_file
+    pub fn warm(mut self, how: crate::warm::WarmStart) -> Self {
+        self.warm = how;
         self
     }
     /// The folio size of a file or store region with these options: the

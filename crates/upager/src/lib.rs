@@ -89,6 +89,7 @@ mod table;
 mod thp;
 mod trace;
 mod twins;
+mod warm;
 
 pub use advice::Residency;
 pub use config::{
@@ -107,6 +108,7 @@ pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{FileStore, ReadReq, Src, Store, SwapFile, Write, Written};
 pub use upager_sys::mem::FixedRange;
+pub use warm::{trace_path, WarmStart, TRACE_SUFFIX};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that
 /// failed on drop, an unmap waiting long for faults in flight) to standard
@@ -140,7 +142,8 @@ mod tests {
     // element is longer than 10 characters, as "readahead" is.)
     #[rustfmt::skip]
     const LAYERS: &[&str] = &[
-        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "twins", "budget",
+        "sync", "warm", "config", "info", "error", "folio", "trace", "stats", "store", "twins",
+        "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
         "readahead", "fill", "dirty", "prefetch", "fault", "inthread", "lineage", "region",
         "advice", "pager", "fork",

@@ -242,6 +242,16 @@ impl Pager {
             })
             .map_err(open_error)
         };
+        let warm_opts;
+        let opts = if opts.warm == crate::warm::WarmStart::Off {
+            opts
+        } else {
+            warm_opts = MapOptions {
+                warm_file: Some(path.to_path_buf()),
+                ..opts.clone()
+            };
+            &warm_opts
+        };
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
             return self.map_store_of(store, opts, writers()?);
         }
@@ -494,6 +504,21 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
+        // A warm start's trace (warm.rs): a replay window is an eighth of
+        // the budget, 1-64 MiB.
+        let warm = match (&opts.warm_file, opts.warm) {
+            (Some(file), how) if how != crate::warm::WarmStart::Off => {
+                let window = (sh.budget.limit() / 8).clamp(1 << 20, 64 << 20);
+                match crate::warm::Warm::open(how, file, folio, store_off, len, nfolios, window) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        log::warn!("{}: no warm start ({e})", file.display());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         // Mixed folio sizes (issue 23, huge.rs): writable file regions of
         // folios below 2 MiB, big enough, fill sequential 2 MiB runs as huge
         // pages; their view is 2 MiB-aligned so runs are PMDs. (A fork
@@ -651,6 +676,7 @@ impl Pager {
             trace: crate::trace::Trace::for_folios(len.div_ceil(folio) as usize),
             writers,
             twins: crate::twins::Twins::default(),
+            warm,
         });
         if folio == crate::thp::HUGE || run_folios > 0 {
             // Until its teardown: the reclaimer stages huge pages for it.
@@ -658,6 +684,12 @@ impl Pager {
             sh.kick_reclaimer();
         }
         sh.table.insert(Arc::clone(&inner));
+        if let Some(w) = &inner.warm {
+            if matches!(w.job, crate::warm::Job::Replay(_)) {
+                // The first window at once, ahead of the first fault.
+                sh.ask_ahead(inner.base() | 1);
+            }
+        }
         if sh.mode == crate::FaultMode::InThread {
             crate::inthread::register(sh, &inner);
         }
