@@ -27,8 +27,11 @@
 //! so replay runs at most a window and a half ahead of the program, never
 //! further than its budget allows, and stops by itself when the program
 //! goes elsewhere (it never reaches the marker). Faults on folios the trace
-//! does not hold count as unpredicted; when they outnumber the predicted
-//! ones four to one (after [`DIVERGED_MIN`]), replay stops and says so.
+//! does not hold, or holds more than a window away from where replay is
+//! (a program on other inputs that shares some folios with the trace),
+//! count as unpredicted and do not move replay on; when they outnumber the
+//! predicted ones four to one (after [`DIVERGED_MIN`]), replay stops and
+//! says so.
 //!
 //! What "used" means here: userfaultfd does not see a read of an installed
 //! page, so a replayed folio counts as a hit (`replay_hits`) once the
@@ -474,17 +477,22 @@ impl Replayer {
             return false;
         }
         let p = self.place.get(idx).map_or(0, |w| w.load(Relaxed)) as usize;
-        if p == 0 {
+        // In step: at most a window behind the marker or ahead of what was
+        // issued. A fault elsewhere in the trace (a program on other inputs
+        // that shares some folios with it) is not progress through it.
+        let issued = self.issued.load(Acquire);
+        let marker = self.marker.load(Acquire);
+        if p == 0 || p + self.window < marker || p > issued + self.window {
             self.unpredicted.fetch_add(1, Relaxed);
             return false;
         }
         self.predicted.fetch_add(1, Relaxed);
         self.reached.fetch_max(p, Relaxed);
-        p >= self.marker.load(Acquire) && self.issued.load(Acquire) < self.order.len()
+        p >= marker && issued < self.order.len()
     }
 
-    /// Whether the program went elsewhere: unpredicted faults outnumber
-    /// the predicted ones four to one.
+    /// Whether the program went elsewhere: faults off the trace, or out of
+    /// step with it, outnumber those in step four to one.
     fn diverged(&self) -> bool {
         let u = self.unpredicted.load(Relaxed);
         u >= DIVERGED_MIN && u > 4 * self.predicted.load(Relaxed)
@@ -644,6 +652,9 @@ mod tests {
 
         let d = Replayer::new((0..1000).collect(), 2000, 8).unwrap();
         assert!(d.next_window().is_some());
+        assert!(!d.on_fault(500), "far ahead of the replay: out of step");
+        assert_eq!(d.reached.load(Relaxed), 0, "and no progress");
+        assert!(d.on_fault(9), "in step, past the marker");
         for idx in 1000..1000 + DIVERGED_MIN as usize {
             assert!(!d.on_fault(idx));
         }
