@@ -108,7 +108,8 @@ pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{FileStore, ReadReq, Src, Store, SwapFile, Write, Written};
 pub use upager_sys::mem::FixedRange;
-pub use warm::{trace_path, WarmStart, TRACE_SUFFIX};
+pub use config::WarmStart;
+pub use warm::{trace_path, TRACE_SUFFIX};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that
 /// failed on drop, an unmap waiting long for faults in flight) to standard
@@ -142,7 +143,7 @@ mod tests {
     // element is longer than 10 characters, as "readahead" is.)
     #[rustfmt::skip]
     const LAYERS: &[&str] = &[
-        "sync", "warm", "config", "info", "error", "folio", "trace", "stats", "store", "twins",
+        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "warm", "twins",
         "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
         "readahead", "fill", "dirty", "prefetch", "fault", "inthread", "lineage", "region",

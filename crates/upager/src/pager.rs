@@ -243,7 +243,7 @@ impl Pager {
             .map_err(open_error)
         };
         let warm_opts;
-        let opts = if opts.warm == crate::warm::WarmStart::Off {
+        let opts = if opts.warm == crate::WarmStart::Off {
             opts
         } else {
             warm_opts = MapOptions {
@@ -504,21 +504,22 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
-        // A warm start's trace (warm.rs): a replay window is an eighth of
-        // the budget, 1-64 MiB.
-        let warm = match (&opts.warm_file, opts.warm) {
-            (Some(file), how) if how != crate::warm::WarmStart::Off => {
-                let window = (sh.budget.limit() / 8).clamp(1 << 20, 64 << 20);
-                match crate::warm::Warm::open(how, file, folio, store_off, len, nfolios, window) {
-                    Ok(w) => Some(w),
-                    Err(e) => {
-                        log::warn!("{}: no warm start ({e})", file.display());
-                        None
-                    }
-                }
+        // A warm start's trace (warm.rs): replay windows of up to a quarter
+        // of the budget, 1-64 MiB.
+        let home = match &opts.warm_file {
+            _ if opts.warm == crate::WarmStart::Off || slots.is_some() => None,
+            Some(file) => Some(crate::warm::Home::File(file.clone())),
+            None if store.trace_version().is_some() => {
+                Some(crate::warm::Home::Store(Arc::clone(&store)))
             }
-            _ => None,
+            None => None,
         };
+        let warm = home.and_then(|home| {
+            let window = (sh.budget.limit() / 4).clamp(1 << 20, 64 << 20);
+            crate::warm::Warm::open(opts.warm, home, folio, store_off, len, nfolios, window)
+                .map_err(|e| log::warn!("no warm start for a region of {}: {e}", store.describe()))
+                .ok()
+        });
         // Mixed folio sizes (issue 23, huge.rs): writable file regions of
         // folios below 2 MiB, big enough, fill sequential 2 MiB runs as huge
         // pages; their view is 2 MiB-aligned so runs are PMDs. (A fork

@@ -292,7 +292,6 @@ impl Region {
         if let Some(w) = &r.warm {
             if let crate::warm::Job::Replay(rp) = &w.job {
                 sh.counters.replay_hits.add(rp.take_hits());
-                sh.counters.replay_wasted.add(rp.take_wasted());
             }
             w.save();
         }

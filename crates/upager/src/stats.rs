@@ -159,7 +159,7 @@ counters! {
     replay_reads,
     /// Of `replay_reads`, folios the program's faults had passed in the trace's order by the time they were counted (userfaultfd does not see a read of an installed page: this is the trace's progress, not an access).
     replay_hits,
-    /// Of `replay_reads`, folios the program never reached in the trace's order before the region was unmapped.
+    /// Of `replay_reads`, folios evicted before the program's faults reached their place in the trace (read for nothing).
     replay_wasted,
 }
 

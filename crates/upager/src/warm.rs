@@ -19,7 +19,9 @@
 //! Replay ([`WarmStart::Auto`] with a trace whose header matches the file
 //! now; a stale one is ignored with a log line and a new one recorded):
 //! the prefetch thread reads the folios in recorded order, a window at a
-//! time (an eighth of the budget, 1-64 MiB), through the prefetch path
+//! time (a sixteenth of the budget at first, doubling each time the
+//! program faults on a folio replay had not read yet, up to a quarter, 1-64
+//! MiB), through the prefetch path
 //! (prefetch.rs: many reads in one `Store::read_batch`, each folio's budget
 //! charged first, at most one batch of reclaim per batch). Pacing is the
 //! kernel's PG_readahead marker: one folio in the middle of each window is
@@ -36,7 +38,8 @@
 //! What "used" means here: userfaultfd does not see a read of an installed
 //! page, so a replayed folio counts as a hit (`replay_hits`) once the
 //! program's faults have passed its place in the trace, and as wasted
-//! (`replay_wasted`) if the region is unmapped before that.
+//! (`replay_wasted`) if it is evicted before that. Folios still resident
+//! past the program's last fault when the region goes count as neither.
 //!
 //! Counters: `replay_reads` (folios replay read), `replay_hits`,
 //! `replay_wasted`.
@@ -54,19 +57,8 @@ use std::time::Instant;
 
 use upager_sys::mem::AtomicTable;
 
-/// Whether a file region records the order its folios are first needed,
-/// and replays a recorded one ([`MapOptions::warm`](crate::MapOptions::warm)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WarmStart {
-    /// Neither (the default).
-    #[default]
-    Off,
-    /// Replay the trace beside the file if it matches the file as it is
-    /// now; otherwise record one (written when the region is unmapped).
-    Auto,
-    /// Record a new trace, whatever is there.
-    Record,
-}
+use crate::config::WarmStart;
+use crate::store::Store;
 
 /// Most entries a trace holds (the first folios needed; 16 Mi folios of
 /// 4 KiB is 64 GiB of data).
@@ -79,6 +71,41 @@ const DIVERGED_MIN: u64 = 64;
 const MAGIC: &[u8; 8] = b"UPGTRC01";
 /// Appended to the data file's name for its trace.
 pub const TRACE_SUFFIX: &str = ".upager-trace";
+
+/// Where a region's trace is kept: beside its file, or in its store (a
+/// store that keeps traces: `Store::trace_version`).
+pub(crate) enum Home {
+    File(PathBuf),
+    Store(std::sync::Arc<dyn Store>),
+}
+
+impl Home {
+    fn describe(&self) -> String {
+        match self {
+            Home::File(f) => trace_path(f).display().to_string(),
+            Home::Store(s) => format!("the trace of {}", s.describe()),
+        }
+    }
+    fn load(&self) -> io::Result<Option<Vec<u8>>> {
+        match self {
+            Home::File(f) => {
+                let mut buf = Vec::new();
+                match std::fs::File::open(trace_path(f)) {
+                    Ok(mut t) => t.read_to_end(&mut buf).map(|_| Some(buf)),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            Home::Store(s) => s.load_trace(),
+        }
+    }
+    fn save(&self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Home::File(f) => write_trace(&trace_path(f), bytes),
+            Home::Store(s) => s.save_trace(bytes),
+        }
+    }
+}
 
 /// The data a trace belongs to: a region of a file as the file was when
 /// the trace was written.
@@ -93,20 +120,31 @@ pub(crate) struct Identity {
 }
 
 impl Identity {
-    /// The identity of the region `(folio, offset, len)` of the file at
-    /// `path` now.
-    fn of(path: &Path, folio: u64, offset: u64, len: u64) -> io::Result<Identity> {
+    /// The identity of the region `(folio, offset, len)` of the data in
+    /// `home` now: a file's size, mtime and inode, a store's length and
+    /// version.
+    fn of(home: &Home, folio: u64, offset: u64, len: u64) -> io::Result<Identity> {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path)?;
+        let (file_len, mtime_ns, ino) = match home {
+            Home::File(path) => {
+                let m = std::fs::metadata(path)?;
+                let mtime = (m.mtime() as u64)
+                    .wrapping_mul(1_000_000_000)
+                    .wrapping_add(m.mtime_nsec() as u64);
+                (m.len(), mtime, m.ino())
+            }
+            Home::Store(s) => {
+                let v = s.trace_version().ok_or(io::ErrorKind::Unsupported)?;
+                (s.len(), v, 0)
+            }
+        };
         Ok(Identity {
             folio,
             offset,
             len,
-            file_len: m.len(),
-            mtime_ns: (m.mtime() as u64)
-                .wrapping_mul(1_000_000_000)
-                .wrapping_add(m.mtime_nsec() as u64),
-            ino: m.ino(),
+            file_len,
+            mtime_ns,
+            ino,
         })
     }
     fn words(&self) -> [u64; 6] {
@@ -227,8 +265,7 @@ pub fn trace_path(path: &Path) -> PathBuf {
 
 /// A region's warm start: where its trace lives and what it does with it.
 pub(crate) struct Warm {
-    /// The data file (the trace is [`trace_path`] of it).
-    file: PathBuf,
+    home: Home,
     folio: u64,
     offset: u64,
     len: u64,
@@ -242,43 +279,40 @@ pub(crate) enum Job {
 }
 
 impl Warm {
-    /// The warm start of a region `(folio, offset, len)` of the file at
-    /// `file`, as `how` asks: a replay of the trace beside it if it is
+    /// The warm start of a region `(folio, offset, len)` of the data in
+    /// `home`, as `how` asks: a replay of the trace kept there if it is
     /// usable, else a recording.
     pub(crate) fn open(
         how: WarmStart,
-        file: &Path,
+        home: Home,
         folio: u64,
         offset: u64,
         len: u64,
         nfolios: usize,
         window_bytes: u64,
     ) -> io::Result<Warm> {
-        let trace = trace_path(file);
+        let trace = home.describe();
         let mut job = None;
         if how == WarmStart::Auto {
-            let now = Identity::of(file, folio, offset, len)?;
-            match read_trace(&trace) {
-                Ok(Some((id, t))) if id == now => {
+            let now = Identity::of(&home, folio, offset, len)?;
+            match home.load().map(|b| b.map(|b| decode(&b))) {
+                Ok(Some(Some((id, t)))) if id == now => {
                     log::debug!(
-                        "{}: replaying {} folios in recorded order",
-                        trace.display(),
+                        "{trace}: replaying {} folios in recorded order",
                         t.order.len()
                     );
-                    let window = (window_bytes / folio).max(2) as usize;
-                    job = Some(Job::Replay(Replayer::new(t.order, nfolios, window)?));
+                    let max = (window_bytes / folio).max(4) as usize;
+                    job = Some(Job::Replay(Replayer::new(t.order, nfolios, max / 4, max)?));
                 }
-                Ok(Some(_)) => log::info!(
-                    "{}: the trace is stale (the file or the region changed since it was \
-                     recorded): not replayed; recording a new one",
-                    trace.display()
+                Ok(Some(Some(_))) => log::info!(
+                    "{trace}: the trace is stale (the data or the region changed since it was \
+                     recorded): not replayed; recording a new one"
                 ),
+                Ok(Some(None)) => {
+                    log::info!("{trace}: not a trace (damaged?): recording a new one")
+                }
                 Ok(None) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => log::info!(
-                    "{}: cannot read the trace ({e}): recording a new one",
-                    trace.display()
-                ),
+                Err(e) => log::info!("{trace}: cannot read the trace ({e}): recording a new one"),
             }
         }
         let job = match job {
@@ -286,7 +320,7 @@ impl Warm {
             None => Job::Record(Recorder::new(nfolios)?),
         };
         Ok(Warm {
-            file: file.to_path_buf(),
+            home,
             folio,
             offset,
             len,
@@ -301,6 +335,14 @@ impl Warm {
             for k in idx..idx + n {
                 rec.record(k);
             }
+        }
+    }
+
+    /// Folio `idx` is being evicted: whether it counts as replay wasted.
+    pub(crate) fn evicted(&self, idx: usize) -> bool {
+        match &self.job {
+            Job::Replay(rp) => rp.on_evict(idx),
+            Job::Record(_) => false,
         }
     }
 
@@ -323,23 +365,16 @@ impl Warm {
         if t.order.is_empty() {
             return;
         }
-        let path = trace_path(&self.file);
-        let r = Identity::of(&self.file, self.folio, self.offset, self.len)
-            .and_then(|id| write_trace(&path, &encode(&id, &t)));
+        let r = Identity::of(&self.home, self.folio, self.offset, self.len)
+            .and_then(|id| self.home.save(&encode(&id, &t)));
+        let trace = self.home.describe();
         match r {
-            Ok(()) => log::debug!("{}: {} folios recorded", path.display(), t.order.len()),
+            Ok(()) => log::debug!("{trace}: {} folios recorded", t.order.len()),
             Err(e) => log::warn!(
-                "{}: the warm-start trace could not be written ({e}); the next map starts cold",
-                path.display()
+                "{trace}: the warm-start trace could not be written ({e}); the next map starts cold"
             ),
         }
     }
-}
-
-fn read_trace(path: &Path) -> io::Result<Option<(Identity, Trace)>> {
-    let mut buf = Vec::new();
-    std::fs::File::open(path)?.read_to_end(&mut buf)?;
-    Ok(decode(&buf))
 }
 
 /// Writes `bytes` to `path` by a temporary file in the same directory and
@@ -439,14 +474,23 @@ pub(crate) struct Replayer {
     reached: AtomicUsize,
     /// Places below this were counted as hits.
     counted: AtomicUsize,
-    window: usize,
+    /// Places per window: starts at a quarter of `max_window` and doubles
+    /// each time the program faults on a place replay had not read yet
+    /// (it was late), as readahead's window grows.
+    window: AtomicUsize,
+    max_window: usize,
     predicted: AtomicU64,
     unpredicted: AtomicU64,
     stopped: AtomicBool,
 }
 
 impl Replayer {
-    fn new(order: Vec<usize>, nfolios: usize, window: usize) -> io::Result<Replayer> {
+    fn new(
+        order: Vec<usize>,
+        nfolios: usize,
+        window: usize,
+        max_window: usize,
+    ) -> io::Result<Replayer> {
         let place = AtomicTable::zeroed(nfolios)?;
         for (p, &idx) in order.iter().enumerate() {
             if let Some(w) = place.get(idx) {
@@ -463,7 +507,8 @@ impl Replayer {
             marker: AtomicUsize::new(0),
             reached: AtomicUsize::new(0),
             counted: AtomicUsize::new(0),
-            window,
+            window: AtomicUsize::new(window.clamp(2, max_window.max(2))),
+            max_window: max_window.max(2),
             predicted: AtomicU64::new(0),
             unpredicted: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
@@ -482,12 +527,17 @@ impl Replayer {
         // that shares some folios with it) is not progress through it.
         let issued = self.issued.load(Acquire);
         let marker = self.marker.load(Acquire);
-        if p == 0 || p + self.window < marker || p > issued + self.window {
+        let window = self.window.load(Relaxed);
+        if p == 0 || p + window < marker || p > issued + window {
             self.unpredicted.fetch_add(1, Relaxed);
             return false;
         }
         self.predicted.fetch_add(1, Relaxed);
         self.reached.fetch_max(p, Relaxed);
+        if p != marker && p > 1 {
+            // A place replay should have read by now: it was late.
+            self.window.store((window * 2).min(self.max_window), Relaxed);
+        }
         p >= marker && issued < self.order.len()
     }
 
@@ -516,7 +566,7 @@ impl Replayer {
             return None;
         }
         let start = self.issued.load(Acquire);
-        let end = (start + self.window).min(self.order.len());
+        let end = (start + self.window.load(Relaxed)).min(self.order.len());
         if start >= end {
             return None;
         }
@@ -553,10 +603,18 @@ impl Replayer {
         self.count_replayed(from, upto)
     }
 
-    /// Replayed folios the program never passed (wasted): at the end.
-    pub(crate) fn take_wasted(&self) -> u64 {
-        let from = self.counted.swap(self.order.len(), AcqRel);
-        self.count_replayed(from, self.order.len())
+    /// Folio `idx` is being evicted: whether replay read it and the
+    /// program had not reached its place (wasted: read for nothing, at
+    /// least this time). Async-signal-safe.
+    pub(crate) fn on_evict(&self, idx: usize) -> bool {
+        let p = self.place.get(idx).map_or(0, |w| w.load(Relaxed)) as usize;
+        if p == 0 || p <= self.reached.load(Relaxed) {
+            return false;
+        }
+        let bit = 1u64 << ((p - 1) % 64);
+        self.replayed
+            .get((p - 1) / 64)
+            .is_some_and(|w| w.fetch_and(!bit, Relaxed) & bit != 0)
     }
 
     fn count_replayed(&self, from: usize, to: usize) -> u64 {
@@ -628,7 +686,7 @@ mod tests {
     #[test]
     fn replay_windows_follow_the_trace_leave_a_marker_and_stop_on_divergence() {
         let order: Vec<usize> = vec![10, 11, 12, 13, 40, 41, 2, 3, 90, 91];
-        let r = Replayer::new(order, 100, 4).unwrap();
+        let r = Replayer::new(order, 100, 4, 4).unwrap();
         // First window: places 0..4 with place 2 (folio 12) left unread.
         assert_eq!(r.next_window(), Some(vec![10..12, 13..14]));
         assert!(!r.on_fault(11), "before the marker");
@@ -642,15 +700,17 @@ mod tests {
         for idx in [10, 11, 13, 40, 90] {
             r.read_one(idx);
         }
+        assert!(!r.on_evict(40), "reached: not wasted");
+        assert!(r.on_evict(90), "evicted before the program got there");
+        assert!(!r.on_evict(90), "counted once");
         assert_eq!(
             r.take_hits(),
             4,
             "places 0, 1, 3, 4 are below the furthest fault"
         );
         assert_eq!(r.take_hits(), 0, "counted once");
-        assert_eq!(r.take_wasted(), 1, "folio 90 was never reached");
 
-        let d = Replayer::new((0..1000).collect(), 2000, 8).unwrap();
+        let d = Replayer::new((0..1000).collect(), 2000, 8, 8).unwrap();
         assert!(d.next_window().is_some());
         assert!(!d.on_fault(500), "far ahead of the replay: out of step");
         assert_eq!(d.reached.load(Relaxed), 0, "and no progress");

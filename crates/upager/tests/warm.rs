@@ -99,7 +99,9 @@ fn a_replayed_trace_prefetches_a_gather_in_recorded_order() {
         cold.faults_missing,
         warm.faults_missing
     );
-    assert!(warm.replay_hits >= warm.replay_reads * 9 / 10, "{warm:?}");
+    // Hits are the trace's progress: folios replayed past the program's
+    // last fault count as neither hits nor waste.
+    assert!(warm.replay_hits >= warm.replay_reads / 2, "{warm:?}");
     assert!(warm.replay_wasted <= warm.replay_reads / 10, "{warm:?}");
 }
 
@@ -156,7 +158,7 @@ fn a_program_that_goes_elsewhere_stops_the_replay() {
     let other = gather(3000, len / PAGE, 4);
     let cold = run(&path, budget, WarmStart::Off, &other);
     let s = run(&path, budget, WarmStart::Auto, &other);
-    let window = budget / 8 / PAGE; // folios per replay window (1-64 MiB)
+    let window = budget / 4 / PAGE; // most folios in a replay window
     assert!(
         s.replay_reads <= 2 * window,
         "at most the first windows are read: {s:?}"
