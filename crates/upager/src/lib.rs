@@ -92,6 +92,7 @@ mod twins;
 mod warm;
 
 pub use advice::Residency;
+pub use config::WarmStart;
 pub use config::{
     format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, Userfaultfd,
     DEFAULT_ANON_FOLIO, DEFAULT_DIRTY_EXPIRE, DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO,
@@ -108,7 +109,6 @@ pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{FileStore, ReadReq, Src, Store, SwapFile, Write, Written};
 pub use upager_sys::mem::FixedRange;
-pub use config::WarmStart;
 pub use warm::{trace_path, TRACE_SUFFIX};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that

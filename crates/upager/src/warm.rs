@@ -536,7 +536,8 @@ impl Replayer {
         self.reached.fetch_max(p, Relaxed);
         if p != marker && p > 1 {
             // A place replay should have read by now: it was late.
-            self.window.store((window * 2).min(self.max_window), Relaxed);
+            self.window
+                .store((window * 2).min(self.max_window), Relaxed);
         }
         p >= marker && issued < self.order.len()
     }
