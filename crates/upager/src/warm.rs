@@ -263,6 +263,64 @@ pub fn trace_path(path: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// What a trace file holds ([`trace_info`]), for a person asking why a map
+/// did or did not replay (`upager trace FILE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceInfo {
+    /// Folios recorded.
+    pub folios: usize,
+    /// The recorded region: folio size, offset in the file, length.
+    pub folio: u64,
+    /// See [`TraceInfo::folio`].
+    pub offset: u64,
+    /// See [`TraceInfo::folio`].
+    pub len: u64,
+    /// From the first entry's time mark to the last one's (ms).
+    pub span_ms: u64,
+    /// Size of the trace file.
+    pub bytes: u64,
+    /// Whether the file is as it was when the trace was written (so a map
+    /// of that region replays it), or what changed.
+    pub matches: Result<(), String>,
+}
+
+/// The trace beside the data file `file` ([`trace_path`]): None if there is
+/// none; an `InvalidData` error if it is not a trace.
+pub fn trace_info(file: &Path) -> io::Result<Option<TraceInfo>> {
+    let home = Home::File(file.to_path_buf());
+    let Some(bytes) = home.load()? else {
+        return Ok(None);
+    };
+    let (id, t) = decode(&bytes).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a trace (damaged?)", trace_path(file).display()),
+        )
+    })?;
+    let now = Identity::of(&home, id.folio, id.offset, id.len)?;
+    let matches = if now == id {
+        Ok(())
+    } else if now.ino != id.ino {
+        Err("the file was replaced (another inode)".to_string())
+    } else if now.file_len != id.file_len {
+        Err(format!(
+            "the file's size changed ({} bytes, was {})",
+            now.file_len, id.file_len
+        ))
+    } else {
+        Err("the file was modified since (mtime)".to_string())
+    };
+    Ok(Some(TraceInfo {
+        folios: t.order.len(),
+        folio: id.folio,
+        offset: id.offset,
+        len: id.len,
+        span_ms: t.marks_ms.last().copied().unwrap_or(0),
+        bytes: bytes.len() as u64,
+        matches,
+    }))
+}
+
 /// A region's warm start: where its trace lives and what it does with it.
 pub(crate) struct Warm {
     home: Home,
