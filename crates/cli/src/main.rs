@@ -205,7 +205,7 @@ mod tests {
             Ok(match parse(&args)?.cmd {
                 Cmd::Demo(a) => a.fault_mode,
                 Cmd::Stat(a) => a.fault_mode,
-                Cmd::Bench(_) | Cmd::Load(_) | Cmd::List(_) | Cmd::Delete(_) => {
+                Cmd::Bench(_) | Cmd::Load(_) | Cmd::List(_) | Cmd::Delete(_) | Cmd::Trace(_) => {
                     unreachable!("no --fault-mode there")
                 }
             })

@@ -12,8 +12,8 @@ fn trace(file: &std::path::Path) -> (bool, String) {
         .arg(file)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -27,7 +27,10 @@ fn trace_says_what_a_map_would_replay() {
 
     let pager = upager::Pager::new(8 << 20).unwrap();
     let r = pager
-        .map_file(&file, &upager::MapOptions::new().warm(upager::WarmStart::Auto))
+        .map_file(
+            &file,
+            &upager::MapOptions::new().warm(upager::WarmStart::Auto),
+        )
         .unwrap();
     for page in [9usize, 3, 700, 12] {
         assert_eq!(r.words()[page * 512].load(Relaxed), 0x0707_0707_0707_0707);
@@ -40,7 +43,10 @@ fn trace_says_what_a_map_would_replay() {
 
     std::fs::write(&file, vec![7u8; 8 << 20]).unwrap();
     let (ok, text) = trace(&file);
-    assert!(ok && text.contains("stale: the file's size changed"), "{text}");
+    assert!(
+        ok && text.contains("stale: the file's size changed"),
+        "{text}"
+    );
 
     std::fs::write(upager::trace_path(&file), b"not a trace").unwrap();
     let (ok, text) = trace(&file);
