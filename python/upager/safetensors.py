@@ -214,29 +214,29 @@ def _parse_header(name: str) -> _Header:
     entries = [(key, _check_info(key, info)) for key, info in tensors.items()]
     entries.sort(key=lambda kv: (kv[1].begin, kv[1].end))
     at = 0
-    for key, e in entries:
-        if e.begin != at or e.end < e.begin:
-            raise _bad(f"invalid offset for tensor `{key}`: data_offsets [{e.begin}, {e.end}] "
+    for key, ent in entries:
+        if ent.begin != at or ent.end < ent.begin:
+            raise _bad(f"invalid offset for tensor `{key}`: data_offsets [{ent.begin}, {ent.end}] "
                        f"where the tensor must start at data offset {at} (the format "
                        "allows no holes or overlaps between tensors)")
-        at = e.end
+        at = ent.end
         count = 1
-        for d in e.shape:
+        for d in ent.shape:
             count *= d
             if count >= _U64:
                 raise _bad("overflow computing buffer size from shape and/or element type: "
-                           f"tensor `{key}` of shape {list(e.shape)}")
-        bits = count * _BITS[e.dtype]
+                           f"tensor `{key}` of shape {list(ent.shape)}")
+        bits = count * _BITS[ent.dtype]
         if bits >= _U64:
             raise _bad("overflow computing buffer size from shape and/or element type: "
-                       f"tensor `{key}` of shape {list(e.shape)} and dtype {e.dtype}")
+                       f"tensor `{key}` of shape {list(ent.shape)} and dtype {ent.dtype}")
         if bits % 8:
             raise _bad("The slice is slicing for subbytes dtypes, and the slice does not end "
                        "up at a byte boundary, this is invalid. (Tensor "
-                       f"`{key}` of shape {list(e.shape)} and dtype {e.dtype} is {bits} bits.)")
-        if e.end - e.begin != bits // 8:
+                       f"`{key}` of shape {list(ent.shape)} and dtype {ent.dtype} is {bits} bits.)")
+        if ent.end - ent.begin != bits // 8:
             raise _bad(f"invalid shape, data type, or offset for tensor `{key}`: it has "
-                       f"{e.end - e.begin} bytes but shape {list(e.shape)} of {e.dtype} "
+                       f"{ent.end - ent.begin} bytes but shape {list(ent.shape)} of {ent.dtype} "
                        f"needs {bits // 8}")
     data_len = size - 8 - n
     if at != data_len:
@@ -287,7 +287,7 @@ def _check_info(key: str, info: Any) -> _Entry:
                           "(integers from 0 to 2^64-1)")
     if not (isinstance(offs, list) and len(offs) == 2 and all(_is_usize(o) for o in offs)):
         raise _json_error(f"tensor {key!r} has data_offsets {offs!r}, not [begin, end]")
-    return _Entry(cast(str, kind), tuple(shape), offs[0], offs[1])
+    return _Entry(kind, tuple(shape), offs[0], offs[1])
 
 
 def _numpy_dtype(kind: str, name: str) -> np.dtype:  # type: ignore[type-arg,unused-ignore]
@@ -631,7 +631,7 @@ class SafeSlice:
         key = tuple(start if kind == "select" else slice(start, stop, step)
                     for kind, start, stop, step in indexers)
         part = view[key + (Ellipsis,)]  # Ellipsis: a 0-d array, never a scalar
-        return np.array(part) if self._copy else cast(np.ndarray, part)  # type: ignore[type-arg,unused-ignore]
+        return np.array(part) if self._copy else part
 
     def __repr__(self) -> str:
         return (f"<upager.safetensors.SafeSlice {self._name!r} {self._entry.dtype} "
