@@ -303,6 +303,9 @@ def test_opening_errors_are_safe_opens(model, scratch, real):
         lambda so: so(path, framework="np", device="cuda:1"),
         lambda so: so(path, framework="np", device=0),
         lambda so: so(path, framework="np", device="foo"),
+        lambda so: so(path, framework="np", device="mps:1"),
+        lambda so: so(path, framework="np", device="mps:0"),
+        lambda so: so(path, framework="np", device="cpu:0"),
         lambda so: so(path, framework="np", backend="x"),
         lambda so: so(path, framework=None),
     ]

@@ -48,7 +48,8 @@ import numpy as np
 
 from ._array import DEFAULT_BUDGET, PagedArray, SizeArg, _path
 
-__all__ = ["safe_open", "SafetensorError", "SafeSlice", "open", "SafetensorsFile", "DTYPES"]
+__all__ = ["safe_open", "SafetensorError", "SafeSlice", "HeaderError", "DtypeError", "open",
+           "SafetensorsFile", "DTYPES"]
 
 
 def _error_class() -> Type[Exception]:
@@ -360,6 +361,9 @@ def _device(device: Any) -> str:
             return _DEVICES[device]
         kind, sep, index = device.partition(":")
         if sep and kind in _DEVICES and kind != "cpu" and index.isdigit():
+            if kind == "mps" and int(index) != 0:
+                raise SafetensorError(f"device {device} is invalid: only mps or mps:0 is "
+                                      "supported")
             return f"{kind}:{int(index)}" if kind != "mps" else "mps"
         raise SafetensorError(f"device {device} is invalid")
     if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
