@@ -360,7 +360,7 @@ def _device(device: Any) -> str:
         if device in _DEVICES:
             return _DEVICES[device]
         kind, sep, index = device.partition(":")
-        if sep and kind in _DEVICES and kind != "cpu" and index.isdigit():
+        if sep and kind in _DEVICES and kind != "cpu" and index.isascii() and index.isdigit():
             if kind == "mps" and int(index) != 0:
                 raise SafetensorError(f"device {device} is invalid: only mps or mps:0 is "
                                       "supported")
