@@ -230,7 +230,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(
             out,
             format!(
-                "{{\"bench\":\"warm-start\",\"host\":\"{}\",\"file_mib\":{},\"budget_mib\":{},\"rows\":{},\"work_ns\":{},\"used_bytes\":{used},\"engines\":[{}]}}\n",
+                "{{\"bench\":\"warm-start\",\"unix_time\":{},\"host\":\"{}\",\"file_mib\":{},\"budget_mib\":{},\"rows\":{},\"work_ns\":{},\"used_bytes\":{used},\"engines\":[{}]}}\n",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
                 host.trim(),
                 a.file_mib,
                 a.budget_mib,
