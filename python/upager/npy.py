@@ -98,7 +98,7 @@ def load(file: Any, mmap_mode: str = "r", allow_pickle: Literal[False] = False,
          fix_imports: bool = True, encoding: str = "ASCII", *,
          max_header_size: int = MAX_HEADER_SIZE, budget: SizeArg = DEFAULT_BUDGET,
          folio: Optional[SizeArg] = None, fault_mode: Optional[str] = None,
-         **pager_options: Any) -> Union[PagedArray, "np.lib.npyio.NpzFile[np.generic]"]: ...
+         **pager_options: Any) -> Union[PagedArray, "np.lib.npyio.NpzFile[np.generic[object]]"]: ...
 @overload
 def load(file: Any, mmap_mode: Optional[str] = "r", allow_pickle: bool = False,
          fix_imports: bool = True, encoding: str = "ASCII", *,
