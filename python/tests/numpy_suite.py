@@ -1,6 +1,7 @@
 """numpy's own memmap and .npy tests, run against upager with only the
 imports swapped (used by test_numpy_suite.py; ``python numpy_suite.py
-[handlers|in-thread]`` prints the results).
+[handlers|in-thread] [--slow]`` prints the results; --slow adds numpy's
+two slow tests).
 
 The test files are read from the installed numpy at run time (its wheel
 ships them), never copied into this repository, so a numpy upgrade that
