@@ -85,11 +85,11 @@ part demo-handlers bash -c 'demo_check "$0" demo --size 512M --budget 64M --read
 
 WHEEL=$(ls "$TARGET"/wheels/upager-*.whl 2>/dev/null | head -n 1)
 if [ -n "$WHEEL" ]; then
-    if [ ! -x "$PYTHON" ] || ! "$PYTHON" -c "import mypy" 2>/dev/null; then
-        "$BASE_PYTHON" -m venv "$VENV" &&
-            "$PYTHON" -m pip install -q "numpy>=1.21" "pytest>=7" "safetensors>=0.4" "mypy>=1.10" ||
-            { echo "test-unprivileged: making $VENV failed" >&2; rm -rf "$VENV"; }
-    fi
+    # The test requirements from their one list, every time (a kept venv
+    # must follow it: pip does nothing when they are met).
+    { [ -x "$PYTHON" ] || "$BASE_PYTHON" -m venv "$VENV"; } &&
+        "$PYTHON" -m pip install -q -r python/requirements-dev.txt ||
+        { echo "test-unprivileged: making $VENV failed" >&2; rm -rf "$VENV"; }
     # This tree's wheel, every time (it changes with the tree).
     [ -x "$PYTHON" ] && "$PYTHON" -m pip install -q --force-reinstall --no-deps "$WHEEL"
     chmod -R a+rX "$VENV" 2>/dev/null
