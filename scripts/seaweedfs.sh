@@ -130,7 +130,7 @@ busy() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 # An HTTP GET of $1 answers with status 200 (bash only: no curl needed).
 http_ok() {
   local port=$1 path=$2 line
-  exec 3<>"/dev/tcp/$HOST/$port" 2>/dev/null || return 1
+  { exec 3<>"/dev/tcp/$HOST/$port"; } 2>/dev/null || return 1
   printf 'GET %s HTTP/1.0\r\nHost: %s:%s\r\n\r\n' "$path" "$HOST" "$port" >&3
   IFS= read -r -t 5 line <&3 || { exec 3>&-; return 1; }
   exec 3>&-
@@ -142,7 +142,7 @@ volumes_up() {
   local n=0 p
   for p in $VOLUMES; do http_ok "$p" /status && n=$((n + 1)); done
   [ "$n" = 3 ] || return 1
-  exec 3<>"/dev/tcp/$HOST/$MASTER" 2>/dev/null || return 1
+  { exec 3<>"/dev/tcp/$HOST/$MASTER"; } 2>/dev/null || return 1
   printf 'GET /dir/status HTTP/1.0\r\nHost: %s\r\n\r\n' "$HOST" >&3
   local body
   body=$(timeout 5 cat <&3 || true)
@@ -153,7 +153,7 @@ volumes_up() {
 # The S3 gateway answers a signed-or-not request with any HTTP status.
 s3_up() {
   local line
-  exec 3<>"/dev/tcp/$HOST/$S3" 2>/dev/null || return 1
+  { exec 3<>"/dev/tcp/$HOST/$S3"; } 2>/dev/null || return 1
   printf 'GET / HTTP/1.0\r\nHost: %s:%s\r\n\r\n' "$HOST" "$S3" >&3
   IFS= read -r -t 5 line <&3 || { exec 3>&-; return 1; }
   exec 3>&-

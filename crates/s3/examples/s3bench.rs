@@ -117,7 +117,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             reads as f64 / el,
             s.resident_peak_bytes >> 20,
             st.counters().bytes_received >> 20,
-            reads * 8 >> 10,
+            (reads * 8) >> 10,
         );
     }
     let st = S3Store::open(&url, &S3Options::default())?;
@@ -126,7 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n = reads.min(20_000);
     let t = Instant::now();
     for _ in 0..n {
-        let off = (next() % (st.len() / 8)) * 8 & !4095;
+        let off = ((next() % (st.len() / 8)) * 8) & !4095;
         st.read_at(&mut buf, off)?;
     }
     let el = t.elapsed().as_secs_f64();

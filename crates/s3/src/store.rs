@@ -709,7 +709,7 @@ impl S3Store {
                 if !self.replaced_logged.swap(true, Relaxed) {
                     log::error!("{msg}");
                 }
-                io::Error::new(io::ErrorKind::Other, msg)
+                io::Error::other(msg)
             }
             GetError::Short { want, got } => io::Error::new(
                 io::ErrorKind::UnexpectedEof,

@@ -255,12 +255,9 @@ pub fn redact(url: &str) -> String {
         rest = &rest[i + 3..];
         // The authority ends at the first '/', '?', '&' or '#'.
         let end = rest.find(['/', '?', '&', '#']).unwrap_or(rest.len());
-        match rest[..end].rfind('@') {
-            Some(at) => {
-                out.push_str(REDACTED);
-                rest = &rest[at..];
-            }
-            None => {}
+        if let Some(at) = rest[..end].rfind('@') {
+            out.push_str(REDACTED);
+            rest = &rest[at..];
         }
     }
     out.push_str(rest);

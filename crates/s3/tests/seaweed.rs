@@ -125,6 +125,9 @@ fn read_at_splits_long_reads_and_read_batch_merges_adjacent_ones() {
     assert_eq!(st.counters().gets - before, 3, "adjacent reads merged");
     for (b, off) in bufs.iter().zip(offs) {
         let n = (len.saturating_sub(off)).min(65536) as usize;
+        if n == 0 {
+            continue;
+        }
         assert_eq!(&b[..n], &data[off as usize..off as usize + n]);
     }
 }
