@@ -789,48 +789,6 @@ fn print_stats(s: &Stats, folio: u64) {
     );
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn verify_checks_every_word_of_the_dataset() {
-        let dir = TempDir::create(
-            std::env::temp_dir().join(format!("upager-demo-test-{}", std::process::id())),
-        )
-        .unwrap();
-        let path = dir.0.join("dataset.bin");
-        let size = (4 << 20) + 4096;
-        let words = size / 8;
-        make_dataset(&path, size).unwrap();
-        let none = Bits(vec![0; words.div_ceil(64) as usize]);
-        verify(&path, size, &none).unwrap();
-
-        // A rewritten word is right only where the replay says it was written.
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[40..48].copy_from_slice(&written(40).to_le_bytes());
-        std::fs::write(&path, &bytes).unwrap();
-        let e = verify(&path, size, &none).unwrap_err().to_string();
-        assert!(e.starts_with("verification failed at byte 40:"), "{e}");
-        let mut fifth = Bits(vec![0; words.div_ceil(64) as usize]);
-        fifth.set(5);
-        verify(&path, size, &fifth).unwrap();
-
-        // One flipped bit in the last byte of the last chunk is found.
-        bytes[size as usize - 1] ^= 0x80;
-        std::fs::write(&path, &bytes).unwrap();
-        let e = verify(&path, size, &fifth).unwrap_err().to_string();
-        assert!(
-            e.starts_with(&format!("verification failed at byte {}:", size - 8)),
-            "{e}"
-        );
-
-        // A short dataset fails too.
-        std::fs::write(&path, &bytes[..size as usize - 8]).unwrap();
-        assert!(verify(&path, size, &fifth).is_err());
-    }
-}
-
 /// `--store s3://...`: the dataset uploaded as an object, paged read-only
 /// (scan and random reads, each word checked against the pattern), the
 /// store's counters printed, the object deleted (also on an error or a
@@ -930,4 +888,46 @@ fn s3_demo(
         println!("  {name:<28} {v}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_checks_every_word_of_the_dataset() {
+        let dir = TempDir::create(
+            std::env::temp_dir().join(format!("upager-demo-test-{}", std::process::id())),
+        )
+        .unwrap();
+        let path = dir.0.join("dataset.bin");
+        let size = (4 << 20) + 4096;
+        let words = size / 8;
+        make_dataset(&path, size).unwrap();
+        let none = Bits(vec![0; words.div_ceil(64) as usize]);
+        verify(&path, size, &none).unwrap();
+
+        // A rewritten word is right only where the replay says it was written.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[40..48].copy_from_slice(&written(40).to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = verify(&path, size, &none).unwrap_err().to_string();
+        assert!(e.starts_with("verification failed at byte 40:"), "{e}");
+        let mut fifth = Bits(vec![0; words.div_ceil(64) as usize]);
+        fifth.set(5);
+        verify(&path, size, &fifth).unwrap();
+
+        // One flipped bit in the last byte of the last chunk is found.
+        bytes[size as usize - 1] ^= 0x80;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = verify(&path, size, &fifth).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("verification failed at byte {}:", size - 8)),
+            "{e}"
+        );
+
+        // A short dataset fails too.
+        std::fs::write(&path, &bytes[..size as usize - 8]).unwrap();
+        assert!(verify(&path, size, &fifth).is_err());
+    }
 }
