@@ -57,11 +57,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    // 2. A pass through upager.
+    // 2. A pass through upager (part size and readahead from
+    // UPAGER_S3_BENCH_PART and UPAGER_S3_BENCH_READAHEAD, defaults the
+    // store's and the pager's).
+    let part =
+        std::env::var("UPAGER_S3_BENCH_PART").map_or(S3Options::default().part, |v| size(&v));
+    let ra = std::env::var("UPAGER_S3_BENCH_READAHEAD").map_or(2 << 20, |v| size(&v));
     for threads in [1usize, 2] {
-        let o = S3Options::default().threads(threads);
+        let o = S3Options::default().threads(threads).part(part);
         let st = S3Store::open(&url, &o)?;
-        let pager = Pager::builder().budget(budget).build()?;
+        let pager = Pager::builder().budget(budget).readahead(ra).build()?;
         let r = pager.map_store(
             Arc::clone(&st) as Arc<dyn Store>,
             &MapOptions::new().folio(64 << 10),
@@ -74,7 +79,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let el = t.elapsed().as_secs_f64();
         let s = pager.stats();
         println!(
-            "upager pass (runtime threads {threads}) {:>8.2} s {:>8.1} MiB/s  peak {} MiB of {} MiB  fetched {} MiB  gets {} in flight peak {} (sum {sum:x})",
+            "upager pass (part {} KiB, readahead {} KiB, runtime threads {threads}) {:>8.2} s {:>8.1} MiB/s  peak {} MiB of {} MiB  fetched {} MiB  gets {} in flight peak {} (sum {sum:x})",
+            part >> 10,
+            ra >> 10,
             el,
             st.len() as f64 / el / 1048576.0,
             s.resident_peak_bytes >> 20,
