@@ -12,7 +12,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RUST_BACKTRACE=1
 status=0
-run() { echo "== $*"; "$@" || status=1; }
+# Each step prints its time, so a CI log shows where the suite's time goes.
+run() {
+    local t0=$SECONDS
+    echo "== $*"
+    "$@" || status=1
+    echo "== $(( SECONDS - t0 )) s: $1 ${2:-}"
+}
 # What the code claims, enforced: formatting and lints first (the Python
 # extension is a crate of its own, outside the workspace).
 run cargo fmt --all -- --check
@@ -23,7 +29,9 @@ run cargo clippy --workspace --all-targets --quiet -- -D warnings
 python_ok=0
 if grep -q '^python:' Makefile 2>/dev/null; then
   echo "== make -s python"
+  t0=$SECONDS
   if make -s python; then python_ok=1; else status=1; fi
+  echo "== $(( SECONDS - t0 )) s: make python"
 fi
 # upager-s3 last (below): its tests need SeaweedFS's weed binary, which
 # setup.sh builds in the background on a machine that lacks it.
@@ -62,5 +70,6 @@ fi
 # for it (at most an hour) if it has not finished.
 run bash scripts/seaweedfs.sh wait-build 3600
 run cargo test -p upager-s3 --quiet
+echo "== $SECONDS s in all"
 if [ $status -ne 0 ]; then echo "test.sh: FAILED"; else echo "test.sh: all suites passed"; fi
 exit $status

@@ -34,7 +34,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use pyo3::{ffi, IntoPyObjectExt};
 
-use upager::{FaultMode, MapOptions, Pager, Region, Residency, Stats};
+use upager::{FaultMode, MapOptions, Pager, Region, Residency, Stats, WarmStart};
 use upager_redis::{RedisOptions, RedisStore, StoreUrl};
 
 // ---------------------------------------------------------------------------
@@ -158,7 +158,16 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
 ///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=False,
-///       readahead_async=True)
+///       readahead_async=True, warm=None)
+///
+/// `warm` ("off", the default, "auto" or "record"): warm starts for the
+/// file and dataset regions this pager maps (each map call may say
+/// otherwise). "auto": a region replays the trace kept with its data
+/// (FILE.upager-trace beside a file; a key next to a Redis dataset) as
+/// prefetch if the trace matches the data as it is now, else records the
+/// order its folios are first needed and keeps it there at close.
+/// "record": always record anew. Counters `replay_reads`, `replay_hits`,
+/// `replay_wasted`; `upager trace FILE` shows a file's trace.
 ///
 /// `readahead_async` (default True): once a sequential stream's readahead
 /// window has grown to its largest, the prefetch thread reads the next
@@ -210,6 +219,22 @@ struct PyPager {
     /// Where copy-on-write regions keep their private writes.
     swap_dir: std::path::PathBuf,
     direct_io: bool,
+    /// The warm start of the file and dataset regions it maps, unless a
+    /// map call says otherwise.
+    warm: WarmStart,
+}
+
+/// Parses a `warm` argument: None (`default`), "off", "auto" or "record".
+fn warm_arg(warm: Option<&str>, default: WarmStart) -> PyResult<WarmStart> {
+    match warm {
+        None => Ok(default),
+        Some("off") => Ok(WarmStart::Off),
+        Some("auto") => Ok(WarmStart::Auto),
+        Some("record") => Ok(WarmStart::Record),
+        Some(w) => Err(PyValueError::new_err(format!(
+            "warm must be \"off\", \"auto\" or \"record\", got {w:?}"
+        ))),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -252,7 +277,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false, readahead_async=true))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false, readahead_async=true, warm=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -269,7 +294,9 @@ impl PyPager {
         dirty_expire: Option<f64>,
         huge_runs: bool,
         readahead_async: bool,
+        warm: Option<&str>,
     ) -> PyResult<Self> {
+        let warm = warm_arg(warm, WarmStart::Off)?;
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
         let folio_set = opt_size(folio, "folio")?;
         let folio = folio_set.unwrap_or(upager::DEFAULT_FOLIO);
@@ -329,6 +356,7 @@ impl PyPager {
             budget,
             swap_dir: swap_dir.unwrap_or_else(std::env::temp_dir),
             direct_io,
+            warm,
         })
     }
 
@@ -338,7 +366,8 @@ impl PyPager {
     /// changes go to a private swap file in the pager's `swap_dir` and are
     /// gone when the region is closed). `offset` must be a multiple of the
     /// folio size; `length` defaults to the rest of the file.
-    #[pyo3(signature = (path, mode="r", offset=0, length=None, *, folio=None))]
+    #[pyo3(signature = (path, mode="r", offset=0, length=None, *, folio=None, warm=None))]
+    #[allow(clippy::too_many_arguments)]
     fn map_file(
         &self,
         py: Python<'_>,
@@ -347,10 +376,18 @@ impl PyPager {
         offset: u64,
         length: Option<&Bound<'_, PyAny>>,
         folio: Option<&Bound<'_, PyAny>>,
+        warm: Option<&str>,
     ) -> PyResult<PyRegion> {
-        let opts = self.range_opts(mode, offset, length, folio)?;
+        let cow = mode_writable(mode)? == Access::CopyOnWrite;
+        let warm = warm_arg(warm, if cow { WarmStart::Off } else { self.warm })?;
+        if cow && warm != WarmStart::Off {
+            return Err(PyValueError::new_err(
+                "warm starts are for modes \"r\" and \"r+\" (a copy-on-write region keeps no trace)",
+            ));
+        }
+        let opts = self.range_opts(mode, offset, length, folio)?.warm(warm);
         let pager = self.get()?;
-        let region = if mode_writable(mode)? == Access::CopyOnWrite {
+        let region = if cow {
             let (dir, direct) = (self.swap_dir.clone(), self.direct_io);
             py.allow_threads(move || {
                 let store = cow::CopyOnWrite::open(&path, &dir, direct).map_err(|e| {
@@ -376,7 +413,8 @@ impl PyPager {
     /// chunk size. Writes are acknowledged by a replica before memory is
     /// released, and ``flush()`` returns once every earlier write is
     /// replicated.
-    #[pyo3(signature = (url, mode="r", offset=0, length=None, *, folio=None))]
+    #[pyo3(signature = (url, mode="r", offset=0, length=None, *, folio=None, warm=None))]
+    #[allow(clippy::too_many_arguments)]
     fn map_store(
         &self,
         py: Python<'_>,
@@ -385,14 +423,16 @@ impl PyPager {
         offset: u64,
         length: Option<&Bound<'_, PyAny>>,
         folio: Option<&Bound<'_, PyAny>>,
+        warm: Option<&str>,
     ) -> PyResult<PyRegion> {
+        let warm = warm_arg(warm, self.warm)?;
         let url: StoreUrl = url.parse().map_err(engine_err)?;
         if mode_writable(mode)? == Access::CopyOnWrite {
             return Err(PyValueError::new_err(
                 "mode \"c\" (copy-on-write) is for files; map a dataset with mode \"r\" or \"r+\"",
             ));
         }
-        let opts = self.range_opts(mode, offset, length, folio)?;
+        let opts = self.range_opts(mode, offset, length, folio)?.warm(warm);
         let pager = self.get()?;
         let kind = format!("store {url}, mode {mode:?}");
         let region = py
@@ -503,7 +543,8 @@ impl PyPager {
         format!(
             "<upager.Pager budget={} folio={} fault_mode={}{}>",
             upager::format_size(self.budget),
-            self.folio.map_or("default".to_string(), upager::format_size),
+            self.folio
+                .map_or("default".to_string(), upager::format_size),
             self.info.fault_mode,
             if self.closed() { " closed" } else { "" }
         )

@@ -4,7 +4,9 @@ the safetensors package, opened with upager.safetensors under a budget."""
 
 import gc
 import json
+import io
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -97,22 +99,86 @@ def test_npy_misuse_is_explained(scratch):
     np.save(path, np.arange(10))
     with pytest.raises(TypeError, match="upload_dataset"):
         upager.load(path, "redis-cluster://127.0.0.1:7000/x")
-    with pytest.raises(ValueError, match="numpy.load\\(file\\)"):
-        upager.load(path, mmap_mode=None)
     with pytest.raises(ValueError, match="open_npy"):
         upager.load(path, mmap_mode="w+")
-    np.savez(os.path.join(scratch, "z.npz"), a=np.arange(3))
-    with pytest.raises(ValueError, match="npz archive"):
-        upager.load(os.path.join(scratch, "z.npz"))
     np.save(os.path.join(scratch, "obj.npy"), np.array([{}, []], dtype=object))
     with pytest.raises(ValueError, match="Python objects"):
         upager.load(os.path.join(scratch, "obj.npy"))
     with open(os.path.join(scratch, "raw"), "wb") as f:
         f.write(b"\x00" * 4096)
-    with pytest.raises(ValueError, match="not an .npy file"):
+    with pytest.raises(ValueError, match="allow_pickle"):  # numpy.load's refusal
         upager.load(os.path.join(scratch, "raw"))
+    with pytest.raises(ValueError, match="not an .npy file"):
+        upager.open_npy(os.path.join(scratch, "raw"), mode="r")
+    with pytest.raises(ValueError, match="not an .npy file"):
+        upager.npy.read_header(os.path.join(scratch, "raw"))
     with pytest.raises(ValueError, match="needs a dtype and a shape"):
         upager.open_npy(os.path.join(scratch, "y.npy"), mode="w+")
+    assert not os.path.exists(os.path.join(scratch, "y.npy"))
+    with pytest.raises(ValueError, match="no file on disk"):
+        upager.load(io.BytesIO(open(path, "rb").read()), mmap_mode="r")
+
+
+def test_load_takes_numpy_loads_keywords_and_does_what_it_does(scratch):
+    """mmap_mode=None, .npz, pickles, allow_pickle, max_header_size: what
+    numpy.load does with them."""
+    path = os.path.join(scratch, "x.npy")
+    np.save(path, np.arange(10.0))
+    got = upager.load(path, mmap_mode=None)  # read into memory, as numpy.load
+    assert type(got) is np.ndarray and np.array_equal(got, np.arange(10.0))
+    z = os.path.join(scratch, "z.npz")
+    np.savez(z, a=np.arange(3), b=np.eye(2))
+    for mode in ("r", None):
+        with upager.load(z, mmap_mode=mode) as npz:
+            assert isinstance(npz, np.lib.npyio.NpzFile) and sorted(npz.files) == ["a", "b"]
+            assert np.array_equal(npz["b"], np.eye(2))
+    p = os.path.join(scratch, "obj.pkl")
+    with open(p, "wb") as f:
+        pickle.dump({"k": 1}, f)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        upager.load(p, mmap_mode="r")
+    assert upager.load(p, mmap_mode="r", allow_pickle=True) == {"k": 1}
+    big = os.path.join(scratch, "big_header.npy")
+    arr = np.zeros(3, dtype="i," * 10000 + "i")
+    with pytest.warns(UserWarning, match="format 2.0"):
+        np.save(big, arr)
+    with pytest.raises(ValueError, match="Header.*large"):
+        upager.load(big, mmap_mode="r")
+    a = upager.load(big, mmap_mode="r", allow_pickle=True)  # trusted: no limit
+    b = upager.load(big, mmap_mode="r", max_header_size=10**6)
+    assert type(a) is upager.memmap and np.array_equal(a, arr) and np.array_equal(b, arr)
+    with open(path, "ab") as f:  # two arrays in one file, as np.save can write
+        np.save(f, np.arange(5, dtype=np.int16))
+    with open(path, "rb") as f:  # an open file: mapped through its descriptor
+        c = upager.load(f, mmap_mode="r", budget="1MiB")
+        d = upager.load(f, mmap_mode="r", budget="1MiB")  # left after the first
+        assert f.tell() == os.path.getsize(path)
+    assert np.array_equal(c, np.arange(10.0)) and np.array_equal(d, np.arange(5))
+
+
+def test_open_npy_version_and_empty_arrays_as_numpy(scratch):
+    dt = np.dtype([(str(i) * 100, "f8") for i in range(500)])  # a header > 64 KiB
+    p = os.path.join(scratch, "v.npy")
+    with pytest.raises(ValueError):
+        upager.open_npy(p, mode="w+", dtype=dt, shape=(3,), version=(1, 0))
+    assert not os.path.exists(p)  # refused before the file was made
+    with pytest.raises(ValueError, match="version"):
+        upager.open_npy(p, mode="w+", dtype="f8", shape=(3,), version=(9, 9))
+    assert not os.path.exists(p)
+    with pytest.warns(UserWarning, match="format 2.0"):  # numpy's warning
+        a = upager.open_npy(p, mode="w+", dtype=dt, shape=(3,), version=None)
+    a[1] = tuple(range(500))
+    a.flush()
+    assert np.load(p, allow_pickle=True)[1][499] == 499
+    e = os.path.join(scratch, "empty.npy")
+    z = upager.open_npy(e, mode="w+", dtype="f4", shape=(0, 3))
+    assert z.shape == (0, 3) and isinstance(z, np.memmap)
+    want = np.lib.format.open_memmap(os.path.join(scratch, "ref.npy"), mode="w+",
+                                     dtype="f4", shape=(0, 3))
+    assert os.path.getsize(e) == os.path.getsize(os.path.join(scratch, "ref.npy"))
+    del want
+    r = upager.load(e, mmap_mode="r")
+    assert r.shape == (0, 3) and r.dtype == np.float32 and np.load(e).shape == (0, 3)
 
 
 # -- safetensors --------------------------------------------------------------

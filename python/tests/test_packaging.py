@@ -76,7 +76,8 @@ def test_users_get_types_not_any(tmp_path):
     # line of USER_CODE -> what its type must name (never Any)
     wants = {8: ["upager._upager.Region"], 9: ["list[tuple[", "resident_clean", "busy"],
              10: ["dict[", "str", "int"], 12: ["upager._array.PagedArray"],
-             13: ["upager._upager.Region", "None"], 14: ["upager._array.PagedArray"],
+             13: ["upager._upager.Region", "None"],
+             14: ["upager._array.PagedArray", "NpzFile"],  # what numpy.load gives an .npz
              16: ["upager.safetensors.SafetensorsFile"], 17: ["dict[", "str", "None"]}
     for line, parts in wants.items():
         got = revealed.get(line, "")

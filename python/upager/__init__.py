@@ -51,10 +51,17 @@ process opens it again (a pager of its own, with the same budget)::
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         pool.starmap(work, [(a, lo, hi) for lo, hi in blocks])
 
-Several processes writing one file: keep each one's writes in folios no
-other process writes (4 KiB by default) until issue 21 item 2 lands;
-otherwise a write-back of a whole folio can overwrite another process's
-bytes in it.
+Several processes writing one file (or several arrays over it): no write
+is lost, wherever their blocks begin and end. Once a file is mapped
+writable more than once, upager keeps a copy (twin) of each folio at its
+first write and writes back only the bytes that changed (counters
+``twins_made``, ``diff_writebacks``); each process sees another's writes
+once that one has flushed and it reads the folio again
+(``Region.invalidate``).
+
+joblib: ``joblib.Parallel`` sends upager arrays the same way (workers map
+the file, nothing is copied), under its "loky" and "multiprocessing"
+backends; flush before the call for the workers to see your writes.
 
 Closing a region (or dropping the last array over it) behaves like munmap for
 other threads still using it: they see the right data or get SIGSEGV.

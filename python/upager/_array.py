@@ -40,19 +40,38 @@ class _Mapping:
     """What every array over one region shares: the region, whether the
     arrays were closed, and how it was opened (for pickling: ``path`` or
     ``store``, ``mode``, ``start`` the file offset of the region's first
-    byte, and the pager's options)."""
+    byte, and the pager's options; None when it cannot be opened again, as
+    for an open file that has no name). ``sync_dir``: the directory of a
+    file mode "w+" created, to fsync at the first flush (then None)."""
 
-    __slots__ = ("region", "closed", "opened", "__weakref__")
+    __slots__ = ("region", "closed", "opened", "sync_dir", "__weakref__")
 
-    def __init__(self, region: Region, opened: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, region: Region, opened: Optional[Dict[str, Any]] = None,
+                 sync_dir: Optional[str] = None) -> None:
         self.region = region
         self.closed = False
         self.opened = opened
+        self.sync_dir = sync_dir
+
+    def flush(self) -> None:
+        """The region's flush (write-back, fdatasync), then, the first time,
+        an fsync of the directory of a file "w+" created, so the file's
+        name is as durable as its data."""
+        self.region.flush()
+        d = self.sync_dir
+        if d is not None:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.sync_dir = None
 
 
-class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
-    """A numpy array whose memory is a upager region: ``numpy.memmap`` with
-    a hard memory budget.
+class PagedArray(np.memmap):  # type: ignore[type-arg,unused-ignore]
+    """A ``numpy.memmap`` whose memory is a upager region: numpy.memmap with
+    a hard memory budget (a subclass: ``isinstance(a, numpy.memmap)`` is
+    True).
 
     ``upager.memmap`` is this class; construct it with numpy.memmap's
     arguments, in numpy.memmap's order::
@@ -60,14 +79,18 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         a = upager.memmap("big.f64", dtype=np.float64, mode="r+", shape=(n,),
                           budget="256MiB")
 
-    filename: str, bytes, os.PathLike, or an open file (its ``name``).
-    dtype: default uint8. mode: "r" / "readonly", "r+" / "readwrite" (the
-    default), "w+" / "write" (create or overwrite; needs ``shape``), "c" /
-    "copyonwrite" (writable, the file never changes). offset: bytes, any
-    value. shape: int or tuple; None maps the rest of the file as a 1-D
-    array (its size must be a multiple of the dtype's). order: "C" or "F".
-    As with numpy.memmap, "r+" and "w+" extend a file shorter than
-    ``offset`` plus the array.
+    filename: str, bytes, os.PathLike, or an open file object (mapped
+    through its descriptor after its Python buffers are flushed, so a
+    ``TemporaryFile()`` works). dtype: default uint8. mode: "r" /
+    "readonly", "r+" / "readwrite" (the default), "w+" / "write" (create or
+    overwrite a named file; needs ``shape``), "c" / "copyonwrite"
+    (writable, the file never changes). offset: bytes, any value. shape:
+    int or sequence; None maps the rest of the file as a 1-D array (its
+    size must be a multiple of the dtype's). order: "C" or "F". As with
+    numpy.memmap, "r+" and "w+" extend a file shorter than ``offset`` plus
+    the array (to at least one byte), and an empty shape is allowed (mode
+    "r" and "c" of an empty file: ValueError, as numpy's "cannot mmap an
+    empty file").
 
     upager's own keywords: ``budget`` (bytes or a string like "256MiB";
     default 256 MiB), ``folio`` (default 4 KiB: a random access reads and
@@ -79,33 +102,37 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
     ``store`` (a dataset's URL instead of a file), and any option of
     :class:`Pager` (``batch``, ``readahead``, ``swap_dir``...).
 
-    Views (slices, ``.T``, ``reshape`` without a copy) are PagedArrays over
-    the same region; results that are new arrays (``copy()``, fancy
-    indexing, ``astype``, ``np.sort``, ufuncs, reductions) are plain ndarrays
-    or scalars and do not keep the region, as with numpy.memmap.
+    Result types are numpy.memmap's (numpy 2.x): views (slices, ``.T``,
+    ``reshape`` without a copy) are PagedArrays over the same region;
+    ufunc results, reductions along an axis and fancy indexing are plain
+    ndarrays, full reductions scalars; ``copy()``, ``astype``, ``np.sort``
+    and the like are PagedArrays that map nothing (``filename``,
+    ``offset``, ``mode`` and ``region`` None), as numpy.memmap's copies are
+    memmaps over nothing. Subclasses keep their class in every result, as
+    numpy.memmap's do. docs/numpy.md has the table.
 
     Processes: a fork child uses the arrays it inherited (a pager of its
     own, started before ``fork()`` returns there; mode "c" and dataset
     arrays excepted). Pickling (multiprocessing arguments under any start
-    method) sends where the array is: path or store URL, mode ("w+" as
-    "r+"), dtype, shape, strides, offset and the pager's options; unpickling
-    opens it again with a pager of its own. Mode "c" arrays pickle their
-    data, as numpy.memmap's do.
+    method, joblib) sends where the array is: path or store URL, mode ("w+"
+    as "r+"), dtype, shape, strides, offset and the pager's options;
+    unpickling opens it again with a pager of its own. Mode "c" arrays,
+    arrays over a file that has no name and arrays that map nothing pickle
+    their data, as numpy.memmap's do.
 
     Attributes: ``filename`` (absolute path; a resolved ``pathlib.Path``
-    when given one, as numpy.memmap; None for a store), ``offset``,
-    ``mode`` (the short name), ``region`` (the :class:`Region`; None once
-    closed or for arrays that are not views of one), ``closed``.
+    when given one, as numpy.memmap; None for a store, an unnamed file and
+    a copy), ``offset``, ``mode`` (the short name), ``region`` (the
+    :class:`Region`; None once closed or for arrays that are not views of
+    one), ``closed``; ``_mmap`` is the region (numpy.memmap's attribute,
+    which code that looks for mapped arrays checks), None for copies.
     """
 
-    filename: Union[str, pathlib.Path, None]
-    offset: int
-    mode: Optional[str]
+    filename: Union[str, pathlib.Path, None]  # type: ignore[assignment]
+    offset: Optional[int]  # type: ignore[assignment]
+    mode: Optional[str]  # type: ignore[assignment]
     _mapping: Optional[_Mapping]
-
-    # numpy.memmap's: results of mixed operations take the other operand's
-    # type.
-    __array_priority__ = -100.0
+    _mmap: Optional[Region]
 
     def __new__(
         cls,
@@ -113,7 +140,7 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         dtype: DTypeLike = np.uint8,
         mode: str = "r+",
         offset: int = 0,
-        shape: ShapeArg = None,
+        shape: Any = None,
         order: str = "C",
         *,
         budget: SizeArg = DEFAULT_BUDGET,
@@ -123,54 +150,58 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         **pager_options: Any,
     ) -> "PagedArray":
         if store is not None:
-            path = None
             if filename is not None:
                 raise ValueError(
                     f"give a filename or a store URL ({redact_url(store)}), not both: "
                     "pass None as the filename"
                 )
+            src = _Source(None)
         else:
-            path = _path(filename)
-        arr = _open(path, dtype, shape, mode, offset, order, budget, folio,
-                    fault_mode, store, pager_options)
-        if isinstance(filename, pathlib.Path):
-            arr.filename = filename.resolve()  # as numpy.memmap keeps it
+            src = _source(filename)
+        arr = _open(src, dtype, shape, mode, offset, order, budget, folio,
+                    fault_mode, store, pager_options, cls)
+        if isinstance(filename, os.PathLike):
+            # as numpy.memmap keeps it
+            arr.filename = pathlib.Path(os.fsdecode(filename)).resolve()
         return arr
 
-    # -- keeping the region only in views ---------------------------------
+    # -- numpy.memmap's result types ----------------------------------------
 
     def __array_finalize__(self, obj: Any) -> None:
         mapping = getattr(obj, "_mapping", None)
         if mapping is not None and np.may_share_memory(self, obj):
             self._mapping = mapping
+            self._mmap = mapping.region
             self.filename = obj.filename
             self.offset = obj.offset
             self.mode = obj.mode
         else:
             self._mapping = None
+            self._mmap = None
             self.filename = None
-            self.offset = 0
+            self.offset = None
             self.mode = None
 
     def __array_wrap__(self, arr: Any, context: Any = None,
                        return_scalar: bool = False) -> Any:
+        # numpy.memmap's rule: a ufunc's output given as out= stays as it
+        # is; other results of ufuncs and reductions are plain ndarrays or
+        # scalars, except for subclasses, which keep their class.
         if _NUMPY2:
-            arr = super().__array_wrap__(arr, context, return_scalar)
-        else:  # numpy 1.x: no return_scalar
-            arr = super().__array_wrap__(arr, context)
-        if isinstance(arr, PagedArray) and arr._mapping is None:
-            # numpy 2 says when a scalar is wanted; numpy 1.x hands 0-d
-            # results of reductions over here (numpy.memmap's rule).
-            if return_scalar or (not _NUMPY2 and arr.shape == ()):
-                return arr[()]
-            return arr.view(np.ndarray)
-        return arr
-
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        return _plain(super().__array_function__(func, types, args, kwargs))
+            arr = np.ndarray.__array_wrap__(self, arr, context, return_scalar)
+        else:  # numpy 1.x: no return_scalar; 0-d results come here
+            arr = np.ndarray.__array_wrap__(self, arr, context)
+        if self is arr or type(self) is not PagedArray:
+            return arr
+        if return_scalar or (not _NUMPY2 and arr.shape == ()):
+            return arr[()]
+        return arr.view(np.ndarray)
 
     def __getitem__(self, index: Any) -> Any:
-        return _plain(super().__getitem__(index))
+        res = np.ndarray.__getitem__(self, index)
+        if type(res) is PagedArray and res._mapping is None:
+            return res.view(np.ndarray)  # fancy indexing: a copy
+        return res
 
     def __reduce__(self) -> Any:
         return self.__reduce_ex__(2)
@@ -211,7 +242,7 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
             return
         if m.closed:
             raise ValueError("the array is closed: flush() before close()")
-        m.region.flush()
+        m.flush()
 
     def close(self) -> None:
         """Flushes changes (modes "r+" and "w+"), evicts every resident page
@@ -229,7 +260,7 @@ class PagedArray(np.ndarray):  # type: ignore[type-arg,unused-ignore]
         if m is None or m.closed:
             return
         if self.mode in ("r+", "w+"):
-            m.region.flush()
+            m.flush()
         m.region.pageout()
         m.closed = True
         self.flags.writeable = False
@@ -307,55 +338,20 @@ def _spec(a: PagedArray) -> Optional[Dict[str, Any]]:
 def _reopen(spec: Dict[str, Any]) -> PagedArray:
     """Unpickles a PagedArray: maps the bytes it spans again (a pager of
     its own, with the same options) and views them as it did."""
-    flat = _open(spec["path"], np.uint8, (spec["nbytes"],), spec["mode"], spec["low"],
-                 "C", spec["budget"], spec["folio"], spec["fault_mode"], spec["store"],
-                 dict(spec["options"]))
-    arr = np.ndarray(spec["shape"], dtype=spec["dtype"], buffer=flat,
-                     offset=spec["first"], strides=spec["strides"])
+    flat = _open(_Source(spec["path"]), np.uint8, (spec["nbytes"],), spec["mode"],
+                 spec["low"], "C", spec["budget"], spec["folio"], spec["fault_mode"],
+                 spec["store"], dict(spec["options"]))
+    out = np.ndarray.__new__(PagedArray, spec["shape"], dtype=spec["dtype"], buffer=flat,
+                             offset=spec["first"], strides=spec["strides"])
     if spec["mode"] == "r":
-        arr.flags.writeable = False
-    out = cast(PagedArray, arr.view(PagedArray))
+        out.flags.writeable = False
     out._mapping = flat._mapping
+    out._mmap = flat._mmap
     out.filename = spec["filename"]
     out.offset = spec["offset"]
     out.mode = spec["mode"]
     return out
 
-
-def _plain(res: Any) -> Any:
-    """`res` with every PagedArray that is not a view of a region turned
-    into a plain ndarray (tuples and lists of results too)."""
-    if isinstance(res, PagedArray):
-        return res.view(np.ndarray) if res._mapping is None else res
-    if isinstance(res, tuple):
-        return tuple(_plain(r) for r in res)
-    if isinstance(res, list):
-        return [_plain(r) for r in res]
-    return res
-
-
-def _plain_method(name: str) -> Any:
-    base = getattr(np.ndarray, name)
-
-    def method(self: PagedArray, *args: Any, **kwargs: Any) -> Any:
-        return _plain(base(self, *args, **kwargs))
-
-    method.__name__ = name
-    method.__qualname__ = f"PagedArray.{name}"
-    method.__doc__ = base.__doc__
-    return method
-
-
-# ndarray methods that return new arrays (or, like ravel and reshape,
-# sometimes views): their copies come back as plain ndarrays.
-for _name in ("copy", "astype", "flatten", "ravel", "reshape", "repeat", "take",
-              "compress", "choose", "diagonal", "squeeze", "transpose",
-              "swapaxes", "argsort", "argpartition", "nonzero", "searchsorted",
-              "dot", "round", "conj", "conjugate", "byteswap", "newbyteorder",
-              "__copy__", "__deepcopy__"):
-    if hasattr(np.ndarray, _name):
-        setattr(PagedArray, _name, _plain_method(_name))
-del _name
 
 #: ``upager.memmap(filename, dtype, mode, offset, shape, order, *, budget)``:
 #: numpy.memmap's twin (the class of the arrays it returns).
@@ -388,6 +384,47 @@ def _path(filename: Any) -> str:
             "filename must be a str, bytes or os.PathLike path or an open file, "
             f"not {type(filename).__name__}"
         ) from None
+
+
+class _Source:
+    """A file to map: ``path`` to open (its name, or /proc/self/fd/N for an
+    open file object), ``name`` (absolute, for ``filename`` and pickling;
+    None for a file object without one, like ``TemporaryFile()``) and the
+    file object if one was given."""
+
+    __slots__ = ("path", "name", "fileobj")
+
+    def __init__(self, path: Optional[str], name: Optional[str] = None,
+                 fileobj: Any = None) -> None:
+        self.path = path
+        self.name = name if name is not None or path is None or fileobj is not None \
+            else os.path.abspath(path)
+        self.fileobj = fileobj
+
+
+def _source(filename: Any) -> _Source:
+    """A filename or open file as numpy.memmap takes it. An open file is
+    mapped through its descriptor (so a file without a name works), after
+    moving to its end as numpy.memmap does, which flushes what Python still
+    buffers."""
+    if isinstance(filename, (str, bytes, os.PathLike)) or not (
+            hasattr(filename, "read") or hasattr(filename, "fileno")):
+        return _Source(_path(filename))
+    try:
+        fd = filename.fileno()
+    except (AttributeError, OSError, ValueError) as e:
+        raise TypeError(
+            f"{type(filename).__name__} has no file descriptor to map ({e}): give a "
+            "path or a file object of a real file") from None
+    if hasattr(filename, "seek"):
+        filename.seek(0, 2)  # numpy.memmap does this; it flushes Python's buffer
+    elif hasattr(filename, "flush"):
+        filename.flush()
+    name = getattr(filename, "name", None)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    named = os.path.abspath(name) if isinstance(name, str) else None
+    return _Source(f"/proc/self/fd/{fd}", named, filename)
 
 
 def _mode(mode: Any) -> str:
@@ -463,16 +500,16 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
             raise ValueError(
                 f"give a path or a store URL ({redact_url(store)}), not both: "
                 "pass None as the path")
-        fpath = None
+        src = _Source(None)
     else:
-        fpath = _path(path)
-    return _open(fpath, dtype, shape, mode, offset, order, budget, folio, fault_mode,
+        src = _source(path)
+    return _open(src, dtype, shape, mode, offset, order, budget, folio, fault_mode,
                  store, pager_options)
 
 
-def _open(path: Optional[str], dtype: DTypeLike, shape: Any, mode: Any, offset: Any,
+def _open(src: _Source, dtype: DTypeLike, shape: Any, mode: Any, offset: Any,
           order: Any, budget: Any, folio: Any, fault_mode: Any, store: Optional[str],
-          pager_options: Dict[str, Any]) -> PagedArray:
+          pager_options: Dict[str, Any], cls: type = PagedArray) -> PagedArray:
     mode = _mode(mode)
     if order not in ("C", "F"):
         raise ValueError(f'order must be "C" or "F", got {order!r}')
@@ -488,23 +525,37 @@ def _open(path: Optional[str], dtype: DTypeLike, shape: Any, mode: Any, offset: 
     if mode == "w+" and dims is None:
         raise ValueError('mode "w+" needs a shape: it creates the file to hold the array')
     pager = Pager(budget=budget, folio=folio, fault_mode=fault_mode, **pager_options)
+    sync_dir = None
+    region: Optional[Region]
     try:
         if store is not None:
             region, dims = _map_store(pager, store, dt, dims, mode, offset)
             name = None
         else:
-            assert path is not None
-            region, dims = _map_file(pager, path, dt, dims, mode, offset)
-            name = os.path.abspath(path)
+            region, dims, sync_dir = _map_file(pager, src, dt, dims, mode, offset)
+            name = src.name
     finally:
         pager.close()  # the region keeps the pager's threads alive
-    count = _nbytes(dims, dt) // dt.itemsize
+    if region is None:  # an empty array: no bytes to map, as numpy.memmap allows
+        arr = cast(PagedArray, np.ndarray.__new__(cls, dims, dtype=dt, order=order))
+        if mode == "r":
+            arr.flags.writeable = False
+        arr.filename = name
+        arr.offset = offset
+        arr.mode = mode
+        return arr
     delta = offset % region.folio
-    flat = np.frombuffer(memoryview(region), dtype=dt, count=count, offset=delta)
-    arr = cast(PagedArray, flat.reshape(dims, order=order).view(PagedArray))
-    opened = dict(path=path, store=store, start=offset - delta, budget=budget,
-                  folio=folio, fault_mode=fault_mode, options=dict(pager_options))
-    arr._mapping = _Mapping(region, opened)
+    # The array's base is a memoryview of the region (not another array), so
+    # numpy stops there: np.asarray(a).base is a, as for numpy.memmap.
+    arr = cast(PagedArray, np.ndarray.__new__(cls, dims, dtype=dt, buffer=memoryview(region),
+                                              offset=delta, order=order))
+    path = src.path if src.fileobj is None else src.name
+    opened = None
+    if path is not None or store is not None:
+        opened = dict(path=path, store=store, start=offset - delta, budget=budget,
+                      folio=folio, fault_mode=fault_mode, options=dict(pager_options))
+    arr._mapping = _Mapping(region, opened, sync_dir)
+    arr._mmap = region
     arr.filename = name
     arr.offset = offset
     arr.mode = mode
@@ -532,12 +583,20 @@ def _check_nonempty(dims: Tuple[int, ...], dt: np.dtype) -> int:  # type: ignore
     return nbytes
 
 
-def _map_file(pager: Pager, path: str, dt: np.dtype, dims: Optional[Tuple[int, ...]],  # type: ignore[type-arg,unused-ignore]
-              mode: str, offset: int) -> Tuple[Region, Tuple[int, ...]]:
+def _map_file(pager: Pager, src: _Source, dt: np.dtype,  # type: ignore[type-arg,unused-ignore]
+              dims: Optional[Tuple[int, ...]], mode: str, offset: int
+              ) -> Tuple[Optional[Region], Tuple[int, ...], Optional[str]]:
+    """The region of the array (None for an empty one), its shape, and the
+    directory to fsync at the first flush (of a file "w+" created)."""
+    path = src.path
+    assert path is not None
+    sync_dir = None
     if mode == "w+":
         assert dims is not None
-        with open(path, "w+b") as f:
-            f.truncate(offset + _nbytes(dims, dt))
+        if src.fileobj is None:  # numpy.memmap truncates a named file, not an open one
+            with open(path, "w+b") as f:
+                f.truncate(max(offset + _nbytes(dims, dt), 1))
+            sync_dir = os.path.dirname(os.path.abspath(path))
         mode = "r+"
     if dims is None:
         size = os.stat(path).st_size
@@ -547,17 +606,23 @@ def _map_file(pager: Pager, path: str, dt: np.dtype, dims: Optional[Tuple[int, .
             probe = pager.map_file(path, mode="r" if mode == "r" else "r+")
             size = len(probe)
             probe.close()
-        dims = _size_from_file(size, dt, offset, path)
-    nbytes = _check_nonempty(dims, dt)
-    if mode == "r+" and stat.S_ISREG(os.stat(path).st_mode):
-        size = os.stat(path).st_size
-        if size < offset + nbytes:  # numpy.memmap extends the file too
-            with open(path, "r+b") as f:
-                f.truncate(offset + nbytes)
+        dims = _size_from_file(size, dt, offset, src.name or path)
+    nbytes = _nbytes(dims, dt)
+    st = os.stat(path)
+    if mode == "r+" and stat.S_ISREG(st.st_mode):
+        # numpy.memmap extends the file too (to one byte at least)
+        if st.st_size < max(offset + nbytes, 1):
+            os.truncate(path, max(offset + nbytes, 1))
+    elif nbytes == 0 and stat.S_ISREG(st.st_mode) and st.st_size == 0:
+        raise ValueError(f"cannot map an empty file ({src.name or path} has no bytes): "
+                         'an empty array of mode "r" or "c" needs a file of one byte '
+                         "at least, as for numpy.memmap")
+    if nbytes == 0:
+        return None, dims, sync_dir
     start = offset - offset % pager.folio  # regions start at a folio boundary
     region = pager.map_file(path, mode=cast(Literal["r", "r+", "c"], mode), offset=start,
                             length=offset - start + nbytes)
-    return region, dims
+    return region, dims, sync_dir
 
 
 def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, ...]],  # type: ignore[type-arg,unused-ignore]

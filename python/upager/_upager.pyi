@@ -10,6 +10,7 @@ _Size = Union[int, str]
 _Path = Union[str, "os.PathLike[str]"]
 _Mode = Literal["r", "r+", "c"]
 _FaultMode = Literal["handlers", "in-thread"]
+_Warm = Literal["off", "auto", "record"]
 _State = Literal["resident_clean", "resident_dirty", "evicted", "never_touched", "busy"]
 
 __version__: str
@@ -37,6 +38,7 @@ class Pager:
         dirty_expire: Optional[float] = None,
         huge_runs: bool = False,
         readahead_async: bool = True,
+        warm: Optional[_Warm] = None,
     ) -> None: ...
     def map_file(
         self,
@@ -46,6 +48,7 @@ class Pager:
         length: Optional[_Size] = None,
         *,
         folio: Optional[_Size] = None,
+        warm: Optional[_Warm] = None,
     ) -> Region: ...
     def map_store(
         self,
@@ -55,6 +58,7 @@ class Pager:
         length: Optional[_Size] = None,
         *,
         folio: Optional[_Size] = None,
+        warm: Optional[_Warm] = None,
     ) -> Region: ...
     def anonymous(
         self, size: _Size, *, folio: Optional[_Size] = None, store: Optional[str] = None

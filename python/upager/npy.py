@@ -8,18 +8,31 @@ mmap_mode="r")``, but paged under a hard memory budget.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+import io
+import os
+import pathlib
+from typing import Any, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 from numpy.lib import format as npformat
 from numpy.typing import DTypeLike
 
-from ._array import DEFAULT_BUDGET, MODES, PagedArray, SizeArg, _path, _shape
+from ._array import (DEFAULT_BUDGET, MODES, PagedArray, SizeArg, _path, _shape, _Source,
+                     _source, _open)
+
+try:  # numpy 2
+    from numpy.lib._format_impl import _write_array_header  # type: ignore[attr-defined,unused-ignore]
+except ImportError:  # numpy 1.x
+    _write_array_header = npformat._write_array_header  # type: ignore[attr-defined,unused-ignore]
 
 __all__ = ["load", "open_npy", "read_header"]
 
 _ZIP_MAGIC = b"PK\x03\x04"
+_ZIP_EMPTY = b"PK\x05\x06"  # an empty zip archive starts with this
 
+#: numpy.load, untyped: it takes what numpy's stubs do not list (mmap_mode
+#: long names, any encoding string) and returns what it read.
+_np_load: Any = np.load
 
 #: numpy.load's default limit on the header's length (its ``max_header_size``).
 MAX_HEADER_SIZE = 10000
@@ -33,45 +46,87 @@ def read_header(path: Any, max_header_size: int = MAX_HEADER_SIZE
     ``max_header_size`` (numpy.load's limit and default)."""
     name = _path(path)
     with open(name, "rb") as f:
-        magic = f.read(len(_ZIP_MAGIC))
-        if magic == _ZIP_MAGIC:
-            raise ValueError(
-                f"{name} is an .npz archive (a zip of .npy files), which cannot be "
-                "mapped: extract its members (or save them with numpy.save) and "
-                "load each .npy"
-            )
-        f.seek(0)
-        try:
-            version = npformat.read_magic(f)
-        except ValueError as e:
-            raise ValueError(f"{name} is not an .npy file ({e})") from None
-        if version == (1, 0):
-            shape, fortran_order, dtype = npformat.read_array_header_1_0(
-                f, max_header_size=max_header_size)
-        else:  # (2, 0) and (3, 0): a 4-byte header length
-            shape, fortran_order, dtype = npformat.read_array_header_2_0(
-                f, max_header_size=max_header_size)
-        offset = f.tell()
+        return _read_header(f, name, max_header_size)
+
+
+def _read_header(f: Any, name: str, max_header_size: int
+                 ) -> Tuple[Tuple[int, ...], bool, np.dtype, int]:  # type: ignore[type-arg,unused-ignore]
+    start = f.tell()
+    magic = f.read(len(_ZIP_MAGIC))
+    if magic in (_ZIP_MAGIC, _ZIP_EMPTY):
+        raise ValueError(
+            f"{name} is an .npz archive (a zip of .npy files), which cannot be "
+            "mapped as one array: upager.load(path) gives numpy.load's NpzFile"
+        )
+    f.seek(start)
+    try:
+        version = npformat.read_magic(f)
+    except ValueError as e:
+        raise ValueError(f"{name} is not an .npy file ({e})") from None
+    if version == (1, 0):
+        shape, fortran_order, dtype = npformat.read_array_header_1_0(
+            f, max_header_size=max_header_size)
+    else:  # (2, 0) and (3, 0): a 4-byte header length
+        shape, fortran_order, dtype = npformat.read_array_header_2_0(
+            f, max_header_size=max_header_size)
+    offset = f.tell()
     if dtype.hasobject:
         raise ValueError(
-            f"{name} holds Python objects (dtype {dtype}), which cannot be mapped: "
-            "use numpy.load(path, allow_pickle=True)"
+            f"Array can't be memory-mapped: Python objects in dtype ({name}, dtype "
+            f"{dtype}): use numpy.load(path, allow_pickle=True)"
         )
     return tuple(shape), bool(fortran_order), dtype, offset
 
 
-def load(file: Any, mmap_mode: Optional[str] = "r", *, budget: SizeArg = DEFAULT_BUDGET,
-         max_header_size: int = MAX_HEADER_SIZE, folio: Optional[SizeArg] = None,
-         fault_mode: Optional[str] = None, **pager_options: Any) -> PagedArray:
-    """Opens an .npy file as a :class:`PagedArray` under a hard budget: what
-    ``numpy.load(file, mmap_mode=...)`` does with numpy.memmap.
+def _kind(file: Any) -> str:
+    """What `file` (a path or an open file, at its position) holds, as
+    numpy.load tells: "npy", "npz" or "other" (a pickle, or nothing)."""
+    if isinstance(file, (str, bytes, os.PathLike)):
+        with open(file, "rb") as f:
+            magic = f.read(len(npformat.MAGIC_PREFIX))
+    else:
+        pos = file.tell()
+        magic = file.read(len(npformat.MAGIC_PREFIX))
+        file.seek(pos)
+    if magic.startswith((_ZIP_MAGIC, _ZIP_EMPTY)):
+        return "npz"
+    return "npy" if magic == npformat.MAGIC_PREFIX else "other"
 
-    mmap_mode: "r" (the default), "r+" (changes reach the file) or "c"
-    (copy-on-write), or their long names. ``None`` (numpy.load's default:
-    read it all into memory) is refused: that is ``numpy.load(file)``.
-    The array's shape, dtype and order are the header's; ``max_header_size``
-    is numpy.load's. Other keywords as for :data:`upager.memmap`
-    (``budget``, ``fault_mode``...).
+
+@overload
+def load(file: Any, mmap_mode: str = "r", allow_pickle: Literal[False] = False,
+         fix_imports: bool = True, encoding: str = "ASCII", *,
+         max_header_size: int = MAX_HEADER_SIZE, budget: SizeArg = DEFAULT_BUDGET,
+         folio: Optional[SizeArg] = None, fault_mode: Optional[str] = None,
+         **pager_options: Any) -> Union[PagedArray, "np.lib.npyio.NpzFile[np.generic[object]]"]: ...
+@overload
+def load(file: Any, mmap_mode: Optional[str] = "r", allow_pickle: bool = False,
+         fix_imports: bool = True, encoding: str = "ASCII", *,
+         max_header_size: int = MAX_HEADER_SIZE, budget: SizeArg = DEFAULT_BUDGET,
+         folio: Optional[SizeArg] = None, fault_mode: Optional[str] = None,
+         **pager_options: Any) -> Any: ...
+def load(file: Any, mmap_mode: Optional[str] = "r", allow_pickle: bool = False,
+         fix_imports: bool = True, encoding: str = "ASCII", *,
+         max_header_size: int = MAX_HEADER_SIZE, budget: SizeArg = DEFAULT_BUDGET,
+         folio: Optional[SizeArg] = None, fault_mode: Optional[str] = None,
+         **pager_options: Any) -> Any:
+    """``numpy.load`` that maps .npy files as :class:`PagedArray` under a
+    hard budget, where numpy.load(file, mmap_mode=...) maps them with
+    numpy.memmap.
+
+    mmap_mode: "r" (the default; numpy.load's is None), "r+" (changes reach
+    the file) or "c" (copy-on-write), or their long names: an .npy file is
+    mapped (the header's shape, dtype and order). None: numpy.load itself
+    (the array read into memory; no budget). As numpy.load does whatever
+    the mode, an .npz archive gives numpy's ``NpzFile`` (members read into
+    memory when accessed) and a pickle is loaded only with
+    ``allow_pickle=True``. ``allow_pickle``, ``fix_imports``, ``encoding``
+    and ``max_header_size`` are numpy.load's (``allow_pickle=True`` lifts
+    the header limit, as numpy.load does). ``file``: a path, or an open
+    file of a real file (mapped through its descriptor, its data after the
+    header at the file's position; the file is left after the array, as
+    numpy.load leaves it). Other keywords as for
+    :data:`upager.memmap` (``budget``, ``fault_mode``...).
     """
     if isinstance(mmap_mode, str) and "://" in mmap_mode:
         raise TypeError(
@@ -79,11 +134,9 @@ def load(file: Any, mmap_mode: Optional[str] = "r", *, budget: SizeArg = DEFAULT
             "upload a file to a store as a dataset use "
             f"upager.upload_dataset(path, {mmap_mode!r})"
         )
-    if mmap_mode is None:
-        raise ValueError(
-            "mmap_mode=None reads the whole file into memory: use numpy.load(file) "
-            'for that; upager.load maps it with mmap_mode "r", "r+" or "c"'
-        )
+    if not mmap_mode:  # numpy.load's test: None (and "") read into memory
+        return _np_load(file, mmap_mode, allow_pickle, fix_imports, encoding,
+                       max_header_size=max_header_size)
     mode = MODES.get(mmap_mode) if isinstance(mmap_mode, str) else None
     if mode == "w+":
         raise ValueError(
@@ -93,10 +146,43 @@ def load(file: Any, mmap_mode: Optional[str] = "r", *, budget: SizeArg = DEFAULT
     if mode is None:
         raise ValueError(
             f'mmap_mode must be "r", "r+" or "c" (or their long names), got {mmap_mode!r}')
-    name = _path(file)
-    shape, fortran_order, dtype, offset = read_header(name, max_header_size)
-    return _map(name, dtype, mode, offset, shape, fortran_order, budget, folio, fault_mode,
-                pager_options)
+    if not isinstance(file, (str, bytes, os.PathLike)) and not hasattr(file, "read"):
+        _path(file)  # the TypeError naming what a file can be
+    if _kind(file) != "npy":
+        return _np_load(file, mmap_mode, allow_pickle, fix_imports, encoding,
+                       max_header_size=max_header_size)
+    if allow_pickle:
+        max_header_size = 2**64  # numpy.load: a trusted file has no header limit
+    if isinstance(file, (str, bytes, os.PathLike)):
+        name = _path(file)
+        shape, fortran_order, dtype, offset = read_header(name, max_header_size)
+        src = _Source(name)
+    else:
+        src = _source_at(file)
+        shape, fortran_order, dtype, offset = _read_header(
+            file, src.name or "the file", max_header_size)
+    arr = _map(src, dtype, mode, offset, shape, fortran_order, budget, folio, fault_mode,
+               pager_options)
+    if src.fileobj is not None:  # after the array, as numpy.load(f) leaves it
+        file.seek(offset + arr.nbytes)
+    if isinstance(file, os.PathLike):
+        arr.filename = pathlib.Path(os.fsdecode(file)).resolve()  # as numpy.memmap
+    return arr
+
+
+def _source_at(f: Any) -> _Source:
+    """An open file to map, leaving its position where it is."""
+    try:
+        f.fileno()
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        raise ValueError(
+            f"{type(f).__name__} is no file on disk, which cannot be mapped: give a "
+            "path, a file object of a real file, or mmap_mode=None") from None
+    pos = f.tell()
+    try:
+        return _source(f)
+    finally:
+        f.seek(pos)
 
 
 def open_npy(filename: Any, mode: str = "r+", dtype: Optional[DTypeLike] = None,
@@ -110,56 +196,62 @@ def open_npy(filename: Any, mode: str = "r+", dtype: Optional[DTypeLike] = None,
     sparse until written), as a :class:`PagedArray` under a hard budget.
 
     Modes as for :func:`load`, plus "w+" (which overwrites ``filename``).
-    ``version``: the .npy format version to write, (1, 0) or (2, 0); None
-    picks the oldest that holds the header, as numpy does.
+    ``version``: the .npy format version to write, (1, 0), (2, 0) or
+    (3, 0); None picks the oldest that holds the header, with numpy's
+    UserWarning when that is not 1.0. A request that cannot be met (a bad
+    version, dtype or shape) raises before the file is touched, and a file
+    "w+" wrote is removed if it cannot be mapped: nothing is left half done.
+    The first ``flush()`` also fsyncs the directory, so the new file's
+    name is as durable as its data.
     """
-    name = _path(filename)
     m = MODES.get(mode) if isinstance(mode, str) else None
     if m is None:
         raise ValueError(
             f'mode must be "r", "r+", "w+" or "c" (or their long names), got {mode!r}')
-    if m != "w+":
-        return load(name, m, budget=budget, max_header_size=max_header_size, folio=folio,
-                    fault_mode=fault_mode, **pager_options)
+    if m != "w+":  # numpy's open_memmap reads .npy files only
+        name = _path(filename)
+        shape, fortran_order, dt, offset = read_header(name, max_header_size)
+        return _map(_Source(name), dt, m, offset, shape, fortran_order, budget, folio,
+                    fault_mode, pager_options)
+    name = _path(filename)
+    if version not in ((1, 0), (2, 0), (3, 0), None):
+        raise ValueError(f"version must be (1, 0), (2, 0), (3, 0) or None, got {version!r}")
     if dtype is None or shape is None:
         raise ValueError('mode "w+" needs a dtype and a shape: it creates the file')
     dt = np.dtype(dtype)
     if dt.hasobject:
-        raise ValueError(f"dtype {dt} holds Python objects, which cannot be mapped")
+        raise ValueError("Array can't be memory-mapped: Python objects in dtype "
+                         f"{dt}")
     dims = _shape(shape)
     assert dims is not None
     header = {"descr": npformat.dtype_to_descr(dt), "fortran_order": bool(fortran_order),
               "shape": dims}
+    buf = io.BytesIO()  # the header first, so a bad request touches no file
+    _write_array_header(buf, header, version)
     count = 1
     for d in dims:
         count *= d
     with open(name, "wb") as f:
-        if version == (1, 0):
-            npformat.write_array_header_1_0(f, header)
-        elif version == (2, 0):
-            npformat.write_array_header_2_0(f, header)
-        elif version is None:
-            try:
-                npformat.write_array_header_1_0(f, header)
-            except ValueError:  # too big for version 1.0
-                f.seek(0)
-                f.truncate()
-                npformat.write_array_header_2_0(f, header)
-        else:
-            raise ValueError(f"version must be (1, 0), (2, 0) or None, got {version!r}")
+        f.write(buf.getvalue())
         offset = f.tell()
         f.truncate(offset + count * dt.itemsize)
-    arr = _map(name, dt, "r+", offset, dims, fortran_order, budget, folio, fault_mode,
-               pager_options)
+    try:
+        arr = _map(_Source(name), dt, "r+", offset, dims, fortran_order, budget, folio,
+                   fault_mode, pager_options, created=True)
+    except BaseException:
+        os.unlink(name)
+        raise
     arr.mode = "w+"
+    if isinstance(filename, os.PathLike):
+        arr.filename = pathlib.Path(os.fsdecode(filename)).resolve()  # as numpy.memmap
     return arr
 
 
-def _map(name: str, dtype: np.dtype, mode: str, offset: int, shape: Tuple[int, ...],  # type: ignore[type-arg,unused-ignore]
-         fortran_order: bool, budget: Any, folio: Any, fault_mode: Any,
-         pager_options: Any) -> PagedArray:
-    if int(np.prod(shape, dtype=np.int64)) == 0:
-        raise ValueError(f"{name} holds an empty array (shape {shape}): nothing to map; "
-                         "numpy.load reads it")
-    return PagedArray(name, dtype, mode, offset, shape, "F" if fortran_order else "C",
-                      budget=budget, folio=folio, fault_mode=fault_mode, **pager_options)
+def _map(src: _Source, dtype: np.dtype, mode: str, offset: int,  # type: ignore[type-arg,unused-ignore]
+         shape: Tuple[int, ...], fortran_order: bool, budget: Any, folio: Any,
+         fault_mode: Any, pager_options: Any, created: bool = False) -> PagedArray:
+    arr = _open(src, dtype, shape, mode, offset, "F" if fortran_order else "C", budget,
+                folio, fault_mode, None, pager_options)
+    if created and arr._mapping is not None:
+        arr._mapping.sync_dir = os.path.dirname(os.path.abspath(src.path or "."))
+    return arr

@@ -98,6 +98,7 @@ pub use env::{
 pub use latency::{Histogram, LatencySummary};
 pub use measurement::{Measurement, Metric};
 pub use numpy_engine::NumpyEngine;
+pub use pattern::{create_pattern_file, evict_file};
 pub use report::{plot, Report, ReportError};
 pub use scenario::{
     DataFile, DataKind, ParseDataKindError, ParseScenarioError, Phase, Scenario, ScenarioParams,

@@ -252,6 +252,15 @@ void upager_destroy(upager_t *pager);
 #define UPAGER_MAP_WRITE 1u /* read-write: writes reach the file on eviction
                                and on upager_flush(). Default read-only
                                (writes raise SIGSEGV). */
+#define UPAGER_MAP_WARM 2u  /* warm start (files only): replay the trace
+                               beside the file (FILE.upager-trace) as
+                               prefetch if it matches the file as it is
+                               now, else record the order folios are first
+                               needed and write it there at unmap.
+                               Counters replay_reads, replay_hits,
+                               replay_wasted. */
+#define UPAGER_MAP_WARM_RECORD 4u /* warm start: always record a new trace
+                               (with or without UPAGER_MAP_WARM). */
 
 /* Region options. Always initialise with upager_map_options_init(). */
 struct upager_map_options {

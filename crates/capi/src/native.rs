@@ -87,6 +87,12 @@ pub struct upager_map_options {
 
 /// `UPAGER_MAP_WRITE`: map read-write (writes reach the file).
 pub const UPAGER_MAP_WRITE: u32 = 1;
+/// `UPAGER_MAP_WARM`: a warm start (`WarmStart::Auto`).
+pub const UPAGER_MAP_WARM: u32 = 2;
+/// `UPAGER_MAP_WARM_RECORD`: record a new trace (`WarmStart::Record`).
+pub const UPAGER_MAP_WARM_RECORD: u32 = 4;
+/// Every map flag.
+const MAP_FLAGS: u32 = UPAGER_MAP_WRITE | UPAGER_MAP_WARM | UPAGER_MAP_WARM_RECORD;
 /// `UPAGER_UNMAP_FORCE`: unmap even if writing dirty data back fails.
 pub const UPAGER_UNMAP_FORCE: u32 = 1;
 /// `UPAGER_FAULT_IN_WRITE`: `upager_fault_in` as write faults (dirty).
@@ -462,15 +468,23 @@ unsafe fn map_opts(
         std::mem::size_of::<upager_map_options>(),
         "upager_map_options",
     )?;
-    if o.flags & !UPAGER_MAP_WRITE != 0 {
+    if o.flags & !MAP_FLAGS != 0 {
         return Err(Failure::inval(format!(
             "unknown map flags {:#x}",
-            o.flags & !UPAGER_MAP_WRITE
+            o.flags & !MAP_FLAGS
         )));
     }
+    let warm = if o.flags & UPAGER_MAP_WARM_RECORD != 0 {
+        engine::WarmStart::Record
+    } else if o.flags & UPAGER_MAP_WARM != 0 {
+        engine::WarmStart::Auto
+    } else {
+        engine::WarmStart::Off
+    };
     let mut m = MapOptions::new()
         .writable(o.flags & UPAGER_MAP_WRITE != 0)
-        .offset(o.offset);
+        .offset(o.offset)
+        .warm(warm);
     if o.folio != 0 {
         m = m.folio(o.folio);
     }

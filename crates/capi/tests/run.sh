@@ -42,6 +42,7 @@ build store_ops "$SRC/store_ops.c" $(pkg-config --cflags --libs upager) $RPATH
 build footprint "$SRC/footprint.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build store_redis "$SRC/store_redis.c" $(pkg-config --cflags --libs upager) $RPATH
 build dirty_expire "$SRC/dirty_expire.c" $(pkg-config --cflags --libs upager) $RPATH
+build warm "$SRC/warm.c" $(pkg-config --cflags --libs upager) $RPATH
 build writers "$SRC/writers.c" $(pkg-config --cflags --libs upager) $RPATH
 build huge_runs "$SRC/huge_runs.c" $(pkg-config --cflags --libs upager) $RPATH
 build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
@@ -84,6 +85,9 @@ run "$OUT/stat_names"
 # Readers racing an unmap (issue 20): right data or SIGSEGV, never SIGBUS.
 run "$OUT/unmap_race"
 run "$OUT/dirty_expire"
+# Warm starts (issue 32): record, replay, record anew; both fault modes.
+run env UPAGER_FAULT_MODE=handlers "$OUT/warm"
+run env UPAGER_FAULT_MODE=in-thread "$OUT/warm"
 # fork (issue 21): children and a grandchild use the inherited region.
 run env UPAGER_FAULT_MODE=handlers "$OUT/fork"
 run env UPAGER_FAULT_MODE=in-thread "$OUT/fork"

@@ -15,6 +15,7 @@ mod datasets;
 mod demo;
 mod load;
 mod stat;
+mod trace;
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +48,9 @@ enum Cmd {
     /// Delete a dataset (complete or not) from a Redis Cluster
     /// (redis-cluster://HOST:PORT/NAME).
     Delete(datasets::DeleteArgs),
+    /// Show the warm-start trace beside a file (FILE.upager-trace): how many
+    /// folios it holds, and whether a map would replay it now.
+    Trace(trace::TraceArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Load(a) => load::run(&a),
         Cmd::List(a) => datasets::list(&a),
         Cmd::Delete(a) => datasets::delete(&a),
+        Cmd::Trace(a) => trace::run(&a),
     };
     if let Err(e) = res {
         eprintln!("upager: {e}");
@@ -200,7 +205,7 @@ mod tests {
             Ok(match parse(&args)?.cmd {
                 Cmd::Demo(a) => a.fault_mode,
                 Cmd::Stat(a) => a.fault_mode,
-                Cmd::Bench(_) | Cmd::Load(_) | Cmd::List(_) | Cmd::Delete(_) => {
+                Cmd::Bench(_) | Cmd::Load(_) | Cmd::List(_) | Cmd::Delete(_) | Cmd::Trace(_) => {
                     unreachable!("no --fault-mode there")
                 }
             })

@@ -158,14 +158,14 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
-fn texts(v: &Value) -> Vec<String> {
+pub(crate) fn texts(v: &Value) -> Vec<String> {
     match v {
         Value::Array(a) => a.iter().map(|x| text(x).unwrap_or_default()).collect(),
         v => text(v).into_iter().collect(),
     }
 }
 
-fn bad_reply(what: &str, v: &Value) -> io::Error {
+pub(crate) fn bad_reply(what: &str, v: &Value) -> io::Error {
     io::Error::other(format!("redis: unexpected reply {v:?} to {what}"))
 }
 
@@ -405,6 +405,11 @@ pub fn delete(
         progress(end, high);
         first = end;
     }
+    // Its warm-start trace goes with it (before the record: a delete that
+    // stops here is finished by the next one).
+    up.store
+        .command(redis::cmd("UNLINK").arg(crate::store::trace_key(up.store.name())))
+        .map_err(del_err)?;
     up.script(RELEASE, false).map_err(del_err)?;
     Ok(DatasetInfo {
         name,

@@ -402,6 +402,12 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
     crc16(tag) % SLOTS as u16
 }
 
+/// The key of dataset `name`'s warm-start trace (same hash tag as its
+/// metadata: the same slot).
+pub(crate) fn trace_key(name: &str) -> String {
+    format!("upager:{{{name}}}:trace")
+}
+
 pub(crate) fn meta_key(name: &str) -> String {
     format!("upager:{{{name}}}:meta")
 }
@@ -551,7 +557,7 @@ impl Access {
     }
 }
 
-/// Runs `connect` again (a few times) while it fails because a signal
+/// Runs `connect` again (for up to `patience`) while it fails because a signal
 /// interrupted it. A signal that reaches a thread blocked on a socket with
 /// a timeout makes the call fail with EINTR even under `SA_RESTART`
 /// (signal(7)): a Python program's handlers, a profiler's timer. The
@@ -562,19 +568,19 @@ impl Access {
 /// start afresh each time, so repeating them is safe; any other failure
 /// (a refusal, a timeout, a TLS or protocol error) is final.
 fn again_if_interrupted<T>(
+    patience: Duration,
     mut connect: impl FnMut() -> redis::RedisResult<T>,
 ) -> redis::RedisResult<T> {
+    let until = Instant::now() + patience;
     let eintr = io::Error::from_raw_os_error(libc::EINTR).to_string();
     let interrupted = |e: &redis::RedisError| {
         let text = e.to_string();
         e.is_io_error()
             && (text.contains(&eintr) || text.contains("failed to respond to connection check"))
     };
-    let mut tries = 0;
     loop {
         match connect() {
-            Err(e) if tries < 8 && interrupted(&e) => {
-                tries += 1;
+            Err(e) if interrupted(&e) && Instant::now() < until => {
                 log::debug!("connecting to the Redis Cluster was interrupted ({e}); again");
             }
             r => return r,
@@ -677,7 +683,7 @@ impl RedisStore {
         let opts = &opts;
         let client = Self::client_for(&url.nodes, &access, opts)
             .map_err(|source| unreachable(url, source))?;
-        let (conn, topo) = again_if_interrupted(|| {
+        let (conn, topo) = again_if_interrupted(opts.timeout, || {
             let mut conn = client.get_connection()?;
             let topo = fetch_topology(&mut conn)?;
             Ok((conn, topo))
@@ -1632,6 +1638,35 @@ impl Store for RedisStore {
     }
     fn unit(&self) -> u64 {
         self.chunk // a write is whole chunks (`pieces`)
+    }
+    /// A dataset's version for its warm-start trace: a hash of the token
+    /// of the upload (or create) that made it, kept in its metadata — a
+    /// new upload of the name is other data. Swap space keeps no trace.
+    fn trace_version(&self) -> Option<u64> {
+        if self.swap {
+            return None;
+        }
+        let v = self
+            .command(redis::cmd("HGET").arg(meta_key(&self.name)).arg("owner"))
+            .ok()?;
+        let owner = crate::dataset::texts(&v).into_iter().next()?;
+        // FNV-1a: stable across processes and builds (not RandomState).
+        Some(owner.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        }))
+    }
+    fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
+        match self.command(redis::cmd("GET").arg(trace_key(&self.name)))? {
+            Value::BulkString(b) => Ok(Some(b)),
+            Value::Nil => Ok(None),
+            v => Err(crate::dataset::bad_reply("GET of the trace", &v)),
+        }
+    }
+    fn save_trace(&self, trace: &[u8]) -> io::Result<()> {
+        match self.command(redis::cmd("SET").arg(trace_key(&self.name)).arg(trace))? {
+            Value::Okay | Value::SimpleString(_) => Ok(()),
+            v => Err(crate::dataset::bad_reply("SET of the trace", &v)),
+        }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let (first, end, n) = self.span(offset, buf.len());

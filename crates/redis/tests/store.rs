@@ -520,3 +520,77 @@ fn pipelined_and_per_chunk_read_the_same_bytes_with_fewer_round_trips() {
         );
     }
 }
+
+/// Warm starts on a dataset (issue 32): the trace of a gather is kept
+/// next to the dataset (`upager:{NAME}:trace`) and replayed by the next
+/// map; a new upload of the name is other data (not replayed), and delete
+/// removes the trace with the dataset.
+#[test]
+fn a_dataset_keeps_its_warm_start_trace_beside_it() {
+    let Some(c) = Cluster::start(21160) else {
+        return;
+    };
+    let ropts = RedisOptions::default();
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let path = dir.path().join("data");
+    let len = 32 << 20;
+    let words: Vec<u8> = (0..len / 8)
+        .flat_map(|w: u64| (w * 0x9E37).to_le_bytes())
+        .collect();
+    std::fs::write(&path, &words).unwrap();
+    let url = c.named("warm");
+    upager_redis::upload(&path, &url, CHUNK, &ropts, &mut |_, _| {}).unwrap();
+    let folios = len / CHUNK;
+    let order: Vec<u64> = (0..folios).map(|k| (k * 197) % folios).take(300).collect();
+    let gather = |how: upager::WarmStart| {
+        let pager = Pager::new(16 << 20).unwrap();
+        let r = upager_redis::map(&pager, &url, &MapOptions::new().warm(how), &ropts).unwrap();
+        for &f in &order {
+            let w = (f * CHUNK / 8) as usize;
+            assert_eq!(r.words()[w].load(Relaxed), w as u64 * 0x9E37, "folio {f}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        drop(r);
+        pager.stats()
+    };
+    let cold = gather(upager::WarmStart::Auto);
+    assert_eq!(cold.replay_reads, 0);
+    let mut conn = c.client();
+    let key = "upager:{warm}:trace";
+    let exists = |conn: &mut redis::cluster::ClusterConnection| -> bool {
+        redis::cmd("EXISTS").arg(key).query::<i64>(conn).unwrap() == 1
+    };
+    assert!(exists(&mut conn), "the trace is kept beside the dataset");
+    let warm = gather(upager::WarmStart::Auto);
+    assert!(warm.replay_reads >= 250, "{warm:?}");
+    // (Cold, readahead fills runs once folios around a fault are in.)
+    assert!(
+        warm.faults_missing * 2 <= cold.faults_missing,
+        "faults: {} cold, {} replayed",
+        cold.faults_missing,
+        warm.faults_missing
+    );
+    // Another upload of the name is other data: its trace is not trusted.
+    upager_redis::delete(&url, &ropts, &mut |_, _| {}).unwrap();
+    assert!(!exists(&mut conn), "delete removes the trace");
+    upager_redis::upload(&path, &url, CHUNK, &ropts, &mut |_, _| {}).unwrap();
+    let conn2 = &mut conn;
+    let pager = Pager::new(4 << 20).unwrap();
+    let r = upager_redis::map(&pager, &url, &MapOptions::new(), &ropts).unwrap();
+    drop(r);
+    assert!(!exists(conn2), "no warm start asked: no trace written");
+    let _ = gather(upager::WarmStart::Record);
+    let trace: Vec<u8> = redis::cmd("GET").arg(key).query(&mut conn).unwrap();
+    upager_redis::delete(&url, &ropts, &mut |_, _| {}).unwrap();
+    upager_redis::upload(&path, &url, CHUNK, &ropts, &mut |_, _| {}).unwrap();
+    redis::cmd("SET")
+        .arg(key)
+        .arg(trace)
+        .query::<()>(&mut conn)
+        .unwrap();
+    let again = gather(upager::WarmStart::Auto);
+    assert_eq!(
+        again.replay_reads, 0,
+        "a trace of an earlier upload: {again:?}"
+    );
+}

@@ -95,6 +95,9 @@ pub(crate) struct Area {
     /// Twins of this region's dirty folios (empty unless its file has
     /// several writers).
     pub twins: crate::twins::Twins,
+    /// Its warm start (`MapOptions::warm`, file regions): the trace being
+    /// recorded or replayed.
+    pub warm: Option<crate::warm::Warm>,
 }
 
 /// How a region of `nfolios` folios of `folio` bytes is split over

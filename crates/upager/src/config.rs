@@ -457,6 +457,10 @@ pub struct MapOptions {
     pub(crate) len: Option<u64>,
     pub(crate) at: Option<upager_sys::mem::FixedRange>,
     pub(crate) huge_runs: Option<bool>,
+    pub(crate) warm: WarmStart,
+    /// The data file of a file region with a warm start (set by
+    /// `Pager::map_file`).
+    pub(crate) warm_file: Option<std::path::PathBuf>,
 }
 
 impl MapOptions {
@@ -514,6 +518,20 @@ impl MapOptions {
         self.huge_runs = Some(on);
         self
     }
+    /// Record the order this file region's folios are first needed beside
+    /// the file (`<file>.upager-trace`, written when the region is
+    /// unmapped), and replay a recorded one as prefetch ([`WarmStart`]:
+    /// `Auto` replays a trace that matches the file and records
+    /// otherwise). Only regions mapped with [`Pager::map_file`] keep
+    /// traces. Default [`WarmStart::Off`].
+    ///
+    /// [`WarmStart`]: crate::WarmStart
+    /// [`WarmStart::Off`]: crate::WarmStart::Off
+    /// [`Pager::map_file`]: crate::Pager::map_file
+    pub fn warm(mut self, how: WarmStart) -> Self {
+        self.warm = how;
+        self
+    }
     /// The folio size of a file or store region with these options: the
     /// one set ([`MapOptions::folio`]) or [`DEFAULT_FOLIO`], for stores
     /// that check it against their own unit before mapping.
@@ -536,6 +554,20 @@ impl MapOptions {
     pub fn is_writable(&self) -> bool {
         self.writable
     }
+}
+
+/// Whether a file region records the order its folios are first needed,
+/// and replays a recorded one ([`MapOptions::warm`](MapOptions::warm)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WarmStart {
+    /// Neither (the default).
+    #[default]
+    Off,
+    /// Replay the trace beside the file if it matches the file as it is
+    /// now; otherwise record one (written when the region is unmapped).
+    Auto,
+    /// Record a new trace, whatever is there.
+    Record,
 }
 
 /// Parses a size like `4096`, `64K`, `64KiB`, `512M`, `2G`, `1.5G`

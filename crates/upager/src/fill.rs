@@ -275,6 +275,14 @@ impl Shared {
             self.note_slow_fault(r, idx, took, ctx.in_signal);
         }
         self.fill_publish(ctx, c, raced, partial, now);
+        if let Some(w) = &r.warm {
+            // A warm start's trace (warm.rs): recorded, or the program's
+            // progress through a replayed one.
+            w.filled(idx, c.n());
+            if !c.prefetch && w.wants_next(idx) {
+                self.ask_ahead(r.base() | 1);
+            }
+        }
         Outcome::Done
     }
 

@@ -56,7 +56,7 @@
 //! writes: about one per 256 writes with io_uring, one per run without),
 //! `discards`, `reclaim_lock_acquisitions` (swap slots).
 //!
-//! Uses: `area`, `folio`, `shared`, `store`.
+//! Uses: `area`, `folio`, `shared`, `store`, `warm`.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -576,6 +576,9 @@ fn evict_one(sh: &Shared, v: &Victim, new_slot: Option<u32>, seq: u64) {
         Kind::Evicted
     };
     r.trace.record(v.idx, Path::Evicted, Kind::Busy, kind);
+    if r.warm.as_ref().is_some_and(|w| w.evicted(v.idx)) {
+        sh.counters.replay_wasted.inc();
+    }
     let prev = folio::release(r.state(v.idx), |s| {
         s.with_kind(kind)
             .with_slot(slot)

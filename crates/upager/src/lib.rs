@@ -89,8 +89,10 @@ mod table;
 mod thp;
 mod trace;
 mod twins;
+mod warm;
 
 pub use advice::Residency;
+pub use config::WarmStart;
 pub use config::{
     format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, Userfaultfd,
     DEFAULT_ANON_FOLIO, DEFAULT_DIRTY_EXPIRE, DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO,
@@ -107,6 +109,7 @@ pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{FileStore, ReadReq, Src, Store, SwapFile, Write, Written};
 pub use upager_sys::mem::FixedRange;
+pub use warm::{trace_info, trace_path, TraceInfo, TRACE_SUFFIX};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that
 /// failed on drop, an unmap waiting long for faults in flight) to standard
@@ -140,7 +143,8 @@ mod tests {
     // element is longer than 10 characters, as "readahead" is.)
     #[rustfmt::skip]
     const LAYERS: &[&str] = &[
-        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "twins", "budget",
+        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "warm", "twins",
+        "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
         "readahead", "fill", "dirty", "prefetch", "fault", "inthread", "lineage", "region",
         "advice", "pager", "fork",

@@ -242,6 +242,16 @@ impl Pager {
             })
             .map_err(open_error)
         };
+        let warm_opts;
+        let opts = if opts.warm == crate::WarmStart::Off {
+            opts
+        } else {
+            warm_opts = MapOptions {
+                warm_file: Some(path.to_path_buf()),
+                ..opts.clone()
+            };
+            &warm_opts
+        };
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
             return self.map_store_of(store, opts, writers()?);
         }
@@ -494,6 +504,22 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
+        // A warm start's trace (warm.rs): replay windows of up to a quarter
+        // of the budget, 1-64 MiB.
+        let home = match &opts.warm_file {
+            _ if opts.warm == crate::WarmStart::Off || slots.is_some() => None,
+            Some(file) => Some(crate::warm::Home::File(file.clone())),
+            None if store.trace_version().is_some() => {
+                Some(crate::warm::Home::Store(Arc::clone(&store)))
+            }
+            None => None,
+        };
+        let warm = home.and_then(|home| {
+            let window = (sh.budget.limit() / 4).clamp(1 << 20, 64 << 20);
+            crate::warm::Warm::open(opts.warm, home, folio, store_off, len, nfolios, window)
+                .map_err(|e| log::warn!("no warm start for a region of {}: {e}", store.describe()))
+                .ok()
+        });
         // Mixed folio sizes (issue 23, huge.rs): writable file regions of
         // folios below 2 MiB, big enough, fill sequential 2 MiB runs as huge
         // pages; their view is 2 MiB-aligned so runs are PMDs. (A fork
@@ -651,6 +677,7 @@ impl Pager {
             trace: crate::trace::Trace::for_folios(len.div_ceil(folio) as usize),
             writers,
             twins: crate::twins::Twins::default(),
+            warm,
         });
         if folio == crate::thp::HUGE || run_folios > 0 {
             // Until its teardown: the reclaimer stages huge pages for it.
@@ -658,6 +685,12 @@ impl Pager {
             sh.kick_reclaimer();
         }
         sh.table.insert(Arc::clone(&inner));
+        if let Some(w) = &inner.warm {
+            if matches!(w.job, crate::warm::Job::Replay(_)) {
+                // The first window at once, ahead of the first fault.
+                sh.ask_ahead(inner.base() | 1);
+            }
+        }
         if sh.mode == crate::FaultMode::InThread {
             crate::inthread::register(sh, &inner);
         }

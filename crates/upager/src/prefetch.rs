@@ -39,7 +39,7 @@ use std::sync::Arc;
 use upager_sys::futex;
 
 use crate::area::Area;
-use crate::fill::Claimed;
+use crate::fill::{Claimed, Outcome};
 use crate::folio::{self, Kind, State};
 use crate::shared::{Ctx, Shared, IDLE};
 
@@ -96,6 +96,10 @@ impl Shared {
     /// first folio first. Makes room with one batch of reclaim when the
     /// budget is full; gives up when that frees nothing.
     fn fill_ahead(&self, ctx: &mut Ctx, addr: u64) {
+        if addr & 1 == 1 {
+            // Not a window: a warm-start replay asks for its next one.
+            return self.replay_step(ctx, addr & !1);
+        }
         let Some(r) = self.table.lookup(addr) else {
             return;
         };
@@ -153,18 +157,61 @@ impl Shared {
         let Some(r) = crate::area::Inflight::enter(&req.region) else {
             return;
         };
+        self.prefetch_folios(ctx, &r, req.folios, &mut |_| {});
+    }
+
+    /// Warm-start replay (warm.rs): reads the next window of the trace of
+    /// the region at `base` through [`Shared::prefetch_folios`], unless the
+    /// replay is done or stopped; counts the hits its last windows had.
+    fn replay_step(&self, ctx: &mut Ctx, base: u64) {
+        let Some(r) = self.table.lookup(base) else {
+            return;
+        };
+        let Some(crate::warm::Job::Replay(rp)) = r.warm.as_ref().map(|w| &w.job) else {
+            return;
+        };
+        self.counters.replay_hits.add(rp.take_hits());
+        let Some(runs) = rp.next_window() else {
+            return;
+        };
+        let read = self.prefetch_folios(ctx, &r, runs.into_iter().flatten(), &mut |idx| {
+            rp.read_one(idx)
+        });
+        self.counters.replay_reads.add(read);
+    }
+
+    /// Fills `folios` of `r` (in flight) that are not resident, in their
+    /// order, a batch at a time: claim up to [`PREFETCH_BATCH_BYTES`] of
+    /// them (budget charged without reclaim), read them with one
+    /// [`Store::read_batch`] (a network store sends them together: one
+    /// round trip per server), then install each. A folio whose read
+    /// failed goes back to its old state (a later fault reads it again and
+    /// gets the error itself). When the budget has no room, one folio goes
+    /// the way of a fault (fill reserves, reclaiming). `on_read(idx)` for
+    /// each folio filled; returns how many.
+    ///
+    /// [`Store::read_batch`]: crate::Store::read_batch
+    pub(crate) fn prefetch_folios(
+        &self,
+        ctx: &mut Ctx,
+        r: &Arc<Area>,
+        folios: impl IntoIterator<Item = usize>,
+        on_read: &mut dyn FnMut(usize),
+    ) -> u64 {
         let per_batch = if r.folio >= crate::thp::HUGE {
             1 // staged huge pages read into their own buffers
         } else {
             (PREFETCH_BATCH_BYTES / r.folio).max(1) as usize
         };
+        let nfolios = r.nfolios();
+        let mut folios = folios.into_iter().filter(|&i| i < nfolios).peekable();
         let mut claimed: Vec<(usize, State)> = Vec::with_capacity(per_batch);
-        let mut next = req.folios.start;
-        while next < req.folios.end {
+        let mut read = 0;
+        while folios.peek().is_some() {
             // Unmap waits for this request (it holds the region in flight):
             // stop at the next batch once the region is dying.
             if self.stopping() || r.dying.load(Ordering::SeqCst) {
-                return;
+                return read;
             }
             // Make room by evicting at most one batch per batch; stop when
             // even that frees nothing (a prefetch must not push out the
@@ -174,7 +221,10 @@ impl Shared {
                 break;
             }
             claimed.clear();
-            while next < req.folios.end && claimed.len() < per_batch {
+            while claimed.len() < per_batch {
+                let Some(&next) = folios.peek() else {
+                    break;
+                };
                 if !self.budget.try_charge(r.folio) {
                     break;
                 }
@@ -184,34 +234,36 @@ impl Shared {
                     Some(old) => claimed.push((next, old)),
                     None => self.budget.uncharge(r.folio),
                 }
-                next += 1;
+                folios.next();
             }
             if claimed.is_empty() {
-                if next < req.folios.end && !self.budget.fits(r.folio) {
+                if let Some(next) = folios.next_if(|_| !self.budget.fits(r.folio)) {
                     // No room without reclaim: one folio as a fault would.
                     if let Some(old) = folio::try_claim(r.state(next), |s| {
                         matches!(s.kind(), Kind::Never | Kind::Evicted)
                     }) {
-                        let _ = self.fill(ctx, &r, next, old, None, true);
+                        if self.fill(ctx, r, next, old, None, true) == Outcome::Done {
+                            on_read(next);
+                            read += 1;
+                        }
                     }
-                    next += 1;
                 }
                 continue;
             }
-            let ok = self.prefetch_read(ctx, &r, &claimed);
+            let ok = self.prefetch_read(ctx, r, &claimed);
             for (k, &(idx, old)) in claimed.iter().enumerate() {
                 if !ok[k] {
                     self.counters.read_errors.inc();
                     self.budget.uncharge(r.folio);
                     let prev = folio::release(r.state(idx), |_| old);
-                    self.wake_if_waiter(&r, idx, prev);
+                    self.wake_if_waiter(r, idx, prev);
                     continue;
                 }
                 if per_batch > 1 {
                     ctx.pre = Some((idx, k * r.folio as usize));
                 }
                 let c = Claimed {
-                    r: &r,
+                    r,
                     idx,
                     old,
                     extras: &[],
@@ -219,11 +271,15 @@ impl Shared {
                     page: None,
                     prefetch: true,
                 };
-                let _ = self.fill_claimed(ctx, &c);
+                if self.fill_claimed(ctx, &c) == Outcome::Done {
+                    on_read(idx);
+                    read += 1;
+                }
                 ctx.pre = None;
             }
             ctx.pre_buf = None;
         }
+        read
     }
 
     /// Reads the claimed folios of a prefetch batch into `ctx.pre_buf` with

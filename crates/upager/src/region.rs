@@ -286,6 +286,15 @@ impl Region {
                 );
             }
         }
+        // The warm start's trace (warm.rs), after the flush (the file's
+        // mtime, which the trace is tied to, is final) and once no fill can
+        // add to it: written beside the file, or a replay's last counts.
+        if let Some(w) = &r.warm {
+            if let crate::warm::Job::Replay(rp) = &w.job {
+                sh.counters.replay_hits.add(rp.take_hits());
+            }
+            w.save();
+        }
         // 3) Inaccessible, then wake the blocked faults: they retry into
         //    SIGSEGV. Every folio is settled (nothing is in flight), so the
         //    state words below are final.

@@ -155,6 +155,12 @@ counters! {
     writer_switches,
     /// Readahead windows the prefetch thread filled ahead of a sequential stream while the stream's fault filled the window before (async readahead; `fills_readahead` counts their folios).
     readahead_async,
+    /// Folios read ahead of the program in the order a warm-start trace recorded (`MapOptions::warm`, warm.rs).
+    replay_reads,
+    /// Of `replay_reads`, folios the program's faults had passed in the trace's order by the time they were counted (userfaultfd does not see a read of an installed page: this is the trace's progress, not an access).
+    replay_hits,
+    /// Of `replay_reads`, folios evicted before the program's faults reached their place in the trace (read for nothing).
+    replay_wasted,
 }
 
 /// Where the fills of missing faults spend their time in the engine,

@@ -237,6 +237,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn unit(&self) -> u64 {
         crate::config::MIN_FOLIO
     }
+    /// A store that keeps warm-start traces with its data
+    /// ([`MapOptions::warm`](crate::MapOptions::warm)) says which version
+    /// of the data it holds: a number that changes when the data is
+    /// replaced (a new upload), so a trace recorded on other data is not
+    /// replayed. Default None: no traces (a file region's trace lives
+    /// beside its file instead).
+    fn trace_version(&self) -> Option<u64> {
+        None
+    }
+    /// The warm-start trace kept with the data, if any (stores with a
+    /// [`Store::trace_version`]).
+    fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+    /// Keeps `trace` with the data, replacing any (stores with a
+    /// [`Store::trace_version`]).
+    fn save_trace(&self, _trace: &[u8]) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
 }
 
 /// A file (or a range of one) as a store: a regular file or a block

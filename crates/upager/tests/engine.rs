@@ -656,7 +656,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
 /// removing or reordering a counter fails here; a new counter goes at the
 /// end, here and in the same lists of crates/capi/tests/c/stat_names.c and
 /// python/tests/test_upager.py.
-const STAT_NAMES: [&str; 52] = [
+const STAT_NAMES: [&str; 55] = [
     "faults_missing",
     "faults_wp",
     "faults_deferred",
@@ -709,6 +709,9 @@ const STAT_NAMES: [&str; 52] = [
     "diff_writebacks",
     "writer_switches",
     "readahead_async",
+    "replay_reads",
+    "replay_hits",
+    "replay_wasted",
 ];
 
 #[test]

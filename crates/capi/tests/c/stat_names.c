@@ -61,6 +61,9 @@ static const char *const names[] = {
     "diff_writebacks",
     "writer_switches",
     "readahead_async",
+    "replay_reads",
+    "replay_hits",
+    "replay_wasted",
 };
 #define NNAMES (sizeof names / sizeof names[0])
 

@@ -1,0 +1,172 @@
+//! Warm starts (warm.rs): a file region records the order its folios are
+//! first needed beside the file, and the next map replays it as prefetch —
+//! fewer faults, the same data, the budget held; a stale trace is not
+//! trusted, and a program that goes elsewhere stops the replay.
+
+// Integration tests sit at the top level of their file, which the workspace
+// lint `tests_outside_test_module` (meant for src/) would flag.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use common::*;
+use upager::{MapOptions, Pager, Stats, WarmStart};
+
+const MIB: u64 = 1 << 20;
+const PAGE: u64 = 4096;
+const SEED: u64 = 31;
+
+/// `n` distinct folio indices of a `folios`-folio file in a scattered
+/// order (a fixed gather), from `salt`.
+fn gather(n: usize, folios: u64, salt: u64) -> Vec<u64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(n);
+    let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let idx = x % folios;
+        if seen.insert(idx) {
+            out.push(idx);
+        }
+    }
+    out
+}
+
+/// Maps `path` with `how`, reads one word of each folio of `order` in
+/// that order (with a little work per folio, as a program has), checks
+/// it, unmaps; the pager's counters.
+fn run(path: &Path, budget: u64, how: WarmStart, order: &[u64]) -> Stats {
+    let pager = Pager::new(budget).unwrap();
+    let r = pager.map_file(path, &MapOptions::new().warm(how)).unwrap();
+    for &idx in order {
+        let w = (idx * PAGE / 8) as usize;
+        assert_eq!(
+            r.words()[w].load(Relaxed),
+            word(idx * PAGE, SEED),
+            "folio {idx}"
+        );
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_micros(20) {
+            std::hint::spin_loop();
+        }
+    }
+    r.unmap().map_err(|(e, _)| e).unwrap();
+    let s = pager.stats();
+    eprintln!(
+        "{how:?}: {} faults, {} replay reads ({} hits, {} wasted), peak {} KiB",
+        s.faults_missing,
+        s.replay_reads,
+        s.replay_hits,
+        s.replay_wasted,
+        s.resident_peak_bytes >> 10
+    );
+    assert!(s.resident_peak_bytes <= budget, "budget held: {s:?}");
+    s
+}
+
+#[test]
+fn a_replayed_trace_prefetches_a_gather_in_recorded_order() {
+    let dir = ram_dir();
+    let len = 64 * MIB;
+    let path = pattern_file(dir.path(), "data", len, SEED);
+    let trace = upager::trace_path(&path);
+    let order = gather(3000, len / PAGE, 1);
+    let budget = 16 * MIB;
+
+    let cold = run(&path, budget, WarmStart::Auto, &order);
+    assert!(trace.exists(), "the first map recorded a trace");
+    assert_eq!(cold.replay_reads, 0, "{cold:?}");
+    let size = std::fs::metadata(&trace).unwrap().len();
+    assert!(
+        size < 3000 * 4 + 128,
+        "delta-encoded: {size} bytes for 3000 folios"
+    );
+
+    let warm = run(&path, budget, WarmStart::Auto, &order);
+    assert!(
+        warm.replay_reads >= 2000,
+        "replay read most of the gather: {warm:?}"
+    );
+    assert!(
+        warm.faults_missing * 4 <= cold.faults_missing,
+        "faults: {} cold, {} replayed",
+        cold.faults_missing,
+        warm.faults_missing
+    );
+    // Hits are the trace's progress: folios replayed past the program's
+    // last fault count as neither hits nor waste.
+    assert!(warm.replay_hits >= warm.replay_reads / 2, "{warm:?}");
+    assert!(warm.replay_wasted <= warm.replay_reads / 10, "{warm:?}");
+}
+
+#[test]
+fn a_trace_of_other_data_is_not_replayed() {
+    let dir = ram_dir();
+    let len = 16 * MIB;
+    let path = pattern_file(dir.path(), "data", len, SEED);
+    let order = gather(500, len / PAGE, 2);
+    run(&path, 8 * MIB, WarmStart::Auto, &order);
+    let trace = upager::trace_path(&path);
+    let recorded = std::fs::read(&trace).unwrap();
+
+    // The file rewritten (same bytes, new mtime): the trace is stale.
+    std::thread::sleep(Duration::from_millis(20));
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let s = run(&path, 8 * MIB, WarmStart::Auto, &order);
+    assert_eq!(s.replay_reads, 0, "a stale trace is not replayed: {s:?}");
+    assert_ne!(std::fs::read(&trace).unwrap(), recorded, "recorded anew");
+
+    // Damaged: ignored, recorded anew.
+    std::fs::write(&trace, b"UPGTRC01 not a trace").unwrap();
+    let s = run(&path, 8 * MIB, WarmStart::Auto, &order);
+    assert_eq!(s.replay_reads, 0, "{s:?}");
+    assert!(std::fs::read(&trace).unwrap().len() > 64);
+
+    // Another folio size is another region.
+    let pager = Pager::new(8 * MIB).unwrap();
+    let r = pager
+        .map_file(
+            &path,
+            &MapOptions::new().folio(64 << 10).warm(WarmStart::Auto),
+        )
+        .unwrap();
+    assert_eq!(r.words()[0].load(Relaxed), word(0, SEED));
+    drop(r);
+    assert_eq!(pager.stats().replay_reads, 0);
+
+    // Off: neither read nor written.
+    std::fs::remove_file(&trace).unwrap();
+    run(&path, 8 * MIB, WarmStart::Off, &order);
+    assert!(!trace.exists());
+}
+
+#[test]
+fn a_program_that_goes_elsewhere_stops_the_replay() {
+    let dir = ram_dir();
+    let len = 64 * MIB;
+    let path = pattern_file(dir.path(), "data", len, SEED);
+    let budget = 16 * MIB;
+    run(&path, budget, WarmStart::Auto, &gather(3000, len / PAGE, 3));
+    // Other inputs: another gather of the same file.
+    let other = gather(3000, len / PAGE, 4);
+    let cold = run(&path, budget, WarmStart::Off, &other);
+    let s = run(&path, budget, WarmStart::Auto, &other);
+    let window = budget / 4 / PAGE; // most folios in a replay window
+    assert!(
+        s.replay_reads <= 2 * window,
+        "at most the first windows are read: {s:?}"
+    );
+    assert!(
+        s.faults_missing + 2 * window >= cold.faults_missing,
+        "the program's own faults are not avoided: {} against {} cold",
+        s.faults_missing,
+        cold.faults_missing
+    );
+}
