@@ -3,6 +3,6 @@
 # e.g. --size 4G --budget 512M --folio 256K --threads 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-UPAGER_SETUP_PYTHON=0 bash scripts/setup.sh
+UPAGER_SETUP_PYTHON=0 UPAGER_SETUP_WEED=0 bash scripts/setup.sh
 cargo build --release -q -p upager-cli
 exec ./target/release/upager demo "$@"

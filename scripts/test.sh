@@ -33,7 +33,9 @@ if grep -q '^python:' Makefile 2>/dev/null; then
   if make -s python; then python_ok=1; else status=1; fi
   echo "== $(( SECONDS - t0 )) s: make python"
 fi
-run cargo test --workspace --quiet
+# upager-s3 last (below): its tests need SeaweedFS's weed binary, which
+# setup.sh builds in the background on a machine that lacks it.
+run cargo test --workspace --exclude upager-s3 --quiet
 # The engine's suite once more in the other fault mode (the default is
 # handlers): the same tests, faults resolved in the faulting thread.
 run env UPAGER_FAULT_MODE=in-thread cargo test -p upager --quiet
@@ -63,6 +65,11 @@ if [ $python_ok = 1 ]; then
 else
     echo "== test-unprivileged skipped: the Python package did not build"; status=1
 fi
+# The S3 store against a local SeaweedFS (issue 31): by now the background
+# build setup.sh started has had the whole suite's time; the tests wait
+# for it (at most an hour) if it has not finished.
+run bash scripts/seaweedfs.sh wait-build 3600
+run cargo test -p upager-s3 --quiet
 echo "== $SECONDS s in all"
 if [ $status -ne 0 ]; then echo "test.sh: FAILED"; else echo "test.sh: all suites passed"; fi
 exit $status

@@ -1,6 +1,7 @@
 //! `upager list URL` and `upager delete URL/NAME`: what datasets a Redis
 //! Cluster holds (complete, or incomplete uploads), and removing one
-//! (issue 20, item 8).
+//! (issue 20, item 8); the objects of an S3 bucket, and removing one
+//! (issue 31).
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -38,14 +39,65 @@ impl clap::builder::TypedValueParser for StoreUrlParser {
     }
 }
 
+/// A store URL of either kind: a Redis Cluster's or an S3 object's.
+#[derive(Debug, Clone)]
+pub enum AnyUrl {
+    /// redis-cluster:// or rediss-cluster://
+    Redis(StoreUrl),
+    /// s3://BUCKET/KEY
+    S3(upager_s3::S3Url),
+}
+
+impl std::fmt::Display for AnyUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnyUrl::Redis(u) => u.fmt(f),
+            AnyUrl::S3(u) => u.fmt(f),
+        }
+    }
+}
+
+/// Parses a Redis Cluster or S3 URL argument, by its scheme; messages
+/// quote the URL redacted, as [`StoreUrlParser`]'s.
+#[derive(Clone, Copy, Debug)]
+pub struct AnyUrlParser;
+
+impl clap::builder::TypedValueParser for AnyUrlParser {
+    type Value = AnyUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<AnyUrl, clap::Error> {
+        if value
+            .to_str()
+            .is_some_and(|s| s.starts_with(upager_s3::url::SCHEME))
+        {
+            let s = value.to_str().unwrap_or_default();
+            return s.parse().map(AnyUrl::S3).map_err(|e: upager_s3::UrlError| {
+                let name = arg.map_or_else(|| "URL".to_string(), ToString::to_string);
+                clap::Error::raw(
+                    clap::error::ErrorKind::ValueValidation,
+                    format!("invalid value for '{name}': {e}\n"),
+                )
+                .with_cmd(cmd)
+            });
+        }
+        StoreUrlParser.parse_ref(cmd, arg, value).map(AnyUrl::Redis)
+    }
+}
+
 /// Arguments of `upager list`.
 #[derive(Args, Debug)]
 pub struct ListArgs {
     /// The cluster: redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,...]
     /// (rediss-cluster:// for TLS; a /NAME is ignored). The README's
-    /// "Store URLs" has the parameters.
-    #[arg(value_parser = StoreUrlParser)]
-    pub url: StoreUrl,
+    /// "Store URLs" has the parameters. Or a bucket: s3://BUCKET[/PREFIX]
+    /// (its objects under PREFIX).
+    #[arg(value_parser = AnyUrlParser)]
+    pub url: AnyUrl,
 }
 
 /// Arguments of `upager delete`.
@@ -53,16 +105,31 @@ pub struct ListArgs {
 pub struct DeleteArgs {
     /// The dataset: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME. An
     /// incomplete one (an interrupted or killed upload) is deleted too; a
-    /// running upload of it stops at its next batch.
-    #[arg(value_parser = StoreUrlParser)]
-    pub url: StoreUrl,
+    /// running upload of it stops at its next batch. Or an object:
+    /// s3://BUCKET/KEY.
+    #[arg(value_parser = AnyUrlParser)]
+    pub url: AnyUrl,
 }
 
 /// Runs `upager list`.
 pub fn list(a: &ListArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let all = upager_redis::list(&a.url, &RedisOptions::default())?;
+    let url = match &a.url {
+        AnyUrl::Redis(u) => u,
+        AnyUrl::S3(u) => {
+            let o = upager_s3::Objects::open(u, &upager_s3::S3Options::default())?;
+            let all = o.list(&u.key)?;
+            if all.is_empty() {
+                println!("no objects under {u}");
+            }
+            for (key, len) in all {
+                println!("{:>10}  s3://{}/{key}", format_size(len), u.bucket);
+            }
+            return Ok(());
+        }
+    };
+    let all = upager_redis::list(url, &RedisOptions::default())?;
     if all.is_empty() {
-        println!("no datasets on {}", a.url.addresses());
+        println!("no datasets on {}", url.addresses());
         return Ok(());
     }
     let width = all.iter().map(|d| d.name.len()).max().unwrap_or(4).max(4);
@@ -88,10 +155,22 @@ pub fn list(a: &ListArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Runs `upager delete`.
 pub fn delete(a: &DeleteArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if a.url.name.is_none() {
+    let url = match &a.url {
+        AnyUrl::Redis(u) => u,
+        AnyUrl::S3(u) => {
+            if u.key.is_empty() {
+                return Err(format!("{u} names no object: add /KEY").into());
+            }
+            let o = upager_s3::Objects::open(u, &upager_s3::S3Options::default())?;
+            o.delete(&u.key)?;
+            println!("deleted {u}");
+            return Ok(());
+        }
+    };
+    if url.name.is_none() {
         return Err(format!(
             "the URL names no dataset: add /NAME, e.g. {}/mydata (upager list shows the names)",
-            a.url
+            url
         )
         .into());
     }
@@ -101,7 +180,7 @@ pub fn delete(a: &DeleteArgs) -> Result<(), Box<dyn std::error::Error>> {
             .expect("template")
             .progress_chars("=> "),
     );
-    let d = upager_redis::delete(&a.url, &RedisOptions::default(), &mut |done, total| {
+    let d = upager_redis::delete(url, &RedisOptions::default(), &mut |done, total| {
         pb.set_length(total);
         pb.set_position(done);
     });
@@ -109,7 +188,7 @@ pub fn delete(a: &DeleteArgs) -> Result<(), Box<dyn std::error::Error>> {
     let d = d?;
     println!(
         "deleted {} ({}, {}, chunks of {})",
-        a.url,
+        url,
         format_size(d.len),
         if d.complete { "complete" } else { "incomplete" },
         format_size(d.chunk)

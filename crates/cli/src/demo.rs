@@ -68,10 +68,15 @@ pub struct DemoArgs {
     /// redis-cluster://HOST:PORT[/NAME] (start a local one with
     /// scripts/redis-cluster.sh start). The dataset is uploaded under NAME
     /// (default upager-demo-PID), paged through the pager, read back from
-    /// the cluster and checked, then deleted.
+    /// the cluster and checked, then deleted. Or an S3 bucket,
+    /// s3://BUCKET[/KEY][?endpoint=URL] (credentials from the environment
+    /// or ~/.aws; start a local server with scripts/seaweedfs.sh start):
+    /// the dataset is uploaded as KEY (default upager-demo-PID), paged
+    /// read-only (scan and random reads, every word checked; no writes),
+    /// then deleted.
     #[arg(long, value_name = "URL", conflicts_with = "compare",
-          value_parser = crate::datasets::StoreUrlParser)]
-    pub store: Option<StoreUrl>,
+          value_parser = crate::datasets::AnyUrlParser)]
+    pub store: Option<crate::datasets::AnyUrl>,
 }
 
 /// The seed of the dataset's pattern.
@@ -203,6 +208,8 @@ fn check_free_space(dir: &Path, need: u64, what: &str) -> Result<(), String> {
 struct Leftovers {
     dir: Option<PathBuf>,
     remote: Option<(String, Arc<RedisStore>)>,
+    /// The demo's object on an S3 store.
+    object: Option<upager_s3::S3Url>,
     /// `--compare` changed the machine (cgroup, zram): undo it too.
     bench_env: bool,
 }
@@ -210,6 +217,7 @@ struct Leftovers {
 static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
     dir: None,
     remote: None,
+    object: None,
     bench_env: false,
 });
 
@@ -243,6 +251,15 @@ fn watch_signals() -> Result<(), String> {
                 match st.delete() {
                     Ok(()) => eprintln!("upager demo: deleted {url} from the cluster"),
                     Err(e) => eprintln!("upager demo: could not delete {url}: {e}"),
+                }
+            }
+            if let Some(u) = l.object.take() {
+                match upager_s3::Objects::open(&u, &upager_s3::S3Options::default())
+                    .map_err(upager_s3::UploadError::from)
+                    .and_then(|o| o.delete(&u.key))
+                {
+                    Ok(()) => eprintln!("upager demo: deleted {u}"),
+                    Err(e) => eprintln!("upager demo: could not delete {u}: {e}"),
                 }
             }
             if l.bench_env {
@@ -347,7 +364,17 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         b = b.fault_mode(m);
     }
     let pager = b.build()?;
-    let folio = a.folio.unwrap_or(if a.store.is_some() {
+    let s3_url = match &a.store {
+        Some(crate::datasets::AnyUrl::S3(u)) => Some(u.clone()),
+        _ => None,
+    };
+    let redis_url = match &a.store {
+        Some(crate::datasets::AnyUrl::Redis(u)) => Some(u.clone()),
+        _ => None,
+    };
+    let folio = a.folio.unwrap_or(if s3_url.is_some() {
+        upager_s3::DEFAULT_FOLIO
+    } else if redis_url.is_some() {
         upager_redis::DEFAULT_CHUNK
     } else {
         upager::DEFAULT_FOLIO
@@ -374,9 +401,13 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         t0.elapsed().as_secs_f64()
     );
 
+    if let Some(url) = &s3_url {
+        return s3_demo(a, url, &pager, &path, folio);
+    }
+
     // 2. Region: the file, or the dataset uploaded to the cluster.
     let opts = MapOptions::new().writable(true).folio(folio);
-    let remote = match &a.store {
+    let remote = match &redis_url {
         Some(url) => Some(Remote::upload(url, &path, a.size, folio)?),
         None => None,
     };
@@ -756,6 +787,107 @@ fn print_stats(s: &Stats, folio: u64) {
         format_size(s.resident_peak_bytes),
         format_size(s.budget_bytes)
     );
+}
+
+/// `--store s3://...`: the dataset uploaded as an object, paged read-only
+/// (scan and random reads, each word checked against the pattern), the
+/// store's counters printed, the object deleted (also on an error or a
+/// signal).
+fn s3_demo(
+    a: &DemoArgs,
+    url: &upager_s3::S3Url,
+    pager: &Pager,
+    path: &Path,
+    folio: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let key = if url.key.is_empty() || url.key.ends_with('/') {
+        format!("{}upager-demo-{}", url.key, std::process::id())
+    } else {
+        url.key.clone()
+    };
+    let url = url.with_key(&key);
+    let s3 = upager_s3::S3Options::default();
+    let objects = upager_s3::Objects::open(&url, &s3)?;
+    /// Deletes the object when the demo ends, however it ends.
+    struct Object<'a>(&'a upager_s3::Objects, &'a upager_s3::S3Url);
+    impl Drop for Object<'_> {
+        fn drop(&mut self) {
+            let mut l = leftovers();
+            l.object = None;
+            match self.0.delete(&self.1.key) {
+                Ok(()) => println!("deleted {}", self.1),
+                Err(e) => eprintln!("upager demo: could not delete {}: {e}", self.1),
+            }
+        }
+    }
+    leftovers().object = Some(url.clone());
+    let _object = Object(&objects, &url);
+    let t0 = Instant::now();
+    objects.upload(path, &key)?;
+    println!(
+        "  uploaded to {url:<16} {:>8.2} s",
+        t0.elapsed().as_secs_f64()
+    );
+    let st = upager_s3::S3Store::open(&url, &s3)?;
+    let region = pager.map_store(
+        Arc::clone(&st) as Arc<dyn upager::Store>,
+        &MapOptions::new().folio(folio),
+    )?;
+    let words = a.size / 8;
+    let done = Arc::new(AtomicU64::new(0));
+    let per = words.div_ceil(a.threads as u64);
+    let el = parallel(a.threads, a.size, "scan", &done, |t| {
+        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(words));
+        let w = region.words();
+        for i in lo..hi {
+            let v = w[i as usize].load(Relaxed);
+            assert_eq!(v, word(i * 8), "scan: wrong data at byte {}", i * 8);
+            if i % 65536 == 0 {
+                done.fetch_add(65536 * 8, Relaxed);
+            }
+        }
+    });
+    let scan = report(
+        "sequential scan",
+        a.size as f64 / el.as_secs_f64() / 1e9,
+        "GB/s",
+        el,
+    );
+    let done = Arc::new(AtomicU64::new(0));
+    let total_reads = a.reads * a.threads as u64;
+    let el = parallel(a.threads, total_reads * 8, "random reads", &done, |t| {
+        let mut rng = read_rng(t as u64);
+        let w = region.words();
+        for i in 0..a.reads {
+            let k = rng.next_u64() % words;
+            assert_eq!(
+                w[k as usize].load(Relaxed),
+                word(k * 8),
+                "random read: wrong data at byte {}",
+                k * 8
+            );
+            if i % 1024 == 0 {
+                done.fetch_add(1024 * 8, Relaxed);
+            }
+        }
+    });
+    let reads = report(
+        "random reads",
+        total_reads as f64 / el.as_secs_f64() / 1e6,
+        "M/s",
+        el,
+    );
+    println!("  (an s3:// object is read-only: no write phase; every word read was checked)");
+    let stats = pager.stats();
+    unmap(region)?;
+    println!();
+    println!("throughput: scan {scan:.2} GB/s, random reads {reads:.2} M/s");
+    print_stats(&stats, folio);
+    println!("store counters (the region's S3 store):");
+    for (name, v) in st.counters().iter() {
+        println!("  {name:<28} {v}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

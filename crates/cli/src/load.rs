@@ -19,7 +19,9 @@ use std::time::Instant;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use upager::format_size;
-use upager_redis::{RedisOptions, StoreUrl};
+use upager_redis::RedisOptions;
+
+use crate::datasets::AnyUrl;
 
 use crate::size_arg;
 
@@ -30,9 +32,10 @@ pub struct LoadArgs {
     pub file: PathBuf,
     /// Where: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME (NAME must not
     /// exist yet; an incomplete upload of it is replaced once it made no
-    /// progress for a minute).
-    #[arg(value_parser = crate::datasets::StoreUrlParser)]
-    pub url: StoreUrl,
+    /// progress for a minute), or s3://BUCKET/KEY (an object, replaced if
+    /// it exists; credentials from the environment or ~/.aws).
+    #[arg(value_parser = crate::datasets::AnyUrlParser)]
+    pub url: AnyUrl,
     /// Chunk size (one key each): regions that map the dataset use a folio
     /// of this size or a multiple of it. 4K to 2M, a power of two.
     #[arg(long, default_value = "64K", value_parser = size_arg)]
@@ -44,8 +47,12 @@ pub struct LoadArgs {
 
 /// Runs `upager load`.
 pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
-    if a.url.name.is_none() {
-        return Err(format!("the URL names no dataset: add /NAME, e.g. {}/mydata", a.url).into());
+    let url = match &a.url {
+        AnyUrl::Redis(u) => u,
+        AnyUrl::S3(u) => return load_s3(a, u),
+    };
+    if url.name.is_none() {
+        return Err(format!("the URL names no dataset: add /NAME, e.g. {url}/mydata").into());
     }
     let opts = RedisOptions {
         replicas: a.replicas,
@@ -70,7 +77,7 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let n = upager_redis::upload_cancellable(
         &a.file,
-        &a.url,
+        url,
         a.chunk,
         &opts,
         &mut |done, total| {
@@ -86,7 +93,7 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
         "uploaded {} ({} bytes) to {} in {:.2} s ({:.0} MB/s), chunks of {}, {} replica(s) acknowledged each batch",
         a.file.display(),
         n,
-        a.url,
+        url,
         el,
         n as f64 / el.max(1e-9) / 1e6,
         format_size(a.chunk),
@@ -95,8 +102,28 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "map it by name with a folio of {} or a multiple: Rust upager_redis::map, C upager_map_options.store = \"{}\", Python upager.open_array(None, dtype, store=\"{}\")",
         format_size(a.chunk),
-        a.url,
+        url,
         a.url
     );
+    Ok(())
+}
+
+/// `upager load FILE s3://BUCKET/KEY`: a multipart upload (S3 publishes
+/// the object only once it is complete: an interrupted load leaves none).
+fn load_s3(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn std::error::Error>> {
+    if url.key.is_empty() || url.key.ends_with('/') {
+        return Err(format!("{url} names no object: add the key, s3://BUCKET/KEY").into());
+    }
+    let o = upager_s3::Objects::open(url, &upager_s3::S3Options::default())?;
+    let t0 = Instant::now();
+    let etag = o.upload(&a.file, &url.key)?;
+    let n = std::fs::metadata(&a.file)?.len();
+    let el = t0.elapsed().as_secs_f64();
+    println!(
+        "uploaded {} ({n} bytes) to {url} in {el:.2} s ({:.0} MB/s), ETag {etag}",
+        a.file.display(),
+        n as f64 / el.max(1e-9) / 1e6,
+    );
+    println!("map it read-only: Rust upager_s3::map, upager demo --store {url}");
     Ok(())
 }

@@ -1,0 +1,296 @@
+//! upager-s3: objects of S3-compatible stores paged under a budget
+//! (issue 31).
+//!
+//! [`map`] opens an existing object by URL (`s3://BUCKET/KEY`, [`url`]) and
+//! maps it read-only: a fault's run is one ranged GET, a readahead window
+//! or a prefetch is many GETs in flight, and every GET carries the ETag
+//! the object had when it was opened (`If-Match`), so an object replaced
+//! under a running program gives a clear error (the access gets SIGBUS,
+//! the reason logged), never a mix of two versions.
+//!
+//! ```no_run
+//! use upager::{MapOptions, Pager};
+//! use upager_s3::{S3Options, S3Url};
+//! // Credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws.
+//! let url: S3Url = "s3://data/weights.bin?endpoint=http://127.0.0.1:8333".parse()?;
+//! let pager = Pager::new(256 << 20)?;
+//! let w = upager_s3::map(&pager, &url, &MapOptions::new(), &S3Options::default())?;
+//! let first = w.bytes()[0].load(std::sync::atomic::Ordering::Relaxed);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Why this client: Apache Arrow's `object_store` (used by DataFusion,
+//! delta-rs, polars) signs requests, retries with backoff and speaks to
+//! AWS, MinIO, Ceph RGW and SeaweedFS; built here for S3 only with ring
+//! (the crypto the Redis store's TLS uses already), it adds ~130 crates
+//! against ~175 for the AWS SDK (aws-sdk-s3 + aws-config, which also
+//! builds aws-lc's C code). It does not read the AWS profile files:
+//! [`config`] does. It is async: the store owns a small runtime and the
+//! engine's threads block on it (the [`store`] module's contract).
+//!
+//! A local server for trying it: `scripts/seaweedfs.sh start`.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod store;
+pub mod url;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+pub use config::{ConfigError, Secret};
+pub use store::{OpenError, S3Counters, S3Options, S3Store};
+pub use url::{S3Url, UrlError};
+
+/// Default folio of a region of an object when its options set none: a
+/// fault is a round trip to the server (~1 ms here against ~10 µs for a
+/// file), so it fetches 64 KiB where a local file's default folio is 4 KiB.
+pub const DEFAULT_FOLIO: u64 = 64 << 10;
+
+/// A region could not be mapped from an object URL.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+#[non_exhaustive]
+pub enum MapUrlError {
+    /// {0}
+    Open(#[from] OpenError),
+    /// {0}
+    Map(#[from] upager::MapError),
+}
+
+/// Opens the object `url` names and maps it read-only. The folio is
+/// [`DEFAULT_FOLIO`] unless `opts` sets one; `opts` must not ask for a
+/// writable region ([`OpenError::Writable`]).
+pub fn map(
+    pager: &upager::Pager,
+    url: &S3Url,
+    opts: &upager::MapOptions,
+    s3: &S3Options,
+) -> Result<upager::Region, MapUrlError> {
+    if opts.is_writable() {
+        return Err(OpenError::Writable {
+            url: url.to_string(),
+        }
+        .into());
+    }
+    let st = S3Store::open(url, s3)?;
+    let opts = match opts.folio_set() {
+        Some(_) => opts.clone(),
+        None => opts.clone().folio(DEFAULT_FOLIO),
+    };
+    Ok(pager.map_store(st as Arc<dyn upager::Store>, &opts)?)
+}
+
+/// An object could not be uploaded or deleted.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+#[non_exhaustive]
+pub enum UploadError {
+    /// cannot read {path}: {source} (nothing was uploaded)
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// {0}
+    Open(#[from] OpenError),
+    /// {url}: {detail}
+    Put {
+        /// The URL.
+        url: String,
+        /// Why (the multipart upload was aborted).
+        detail: String,
+    },
+    /// {url}: no answer within {secs} s
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The bound.
+        secs: u64,
+    },
+}
+
+/// Parts of a multipart upload (8 MiB; S3's least part is 5 MiB).
+const UPLOAD_PART: usize = 8 << 20;
+
+/// A client of one bucket, for what a read-only store does not do: put,
+/// upload and delete objects (the CLI's demo, tests, benchmarks).
+pub struct Objects {
+    client: Arc<dyn ObjectStore>,
+    url: S3Url,
+    guard: std::time::Duration,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Objects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Objects")
+            .field("bucket", &self.url.bucket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Objects {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Objects {
+    /// A client of the bucket of `url`, settings from the process's
+    /// environment and profile (as [`S3Store::open`]).
+    pub fn open(url: &S3Url, s3: &S3Options) -> Result<Objects, OpenError> {
+        Self::open_with(url, s3, &config::ProcessEnv)
+    }
+
+    /// [`Objects::open`] with the settings from `env`.
+    pub fn open_with(
+        url: &S3Url,
+        s3: &S3Options,
+        env: &dyn config::Env,
+    ) -> Result<Objects, OpenError> {
+        let res = config::resolve(url, env)?;
+        Ok(Objects {
+            client: store::client(url, &res, s3)?,
+            url: url.clone(),
+            guard: s3.timeout * 4 + s3.retry_for,
+            rt: Some(store::runtime(url, 1)?),
+        })
+    }
+
+    fn run<T: Send>(
+        &self,
+        key: &str,
+        fut: impl std::future::Future<Output = object_store::Result<T>> + Send,
+    ) -> Result<T, UploadError> {
+        let rt = self.rt.as_ref().expect("runtime lives until drop");
+        match store::run(rt, self.guard, fut) {
+            None => Err(UploadError::Timeout {
+                url: self.url.with_key(key).to_string(),
+                secs: self.guard.as_secs(),
+            }),
+            Some(Err(e)) => Err(UploadError::Put {
+                url: self.url.with_key(key).to_string(),
+                detail: store::error_chain(&e),
+            }),
+            Some(Ok(v)) => Ok(v),
+        }
+    }
+
+    /// Puts `data` as object `key` in one PUT (replacing any); returns
+    /// its ETag.
+    pub fn put(&self, key: &str, data: Vec<u8>) -> Result<String, UploadError> {
+        let loc = ObjPath::from(key);
+        let r = self.run(key, self.client.put(&loc, PutPayload::from(data)))?;
+        Ok(r.e_tag.unwrap_or_default())
+    }
+
+    /// Uploads the file at `path` as object `key` (replacing any), in
+    /// parts of 8 MiB with up to 4 in flight; returns the new object's
+    /// ETag. A failed upload is aborted: S3 publishes a multipart object
+    /// only once it is completed, so nothing is left half-written.
+    pub fn upload(&self, path: &Path, key: &str) -> Result<String, UploadError> {
+        let read_err = |source| UploadError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = std::fs::File::open(path).map_err(read_err)?;
+        let loc = ObjPath::from(key);
+        let mut up = self.run(key, self.client.put_multipart(&loc))?;
+        let mut buf = vec![0u8; UPLOAD_PART];
+        let res = (|| {
+            let mut pending = Vec::new();
+            loop {
+                let mut n = 0;
+                while n < buf.len() {
+                    match file.read(&mut buf[n..]) {
+                        Ok(0) => break,
+                        Ok(k) => n += k,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(read_err(e)),
+                    }
+                }
+                if n > 0 {
+                    pending.push(up.put_part(PutPayload::from(buf[..n].to_vec())));
+                }
+                let last = n < buf.len();
+                if pending.len() >= 4 || last {
+                    let batch = futures::future::try_join_all(std::mem::take(&mut pending));
+                    self.run(key, batch)?;
+                }
+                if last {
+                    break;
+                }
+            }
+            let done = self.run(key, up.complete())?;
+            Ok(done.e_tag.unwrap_or_default())
+        })();
+        if res.is_err() {
+            let _ = self.run(key, up.abort());
+        }
+        res
+    }
+
+    /// Deletes object `key` (no error if there is none).
+    pub fn delete(&self, key: &str) -> Result<(), UploadError> {
+        let loc = ObjPath::from(key);
+        match self.run(key, async {
+            match self.client.delete(&loc).await {
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                r => r,
+            }
+        }) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The keys under `prefix` (all of the bucket's for "").
+    pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, UploadError> {
+        let p = (!prefix.is_empty()).then(|| ObjPath::from(prefix));
+        self.run(prefix, async {
+            let v: Vec<_> = self.client.list(p.as_ref()).try_collect().await?;
+            Ok(v.into_iter()
+                .map(|m| (m.location.to_string(), m.size))
+                .collect())
+        })
+    }
+}
+
+impl upager::ErrorCode for OpenError {
+    fn errno(&self) -> i32 {
+        match self {
+            OpenError::NoBucket { .. } | OpenError::NoObject { .. } => libc::ENOENT,
+            OpenError::Denied { .. } => libc::EACCES,
+            OpenError::Unreachable { .. } => libc::ECONNREFUSED,
+            OpenError::Timeout { .. } => libc::ETIMEDOUT,
+            OpenError::Writable { .. } => libc::EROFS,
+            OpenError::Config(_) | OpenError::NoKey { .. } | OpenError::CaFile { .. } => {
+                libc::EINVAL
+            }
+            _ => libc::EIO,
+        }
+    }
+}
+
+impl upager::ErrorCode for UrlError {
+    fn errno(&self) -> i32 {
+        libc::EINVAL
+    }
+}
+
+impl upager::ErrorCode for MapUrlError {
+    fn errno(&self) -> i32 {
+        match self {
+            MapUrlError::Open(e) => e.errno(),
+            MapUrlError::Map(e) => e.errno(),
+        }
+    }
+}

@@ -1,0 +1,883 @@
+//! [`S3Store`]: one existing object of an S3-compatible store, read-only,
+//! as an [`upager::Store`].
+//!
+//! Contract:
+//!
+//! ```text
+//! open        1) resolve credentials, region, endpoint (config.rs)
+//!             2) HEAD the object: its size and ETag, fixed for the store's life
+//!                (404: then list the bucket once, to say "no such bucket" or
+//!                "no such object"; 401/403: the credentials' source named)
+//! read_at     the range [offset, offset+len) clipped at the object's end, split
+//!             in parts of at most `part` (2 MiB) bytes: ONE ranged GET per part, all
+//!             parts in flight together (at most `in_flight`); a fault's run of
+//!             up to `part` bytes is one GET
+//! read_batch  adjacent reads merged up to `part` bytes, then as read_at: every
+//!             GET in flight together (at most `in_flight`), one result per read
+//! every GET   If-Match: the ETag of open; 412 (or another ETag in the answer)
+//!             = the object was replaced: an error (the access gets SIGBUS,
+//!             the reason logged by the engine), never bytes of two versions
+//! writes      refused: the store is read-only (writable() is false)
+//! ```
+//!
+//! Threads: the store owns one tokio runtime with `threads` workers
+//! (default 1): they run the HTTP connections (socket reads, HTTP and TLS
+//! decoding); the engine's thread that calls `read_at` drives its own GETs
+//! with `block_on` and copies each body into the folio buffer itself, so
+//! the copy is spread over the calling threads. One worker keeps up with
+//! one vCPU's worth of loopback HTTP; more only help with TLS at high
+//! bandwidth (`S3Options::threads`). A call made from inside another tokio
+//! runtime (block_on would panic there) runs on a scoped helper thread.
+//!
+//! Timeouts: connect `connect_timeout` (2 s), each request `timeout` (30 s),
+//! retries of the client (5xx, 503 SlowDown, connection errors: backoff
+//! 50 ms doubling, at most `retries`, for at most `retry_for` = 10 s), and
+//! a guard over the whole call (`retry_for + timeout + 5 s`): no wait is
+//! unbounded, so a dead server ends an access in SIGBUS, never a hang.
+//!
+//! Ordering: none needed between GETs (the object does not change, and
+//! If-Match guarantees it); counters are Relaxed statistics.
+//!
+//! Counters ([`S3Counters`], snake_case, `store_` prefix as the Redis
+//! store's): `store_gets`, `store_bytes_received`, `store_get_errors`,
+//! `store_etag_mismatches`, `store_gets_in_flight_peak`, `store_get_ns`.
+
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjPath;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
+};
+
+use crate::config::{self, ConfigError, Resolved};
+use crate::url::S3Url;
+
+/// How the store talks to the server. Every setter states its default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct S3Options {
+    /// Largest ranged GET: a longer read is split into GETs of this size,
+    /// in flight together. Default 2 MiB (docs/benchmarks.md: on
+    /// SeaweedFS, 512 KiB GETs reach half the bandwidth of 2 MiB ones at
+    /// the same depth; a pager with a 16 MiB readahead then has 8 GETs of
+    /// a window in flight, 16 with async readahead).
+    pub part: u64,
+    /// Most GETs in flight per call. Default 16.
+    pub in_flight: usize,
+    /// Worker threads of the store's runtime. Default 1.
+    pub threads: usize,
+    /// Time to connect. Default 2 s.
+    pub connect_timeout: Duration,
+    /// Time for one request, body included. Default 30 s.
+    pub timeout: Duration,
+    /// Retries of one request (5xx, SlowDown, connection errors). Default 5.
+    pub retries: usize,
+    /// Time after which a failing request is not retried. Default 10 s.
+    pub retry_for: Duration,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            part: 2 << 20,
+            in_flight: 16,
+            threads: 1,
+            connect_timeout: Duration::from_secs(2),
+            timeout: Duration::from_secs(30),
+            retries: 5,
+            retry_for: Duration::from_secs(10),
+        }
+    }
+}
+
+impl S3Options {
+    /// Sets [`S3Options::part`] (at least 4 KiB).
+    pub fn part(mut self, bytes: u64) -> Self {
+        self.part = bytes.max(4096);
+        self
+    }
+    /// Sets [`S3Options::in_flight`] (at least 1).
+    pub fn in_flight(mut self, n: usize) -> Self {
+        self.in_flight = n.max(1);
+        self
+    }
+    /// Sets [`S3Options::threads`] (at least 1).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = n.max(1);
+        self
+    }
+    /// Sets [`S3Options::timeout`].
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+    /// Sets [`S3Options::connect_timeout`].
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+    /// Sets [`S3Options::retries`] and [`S3Options::retry_for`].
+    pub fn retry(mut self, retries: usize, retry_for: Duration) -> Self {
+        self.retries = retries;
+        self.retry_for = retry_for;
+        self
+    }
+    /// The bound on one whole call: retries, one more request, and slack.
+    fn guard(&self) -> Duration {
+        self.retry_for + self.timeout + Duration::from_secs(5)
+    }
+}
+
+/// An object could not be opened.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// {0}
+    Config(#[from] ConfigError),
+    /// {url}: the object store cannot be mapped writable: an s3:// object is read-only (map it without writable)
+    Writable {
+        /// The URL.
+        url: String,
+    },
+    /// {url}: the URL names a bucket but no object: add the key, s3://BUCKET/KEY
+    NoKey {
+        /// The URL.
+        url: String,
+    },
+    /// cannot read the CA file {path} (?ca= or AWS_CA_BUNDLE): {detail}
+    CaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        detail: String,
+    },
+    /// {url}: cannot set up the S3 client: {source}
+    Client {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: object_store::Error,
+    },
+    /// {url}: cannot start the store's runtime: {source}
+    Runtime {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// {url}: no such bucket '{bucket}' at {endpoint} (create it, or check the bucket name and the endpoint)
+    NoBucket {
+        /// The URL.
+        url: String,
+        /// The bucket.
+        bucket: String,
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// {url}: no such object '{key}' in bucket '{bucket}' (check the key; `aws s3 ls s3://{bucket}/` lists them)
+    NoObject {
+        /// The URL.
+        url: String,
+        /// The bucket.
+        bucket: String,
+        /// The key.
+        key: String,
+    },
+    /// {url}: the server at {endpoint} refused the credentials ({creds}): {detail} (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the profile, and the bucket's policy)
+    Denied {
+        /// The URL.
+        url: String,
+        /// The endpoint.
+        endpoint: String,
+        /// Where the credentials came from (never the secret).
+        creds: String,
+        /// The server's answer.
+        detail: String,
+    },
+    /// {url}: cannot reach {endpoint}: {detail} (is the server running? for a local one: scripts/seaweedfs.sh start)
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        detail: String,
+    },
+    /// {url}: no answer from {endpoint} within {secs} s (the server is overloaded or unreachable; S3Options::timeout sets the bound)
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The endpoint.
+        endpoint: String,
+        /// The bound.
+        secs: u64,
+    },
+    /// {url}: the server gave the object no ETag, so a replaced object could not be told from the one opened: use a server that returns ETags
+    NoEtag {
+        /// The URL.
+        url: String,
+    },
+    /// {url}: {source}
+    Other {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: object_store::Error,
+    },
+}
+
+/// Wire counters of one store (snake_case names, `store_` prefix).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct S3Counters {
+    /// Ranged GETs answered (the body read whole).
+    pub gets: u64,
+    /// Body bytes received.
+    pub bytes_received: u64,
+    /// GETs that failed (after the client's retries).
+    pub get_errors: u64,
+    /// GETs refused because the object was replaced (412 on If-Match, or
+    /// another ETag in the answer).
+    pub etag_mismatches: u64,
+    /// Most GETs in flight at once.
+    pub gets_in_flight_peak: u64,
+    /// Wall time of the GETs, summed (ns): divided by `gets`, the mean
+    /// latency of a GET.
+    pub get_ns: u64,
+}
+
+impl S3Counters {
+    /// The counters with their stable names.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("store_gets", self.gets),
+            ("store_bytes_received", self.bytes_received),
+            ("store_get_errors", self.get_errors),
+            ("store_etag_mismatches", self.etag_mismatches),
+            ("store_gets_in_flight_peak", self.gets_in_flight_peak),
+            ("store_get_ns", self.get_ns),
+        ]
+        .into_iter()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    gets: AtomicU64,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+    mismatches: AtomicU64,
+    in_flight: AtomicU64,
+    peak: AtomicU64,
+    ns: AtomicU64,
+}
+
+/// Why one GET failed (becomes the `io::Error` the engine logs).
+#[derive(Debug)]
+enum GetError {
+    Replaced,
+    Short { want: u64, got: u64 },
+    Timeout,
+    Client(object_store::Error),
+}
+
+/// One object, read-only. See the module doc for the contract.
+pub struct S3Store {
+    client: Arc<dyn ObjectStore>,
+    path: ObjPath,
+    url: S3Url,
+    endpoint: String,
+    len: u64,
+    etag: String,
+    opts: S3Options,
+    counters: Counters,
+    replaced_logged: AtomicBool,
+    /// Last: dropped after the client (its connections run on it), and
+    /// shut down without waiting (see `Drop`).
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl fmt::Debug for S3Store {
+    /// The object and its version; never a credential.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Store")
+            .field("url", &self.url.to_string())
+            .field("endpoint", &self.endpoint)
+            .field("len", &self.len)
+            .field("etag", &self.etag)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for S3Store {
+    fn drop(&mut self) {
+        // Not Runtime::drop: it waits for the workers, and panics when the
+        // last region is dropped inside another runtime's task.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Builds the object_store client for `res` and bucket `bucket`.
+pub(crate) fn client(
+    url: &S3Url,
+    res: &Resolved,
+    opts: &S3Options,
+) -> Result<Arc<dyn ObjectStore>, OpenError> {
+    // The rustls provider of the process (reqwest is built without one):
+    // ring, unless the program installed another.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut copts = ClientOptions::new()
+        .with_connect_timeout(opts.connect_timeout)
+        .with_timeout(opts.timeout)
+        .with_pool_max_idle_per_host(opts.in_flight.max(8));
+    if let Some(ca) = &res.ca {
+        let pem = std::fs::read(ca).map_err(|e| OpenError::CaFile {
+            path: ca.clone(),
+            detail: e.to_string(),
+        })?;
+        let certs =
+            object_store::Certificate::from_pem_bundle(&pem).map_err(|e| OpenError::CaFile {
+                path: ca.clone(),
+                detail: e.to_string(),
+            })?;
+        if certs.is_empty() {
+            return Err(OpenError::CaFile {
+                path: ca.clone(),
+                detail: "no PEM certificate in it".into(),
+            });
+        }
+        for c in certs {
+            copts = copts.with_root_certificate(c);
+        }
+    }
+    let mut b = if res.credentials.is_none() && !res.unsigned {
+        // AWS without static credentials: the client's own chain
+        // (container credentials, web identity, instance metadata).
+        AmazonS3Builder::from_env()
+    } else {
+        AmazonS3Builder::new()
+    };
+    b = b
+        .with_bucket_name(&url.bucket)
+        .with_region(&res.region)
+        .with_virtual_hosted_style_request(false)
+        .with_client_options(copts)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(50),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: opts.retries,
+            retry_timeout: opts.retry_for,
+        });
+    if let Some(e) = &res.endpoint {
+        b = b.with_allow_http(e.starts_with("http://"));
+        if res.path_style {
+            b = b.with_endpoint(e);
+        } else {
+            // Virtual-hosted at a custom endpoint: the bucket in the host.
+            let (scheme, host) = e.split_once("://").unwrap_or(("https", e));
+            b = b
+                .with_endpoint(format!("{scheme}://{}.{host}", url.bucket))
+                .with_virtual_hosted_style_request(true);
+        }
+    } else if !res.path_style {
+        b = b.with_virtual_hosted_style_request(true);
+    }
+    if res.unsigned {
+        b = b.with_skip_signature(true);
+    }
+    if let Some(c) = &res.credentials {
+        b = b
+            .with_access_key_id(&c.key_id)
+            .with_secret_access_key(c.secret.expose());
+        if let Some(t) = &c.token {
+            b = b.with_token(t.expose());
+        }
+    }
+    let s = b.build().map_err(|source| OpenError::Client {
+        url: url.to_string(),
+        source,
+    })?;
+    Ok(Arc::new(s))
+}
+
+pub(crate) fn runtime(url: &S3Url, threads: usize) -> Result<tokio::runtime::Runtime, OpenError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("upager-s3")
+        .enable_all()
+        .build()
+        .map_err(|source| OpenError::Runtime {
+            url: url.to_string(),
+            source,
+        })
+}
+
+/// Runs `fut` to completion on `rt` from any thread, bounded by `guard`:
+/// `block_on` here, or on a scoped helper thread when this thread is
+/// inside another runtime (where `block_on` panics).
+pub(crate) fn run<T: Send>(
+    rt: &tokio::runtime::Runtime,
+    guard: Duration,
+    fut: impl std::future::Future<Output = T> + Send,
+) -> Option<T> {
+    let bounded = async {
+        // The timer must be made inside the runtime.
+        tokio::time::timeout(guard, fut).await.ok()
+    };
+    if tokio::runtime::Handle::try_current().is_ok() {
+        std::thread::scope(|s| {
+            s.spawn(|| rt.block_on(bounded))
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    } else {
+        rt.block_on(bounded)
+    }
+}
+
+fn endpoint_of(url: &S3Url, res: &Resolved) -> String {
+    res.endpoint
+        .clone()
+        .unwrap_or_else(|| format!("AWS S3 ({}, bucket {})", res.region, url.bucket))
+}
+
+/// An open error from a client error on `url`.
+pub(crate) fn classify(
+    url: &S3Url,
+    res: &Resolved,
+    endpoint: &str,
+    e: object_store::Error,
+) -> OpenError {
+    let u = url.to_string();
+    let detail = error_chain(&e);
+    match e {
+        object_store::Error::Unauthenticated { .. }
+        | object_store::Error::PermissionDenied { .. } => OpenError::Denied {
+            url: u,
+            endpoint: endpoint.to_string(),
+            creds: creds_source(res),
+            detail,
+        },
+        _ if detail.contains("InvalidAccessKeyId")
+            || detail.contains("SignatureDoesNotMatch")
+            || detail.contains("AccessDenied") =>
+        {
+            OpenError::Denied {
+                url: u,
+                endpoint: endpoint.to_string(),
+                creds: creds_source(res),
+                detail,
+            }
+        }
+        _ if detail.contains("onnect") || detail.contains("dns") || detail.contains("refused") => {
+            OpenError::Unreachable {
+                url: u,
+                endpoint: endpoint.to_string(),
+                detail,
+            }
+        }
+        source => OpenError::Other { url: u, source },
+    }
+}
+
+fn creds_source(res: &Resolved) -> String {
+    match &res.credentials {
+        Some(c) => format!("access key {} from {}", c.key_id, c.source),
+        None if res.unsigned => "unsigned requests".to_string(),
+        None => "the AWS default chain".to_string(),
+    }
+}
+
+/// The error and its sources, one line (object_store's Display omits the
+/// HTTP client's cause).
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
+impl S3Store {
+    /// Opens the object `url` names, read-only: resolves the settings from
+    /// the URL, the environment and the AWS profile, and reads the object's
+    /// size and ETag (one HEAD).
+    pub fn open(url: &S3Url, opts: &S3Options) -> Result<Arc<S3Store>, OpenError> {
+        Self::open_with(url, opts, &config::ProcessEnv)
+    }
+
+    /// [`S3Store::open`] with the settings from `env` instead of the
+    /// process's.
+    pub fn open_with(
+        url: &S3Url,
+        opts: &S3Options,
+        env: &dyn config::Env,
+    ) -> Result<Arc<S3Store>, OpenError> {
+        if url.key.is_empty() || url.key.ends_with('/') {
+            return Err(OpenError::NoKey {
+                url: url.to_string(),
+            });
+        }
+        let res = config::resolve(url, env)?;
+        let client = client(url, &res, opts)?;
+        let rt = runtime(url, opts.threads)?;
+        let endpoint = endpoint_of(url, &res);
+        let path = ObjPath::from(url.key.as_str());
+        let head =
+            run(&rt, opts.guard(), client.head(&path)).ok_or_else(|| OpenError::Timeout {
+                url: url.to_string(),
+                endpoint: endpoint.clone(),
+                secs: opts.guard().as_secs(),
+            })?;
+        let meta = match head {
+            Ok(m) => m,
+            Err(object_store::Error::NotFound { .. }) => {
+                // The bucket, or only the key? One listing tells.
+                let listed = run(&rt, opts.guard(), async {
+                    client.list(None).take(1).try_collect::<Vec<_>>().await
+                });
+                return Err(match listed {
+                    Some(Err(object_store::Error::NotFound { .. })) => OpenError::NoBucket {
+                        url: url.to_string(),
+                        bucket: url.bucket.clone(),
+                        endpoint,
+                    },
+                    Some(Err(e)) if error_chain(&e).contains("NoSuchBucket") => {
+                        OpenError::NoBucket {
+                            url: url.to_string(),
+                            bucket: url.bucket.clone(),
+                            endpoint,
+                        }
+                    }
+                    _ => OpenError::NoObject {
+                        url: url.to_string(),
+                        bucket: url.bucket.clone(),
+                        key: url.key.clone(),
+                    },
+                });
+            }
+            Err(e) => return Err(classify(url, &res, &endpoint, e)),
+        };
+        let Some(etag) = meta.e_tag.clone() else {
+            return Err(OpenError::NoEtag {
+                url: url.to_string(),
+            });
+        };
+        Ok(Arc::new(S3Store {
+            client,
+            path,
+            url: url.clone(),
+            endpoint,
+            len: meta.size,
+            etag,
+            opts: opts.clone(),
+            counters: Counters::default(),
+            replaced_logged: AtomicBool::new(false),
+            rt: Some(rt),
+        }))
+    }
+
+    /// The object's ETag when it was opened (every GET requires it).
+    pub fn etag(&self) -> &str {
+        &self.etag
+    }
+
+    /// The URL.
+    pub fn url(&self) -> &S3Url {
+        &self.url
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> S3Counters {
+        let c = &self.counters;
+        S3Counters {
+            gets: c.gets.load(Relaxed),
+            bytes_received: c.bytes.load(Relaxed),
+            get_errors: c.errors.load(Relaxed),
+            etag_mismatches: c.mismatches.load(Relaxed),
+            gets_in_flight_peak: c.peak.load(Relaxed),
+            get_ns: c.ns.load(Relaxed),
+        }
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("runtime lives until drop")
+    }
+
+    /// One ranged GET of `range` (non-empty, inside the object) into
+    /// `bufs`, which together are exactly as long, streamed body chunk by
+    /// body chunk.
+    async fn get_into(&self, range: Range<u64>, bufs: Vec<&mut [u8]>) -> Result<(), GetError> {
+        debug_assert_eq!(
+            bufs.iter().map(|b| b.len() as u64).sum::<u64>(),
+            range.end - range.start
+        );
+        let c = &self.counters;
+        let now = c.in_flight.fetch_add(1, Relaxed) + 1;
+        c.peak.fetch_max(now, Relaxed);
+        let t0 = Instant::now();
+        let res = self.get_body(range, bufs).await;
+        c.in_flight.fetch_sub(1, Relaxed);
+        c.ns.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        match &res {
+            Ok(n) => {
+                c.gets.fetch_add(1, Relaxed);
+                c.bytes.fetch_add(*n, Relaxed);
+            }
+            Err(GetError::Replaced) => {
+                c.errors.fetch_add(1, Relaxed);
+                c.mismatches.fetch_add(1, Relaxed);
+            }
+            Err(_) => {
+                c.errors.fetch_add(1, Relaxed);
+            }
+        }
+        res.map(|_| ())
+    }
+
+    async fn get_body(&self, range: Range<u64>, mut bufs: Vec<&mut [u8]>) -> Result<u64, GetError> {
+        let want = range.end - range.start;
+        let opts = GetOptions {
+            if_match: Some(self.etag.clone()),
+            range: Some(GetRange::Bounded(range)),
+            ..GetOptions::default()
+        };
+        let r = match self.client.get_opts(&self.path, opts).await {
+            Ok(r) => r,
+            Err(object_store::Error::Precondition { .. }) => return Err(GetError::Replaced),
+            // An object deleted since it was opened is replaced too.
+            Err(object_store::Error::NotFound { .. }) => return Err(GetError::Replaced),
+            Err(e) => return Err(GetError::Client(e)),
+        };
+        // A server that ignores If-Match still names the version it sent.
+        if r.meta.e_tag.as_deref().is_some_and(|t| t != self.etag) {
+            return Err(GetError::Replaced);
+        }
+        let mut body = r.into_stream();
+        let (mut at, mut got) = (0usize, 0u64);
+        while let Some(chunk) = body.next().await {
+            let mut chunk = chunk.map_err(GetError::Client)?;
+            while !chunk.is_empty() {
+                let Some(buf) = bufs.get_mut(at) else {
+                    return Err(GetError::Short {
+                        want,
+                        got: got + chunk.len() as u64,
+                    });
+                };
+                let n = buf.len().min(chunk.len());
+                buf[..n].copy_from_slice(&chunk[..n]);
+                let rest = std::mem::take(buf);
+                *buf = &mut rest[n..];
+                chunk = chunk.slice(n..);
+                got += n as u64;
+                if buf.is_empty() {
+                    at += 1;
+                }
+            }
+        }
+        if got != want {
+            return Err(GetError::Short { want, got });
+        }
+        Ok(got)
+    }
+
+    /// The `io::Error` the engine gets (and logs as the reason of a
+    /// SIGBUS) for a failed GET at `offset`.
+    fn io_error(&self, e: GetError, offset: u64) -> io::Error {
+        match e {
+            GetError::Replaced => {
+                let msg = format!(
+                    "{}: the object was replaced or deleted since it was opened (it no longer has ETag {}): the read at byte {offset} was refused rather than mix two versions; map the object again to read the new one",
+                    self.url, self.etag
+                );
+                if !self.replaced_logged.swap(true, Relaxed) {
+                    log::error!("{msg}");
+                }
+                io::Error::other(msg)
+            }
+            GetError::Short { want, got } => io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: a GET at byte {offset} returned {got} of {want} bytes (connection cut?)",
+                    self.url
+                ),
+            ),
+            GetError::Timeout => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{}: no answer from {} within {} s for the read at byte {offset}",
+                    self.url,
+                    self.endpoint,
+                    self.opts.guard().as_secs()
+                ),
+            ),
+            GetError::Client(e) => {
+                let kind = match &e {
+                    object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. } => {
+                        io::ErrorKind::PermissionDenied
+                    }
+                    _ => io::ErrorKind::Other,
+                };
+                io::Error::new(
+                    kind,
+                    format!(
+                        "{}: the GET at byte {offset} from {} failed after the client's retries: {}",
+                        self.url,
+                        self.endpoint,
+                        error_chain(&e)
+                    ),
+                )
+            }
+        }
+    }
+
+    /// The parts of the read `[offset, offset + n)`.
+    fn parts<'a>(&self, offset: u64, buf: &'a mut [u8]) -> Vec<(Range<u64>, Vec<&'a mut [u8]>)> {
+        let part = self.opts.part as usize;
+        buf.chunks_mut(part)
+            .enumerate()
+            .map(|(i, b)| {
+                let start = offset + (i * part) as u64;
+                (start..start + b.len() as u64, vec![b])
+            })
+            .collect()
+    }
+
+    /// Runs `gets` with at most `in_flight` in flight; the first error, by
+    /// order of the GETs, with its offset.
+    fn run_gets(&self, gets: Vec<(Range<u64>, Vec<&mut [u8]>)>) -> Vec<Result<(), io::Error>> {
+        let offsets: Vec<u64> = gets.iter().map(|g| g.0.start).collect();
+        // The futures made first: a closure inside the stream's type trips
+        // the Send check over its borrowed buffers.
+        let futs: Vec<_> = gets
+            .into_iter()
+            .map(|(range, bufs)| self.get_into(range, bufs))
+            .collect();
+        let all = async {
+            stream::iter(futs)
+                .buffered(self.opts.in_flight)
+                .collect::<Vec<_>>()
+                .await
+        };
+        match run(self.rt(), self.opts.guard(), all) {
+            Some(v) => v
+                .into_iter()
+                .zip(&offsets)
+                .map(|(r, &off)| r.map_err(|e| self.io_error(e, off)))
+                .collect(),
+            None => {
+                self.counters.errors.fetch_add(1, Relaxed);
+                offsets
+                    .iter()
+                    .map(|&off| Err(self.io_error(GetError::Timeout, off)))
+                    .collect()
+            }
+        }
+    }
+}
+
+impl upager::Store for S3Store {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn writable(&self) -> bool {
+        false
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if offset >= self.len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(self.len - offset) as usize;
+        let gets = self.parts(offset, &mut buf[..n]);
+        for r in self.run_gets(gets) {
+            r?;
+        }
+        Ok(n)
+    }
+
+    fn read_batch(&self, reads: &mut [upager::ReadReq<'_>]) -> Vec<io::Result<usize>> {
+        // Clip each read at the object's end; merge reads that continue one
+        // another into one GET of at most `part` bytes.
+        let mut sizes = Vec::with_capacity(reads.len());
+        let mut gets: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
+        // For each read, the GET that serves it (None: nothing to read).
+        let mut which = Vec::with_capacity(reads.len());
+        for r in reads.iter_mut() {
+            let n = if r.offset >= self.len {
+                0
+            } else {
+                (r.buf.len() as u64).min(self.len - r.offset)
+            };
+            sizes.push(n as usize);
+            if n == 0 {
+                which.push(None);
+                continue;
+            }
+            let buf = &mut r.buf[..n as usize];
+            match gets.last_mut() {
+                Some((range, bufs))
+                    if range.end == r.offset && range.end - range.start + n <= self.opts.part =>
+                {
+                    range.end += n;
+                    bufs.push(buf);
+                }
+                _ => gets.push((r.offset..r.offset + n, vec![buf])),
+            }
+            which.push(Some(gets.len() - 1));
+        }
+        let results = self.run_gets(gets);
+        which
+            .into_iter()
+            .zip(sizes)
+            .map(|(w, n)| match w {
+                None => Ok(0),
+                Some(g) => match &results[g] {
+                    Ok(()) => Ok(n),
+                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                },
+            })
+            .collect()
+    }
+
+    fn write_from(&self, _src: upager::Src<'_>, offset: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: read-only object: the write at byte {offset} was refused",
+                self.url
+            ),
+        ))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "S3 object {} at {} (ETag {})",
+            self.url, self.endpoint, self.etag
+        )
+    }
+}

@@ -1,0 +1,398 @@
+//! The S3 store against a real SeaweedFS (master, three volume servers
+//! with replication 001, filer with the S3 gateway; scripts/seaweedfs.sh):
+//! reads equal the object under a budget, GETs in flight together, an
+//! ETag change refused (SIGBUS in a child process, reason logged), clear
+//! errors, and a server killed mid-scan ending the access in SIGBUS within
+//! its bound. Ports: 23300.. (shared server), 23320.. (the killed one).
+
+// Integration tests sit at the top level of their file, which the workspace
+// lint `tests_outside_test_module` (meant for src/) would flag.
+#![allow(clippy::tests_outside_test_module)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use upager::{ErrorCode, MapOptions, Pager, ReadReq, Store};
+use upager_s3::{OpenError, S3Options, S3Store};
+
+const SHARED: u16 = 23300;
+
+fn shared(bucket: &str) -> Option<&'static Server> {
+    let s = Server::shared(SHARED)?;
+    s.bucket(bucket);
+    Some(s)
+}
+
+#[test]
+fn an_object_reads_back_whole_under_a_budget_smaller_than_it() {
+    let Some(s) = shared("reads") else { return };
+    let len = 24 * MIB;
+    let seed = 0x51;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("obj");
+    std::fs::write(&file, pattern(len, seed)).unwrap();
+    // Multipart: 3 parts of 8 MiB.
+    let etag = s.objects("reads").upload(&file, "big/w.bin").unwrap();
+    // Parts of 512 KiB: a full readahead window (2 MiB) is 4 GETs.
+    let st = S3Store::open_with(
+        &s.url("reads", "big/w.bin"),
+        &S3Options::default().part(512 << 10),
+        &s.env(),
+    )
+    .unwrap();
+    assert_eq!(st.len(), len);
+    assert_eq!(st.etag(), etag);
+    assert!(!st.writable());
+    let budget = 4 * MIB;
+    let pager = Pager::new(budget).unwrap();
+    let r = pager
+        .map_store(
+            Arc::clone(&st) as Arc<dyn Store>,
+            &MapOptions::new().folio(upager_s3::DEFAULT_FOLIO),
+        )
+        .unwrap();
+    let t = Instant::now();
+    let w = r.words();
+    for i in 0..len / 8 {
+        assert_eq!(w[i as usize].load(Relaxed), word(i, seed), "word {i}");
+    }
+    let scan = t.elapsed();
+    let mut x = 0x1234_5678u64;
+    for _ in 0..5000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = x % (len / 8);
+        assert_eq!(w[i as usize].load(Relaxed), word(i, seed), "word {i}");
+    }
+    let stats = pager.stats();
+    let c = st.counters();
+    eprintln!(
+        "scan of {} MiB in {scan:?} ({:.0} MiB/s); peak resident {} of {budget}; {c:?}",
+        len >> 20,
+        (len >> 20) as f64 / scan.as_secs_f64(),
+        stats.resident_peak_bytes,
+    );
+    assert!(stats.evictions > 0);
+    assert!(stats.resident_peak_bytes <= budget + 4 * MIB);
+    assert!(c.bytes_received >= len, "{c:?}");
+    assert_eq!(c.get_errors, 0);
+    // Readahead windows travel as several GETs at once.
+    assert!(c.gets_in_flight_peak >= 2, "{c:?}");
+}
+
+#[test]
+fn read_at_splits_long_reads_and_read_batch_merges_adjacent_ones() {
+    let Some(s) = shared("parts") else { return };
+    let len = 3 * MIB + 100; // not a multiple of a page
+    let data = pattern(len + 4, 7)[..len as usize].to_vec();
+    s.objects("parts").put("p.bin", data.clone()).unwrap();
+    let opts = S3Options::default().part(MIB).in_flight(8);
+    let st = S3Store::open_with(&s.url("parts", "p.bin"), &opts, &s.env()).unwrap();
+    // One read of 4 MiB: 4 GETs (the last of 100 bytes), clipped at the end.
+    let mut buf = vec![0u8; 4 * MIB as usize];
+    assert_eq!(st.read_at(&mut buf, 0).unwrap(), len as usize);
+    assert_eq!(&buf[..len as usize], &data[..]);
+    assert_eq!(st.counters().gets, 4);
+    assert!(
+        st.counters().gets_in_flight_peak >= 2,
+        "{:?}",
+        st.counters()
+    );
+    assert_eq!(st.read_at(&mut buf[..4096], len).unwrap(), 0);
+    // A batch: two adjacent reads (one GET), one apart, one past the end,
+    // one clipped.
+    let mut bufs: Vec<Vec<u8>> = vec![vec![0; 65536]; 5];
+    let offs = [0u64, 65536, MIB, len + 8192, len - 100];
+    let before = st.counters().gets;
+    let mut reqs: Vec<ReadReq<'_>> = bufs
+        .iter_mut()
+        .zip(offs)
+        .map(|(b, offset)| ReadReq {
+            buf: b.as_mut_slice(),
+            offset,
+        })
+        .collect();
+    let res = st.read_batch(&mut reqs);
+    let got: Vec<usize> = res.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(got, [65536, 65536, 65536, 0, 100]);
+    assert_eq!(st.counters().gets - before, 3, "adjacent reads merged");
+    for (b, off) in bufs.iter().zip(offs) {
+        let n = (len.saturating_sub(off)).min(65536) as usize;
+        if n == 0 {
+            continue;
+        }
+        assert_eq!(&b[..n], &data[off as usize..off as usize + n]);
+    }
+}
+
+#[test]
+fn missing_object_bucket_bad_credentials_and_no_server_are_clear_errors() {
+    let Some(s) = shared("errs") else { return };
+    s.objects("errs").put("there", vec![1; 4096]).unwrap();
+    let o = S3Options::default().retry(1, Duration::from_secs(2));
+    let open = |url, env: &TestEnv| S3Store::open_with(&url, &o, env).unwrap_err();
+
+    let e = open(s.url("errs", "not-there"), &s.env());
+    assert!(matches!(e, OpenError::NoObject { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("no such object 'not-there' in bucket 'errs'"),
+        "{e}"
+    );
+    assert_eq!(e.errno(), libc::ENOENT);
+
+    let e = open(s.url("no-such-bucket", "k"), &s.env());
+    assert!(matches!(e, OpenError::NoBucket { .. }), "{e}");
+    assert!(
+        e.to_string().contains("no such bucket 'no-such-bucket'"),
+        "{e}"
+    );
+
+    let bad = TestEnv::new(&[
+        ("AWS_ACCESS_KEY_ID", KEY),
+        ("AWS_SECRET_ACCESS_KEY", "wrong-secret-1234"),
+    ]);
+    let e = open(s.url("errs", "there"), &bad);
+    let msg = e.to_string();
+    assert!(matches!(e, OpenError::Denied { .. }), "{msg}");
+    assert!(msg.contains("refused the credentials"), "{msg}");
+    assert!(msg.contains(KEY), "names the key id: {msg}");
+    assert!(
+        !msg.contains("wrong-secret-1234"),
+        "never the secret: {msg}"
+    );
+    assert_eq!(e.errno(), libc::EACCES);
+
+    let unknown = TestEnv::new(&[
+        ("AWS_ACCESS_KEY_ID", "AKIDNOBODY"),
+        ("AWS_SECRET_ACCESS_KEY", "x"),
+    ]);
+    let e = open(s.url("errs", "there"), &unknown);
+    assert!(matches!(e, OpenError::Denied { .. }), "{e}");
+
+    let e = open(s.url("errs", "there"), &TestEnv::new(&[]));
+    assert!(
+        e.to_string()
+            .contains("no credentials for http://127.0.0.1"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("AWS_ACCESS_KEY_ID"), "{e}");
+
+    // Anonymous reads are allowed on the test server: ?unsigned=1.
+    let url = format!("s3://errs/there?endpoint={}&unsigned=1", s.endpoint);
+    let st = S3Store::open_with(&url.parse().unwrap(), &o, &TestEnv::new(&[])).unwrap();
+    assert_eq!(st.len(), 4096);
+
+    let t = Instant::now();
+    let url = "s3://errs/there?endpoint=http://127.0.0.1:1"
+        .parse()
+        .unwrap();
+    let e = open(url, &s.env());
+    assert!(matches!(e, OpenError::Unreachable { .. }), "{e}");
+    assert!(e.to_string().contains("scripts/seaweedfs.sh start"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+
+    let pager = Pager::new(MIB).unwrap();
+    let e = upager_s3::map(
+        &pager,
+        &s.url("errs", "there"),
+        &MapOptions::new().writable(true),
+        &o,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("read-only"), "{e}");
+    assert_eq!(e.errno(), libc::EROFS);
+}
+
+#[test]
+fn a_replaced_object_is_refused_not_mixed() {
+    let Some(s) = shared("versions") else { return };
+    let o = s.objects("versions");
+    o.put("v", pattern(MIB, 1)).unwrap();
+    let st = S3Store::open_with(&s.url("versions", "v"), &S3Options::default(), &s.env()).unwrap();
+    let mut buf = vec![0u8; 65536];
+    st.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, pattern(65536, 1));
+    o.put("v", pattern(MIB, 2)).unwrap();
+    let e = st.read_at(&mut buf, 65536).unwrap_err().to_string();
+    assert!(
+        e.contains("was replaced or deleted since it was opened"),
+        "{e}"
+    );
+    assert!(e.contains("map the object again"), "{e}");
+    assert_eq!(st.counters().etag_mismatches, 1);
+    o.delete("v").unwrap();
+    assert!(st.read_at(&mut buf, 0).is_err(), "a deleted object too");
+}
+
+/// Child process (see the tests below): maps the object of
+/// UPAGER_S3_CHILD_URL (credentials from its environment), reads folio 0,
+/// says READY, waits for a line, checks folio 0 (resident) still reads,
+/// then reads the object from 1 MiB on (SIGBUS expected somewhere).
+#[test]
+fn child_main() {
+    let Ok(url) = std::env::var("UPAGER_S3_CHILD_URL") else {
+        return;
+    };
+    upager::log_to_stderr();
+    let s3 = S3Options::default()
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(2))
+        .retry(3, Duration::from_millis(1500));
+    let pager = Pager::builder().budget(8 * MIB).build().unwrap();
+    let r = upager_s3::map(&pager, &url.parse().unwrap(), &MapOptions::new(), &s3).unwrap();
+    let first = r.words()[0].load(Relaxed);
+    let say = |s: String| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{s}").unwrap();
+        out.flush().unwrap();
+    };
+    say(format!("READY {first}"));
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(r.words()[0].load(Relaxed), first);
+    say("RESIDENT OK".into());
+    let mut sum = 0u64;
+    for i in (MIB / 8..r.len() as u64 / 8).step_by(512) {
+        sum = sum.wrapping_add(r.words()[i as usize].load(Relaxed));
+    }
+    say(format!("not reached: {sum}"));
+}
+
+/// Runs [`child_main`] on `url`; once it is READY, `act()`; then lets it
+/// go on and returns its exit status, its stdout and stderr, and the time
+/// from `act` to its end. Every wait is bounded (60 s).
+fn child_run(
+    s: &Server,
+    url: &upager_s3::S3Url,
+    act: impl FnOnce(),
+) -> (std::process::ExitStatus, String, String, Duration) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
+        .env("UPAGER_S3_CHILD_URL", url.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in s.env_vars() {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut err = child.stderr.take().unwrap();
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut s);
+        s
+    });
+    let limit = Instant::now() + Duration::from_secs(60);
+    loop {
+        match lines.recv_timeout(limit.saturating_duration_since(Instant::now())) {
+            Ok(l) if l.contains("READY") => break,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no READY from the child within 60 s: {e:?}");
+            }
+        }
+    }
+    let t = Instant::now();
+    act();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let limit = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > limit {
+            let _ = child.kill();
+            panic!("the child did not end within 60 s: a hang");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let took = t.elapsed();
+    let mut rest = String::new();
+    while let Ok(l) = lines.recv_timeout(Duration::from_secs(1)) {
+        rest.push_str(&l);
+        rest.push('\n');
+    }
+    (status, rest, errs.join().unwrap(), took)
+}
+
+#[test]
+fn an_object_replaced_under_a_mapping_ends_the_access_in_sigbus_with_the_reason_logged() {
+    let Some(s) = shared("replaced") else { return };
+    let o = s.objects("replaced");
+    o.put("obj", pattern(4 * MIB, 3)).unwrap();
+    let (status, out, err, took) = child_run(s, &s.url("replaced", "obj"), || {
+        o.put("obj", pattern(4 * MIB, 4)).unwrap();
+    });
+    eprintln!("replaced: child ended {took:?} after the replacement: {status:?}");
+    assert!(out.contains("RESIDENT OK"), "{out}\n{err}");
+    assert!(!out.contains("not reached"), "{out}\n{err}");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}\n{err}");
+    assert!(err.contains("gets SIGBUS"), "{err}");
+    assert!(
+        err.contains("was replaced or deleted since it was opened"),
+        "{err}"
+    );
+}
+
+/// A volume server killed: replicated objects still read. Then the S3
+/// gateway (the filer) killed mid-scan: the access ends in SIGBUS with a
+/// logged reason within the store's bounds, not a hang.
+#[test]
+fn a_server_killed_mid_scan_ends_the_access_in_sigbus_not_a_hang() {
+    let Some(s) = Server::start(23320) else {
+        return;
+    };
+    s.bucket("kill");
+    let len = 16 * MIB;
+    s.objects("kill").put("obj", pattern(len, 5)).unwrap();
+    let url = s.url("kill", "obj");
+
+    // One volume server gone (replication 001: another has every object).
+    let out = s.run(&["kill", "volume1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = S3Store::open_with(&url, &S3Options::default(), &s.env()).unwrap();
+    let mut buf = vec![0u8; len as usize];
+    let t = Instant::now();
+    assert_eq!(st.read_at(&mut buf, 0).unwrap(), len as usize);
+    assert!(buf == pattern(len, 5), "read with a volume server killed");
+    eprintln!("read 16 MiB with volume1 killed in {:?}", t.elapsed());
+    drop(st);
+
+    let (status, out, err, took) = child_run(&s, &url, || {
+        let out = s.run(&["kill", "filer"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    eprintln!("server killed: child ended {took:?} after the kill: {status:?}");
+    assert!(out.contains("RESIDENT OK"), "{out}\n{err}");
+    assert!(!out.contains("not reached"), "{out}\n{err}");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "{status:?}\n{err}");
+    assert!(err.contains("gets SIGBUS"), "{err}");
+    assert!(err.contains("failed after the client's retries"), "{err}");
+    // Bounded: retry_for 1.5 s + timeout 2 s + the guard's slack.
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}

@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# A local S3-compatible object store for upager's S3 store (issue 31):
+# SeaweedFS with a master, three volume servers (replication 001: every
+# object on two of them) and a filer with the S3 gateway, all on loopback.
+# Ports BASE..BASE+5 (BASE = $UPAGER_WEED_PORT, default 9330): master BASE,
+# volume servers BASE+1..BASE+3, filer BASE+4, S3 BASE+5; each also takes
+# its gRPC port, PORT+10000. Data under $UPAGER_WEED_DIR (default
+# /dev/shm/upager-weed-BASE).
+#
+#   scripts/seaweedfs.sh build           # builds weed once (cached), prints its path
+#   scripts/seaweedfs.sh start           # prints the S3 endpoint: http://127.0.0.1:9335
+#   scripts/seaweedfs.sh status          # each process, up or down
+#   scripts/seaweedfs.sh stop            # kills them, removes the directory
+#   scripts/seaweedfs.sh mb BUCKET       # creates a bucket
+#   scripts/seaweedfs.sh kill NAME       # kill -9 one: master, volume1..3, filer
+#   scripts/seaweedfs.sh env             # the AWS_* variables for a client, as export lines
+#
+# Access: the key $UPAGER_WEED_KEY / $UPAGER_WEED_SECRET (defaults below:
+# loopback test credentials, not secrets) may do everything; anonymous
+# requests may read and list (so ?unsigned=1 can be tested).
+#
+# The binary: `go install` of SeaweedFS's weed is refused (its go.mod has a
+# `replace`), so `build` makes a wrapper module that requires the pinned
+# version with the same replace and blank-imports .../weed, then
+# `go build`s it (18 min cold on a loaded 2-vCPU machine, ~2.5 min with
+# the module cache warm). It is cached as $UPAGER_CACHE_DIR/weed-VERSION
+# (default ~/.cache/upager), outside any clone: later runs reuse it.
+# `build --background` starts the build detached (log: CACHE/weed-build.log)
+# and returns at once; scripts/setup.sh does that, so the build runs while
+# the other suites do; the S3 tests wait for it (`wait-build`).
+#
+# UPAGER_WEED_OWNER=PID at start: the servers are stopped once PID exits
+# (a test binary that shares one server among its tests).
+#
+# Every wait has a timeout ($UPAGER_WEED_TIMEOUT seconds, default 60).
+set -euo pipefail
+
+WEED_VERSION=${UPAGER_WEED_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}
+CACHE=${UPAGER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/upager}
+WEED=${UPAGER_WEED:-$CACHE/weed-$WEED_VERSION}
+BASE=${UPAGER_WEED_PORT:-9330}
+DIR=${UPAGER_WEED_DIR:-/dev/shm/upager-weed-$BASE}
+TIMEOUT=${UPAGER_WEED_TIMEOUT:-60}
+KEY=${UPAGER_WEED_KEY:-upager-test-key}
+SECRET=${UPAGER_WEED_SECRET:-upager-test-secret}
+HOST=127.0.0.1
+MASTER=$BASE
+VOLUMES="$((BASE + 1)) $((BASE + 2)) $((BASE + 3))"
+FILER=$((BASE + 4))
+S3=$((BASE + 5))
+NAMES="master volume1 volume2 volume3 filer"
+
+die() { echo "seaweedfs: $*" >&2; exit 1; }
+
+build() {
+  [ -x "$WEED" ] && { echo "$WEED"; return 0; }
+  command -v go >/dev/null || die "go is missing (the Go toolchain builds weed): install Go 1.24+ and re-run"
+  local src="$CACHE/weed-src-$WEED_VERSION"
+  mkdir -p "$src"
+  cat >"$src/go.mod" <<MOD
+module upager.local/weedbuild
+
+go 1.24
+
+require github.com/seaweedfs/seaweedfs $WEED_VERSION
+
+replace github.com/tyler-smith/go-bip39 => github.com/cosmos/go-bip39 v1.0.0
+MOD
+  cat >"$src/tools.go" <<'GO'
+//go:build tools
+
+// Package tools pins SeaweedFS's weed command for scripts/seaweedfs.sh.
+package tools
+
+import _ "github.com/seaweedfs/seaweedfs/weed"
+GO
+  (cd "$src" && go mod tidy && go build -trimpath -ldflags="-s -w" -o "$WEED.tmp.$$" github.com/seaweedfs/seaweedfs/weed) ||
+    die "building weed failed (see the messages above)"
+  mv "$WEED.tmp.$$" "$WEED"
+  echo "$WEED"
+}
+
+# The detached build: one at a time (a lock file), its log beside the binary.
+build_background() {
+  [ -x "$WEED" ] && { echo "$WEED"; return 0; }
+  mkdir -p "$CACHE"
+  if [ -f "$CACHE/weed-build.pid" ] && kill -0 "$(cat "$CACHE/weed-build.pid")" 2>/dev/null; then
+    echo "seaweedfs: a build is running already (log: $CACHE/weed-build.log)" >&2
+    return 0
+  fi
+  nohup nice -n 10 bash "$0" build >"$CACHE/weed-build.log" 2>&1 </dev/null &
+  echo $! >"$CACHE/weed-build.pid"
+  echo "seaweedfs: building weed in the background (log: $CACHE/weed-build.log)" >&2
+}
+
+# Waits up to $1 seconds for a background build; exit 0 once the binary is there.
+wait_build() {
+  local secs=${1:-3600} deadline
+  deadline=$(($(date +%s) + secs))
+  while [ ! -x "$WEED" ]; do
+    if ! { [ -f "$CACHE/weed-build.pid" ] && kill -0 "$(cat "$CACHE/weed-build.pid")" 2>/dev/null; }; then
+      [ -x "$WEED" ] && break
+      die "weed is not built and no build is running (scripts/seaweedfs.sh build; last log: $CACHE/weed-build.log)"
+    fi
+    [ "$(date +%s)" -lt "$deadline" ] || die "timed out after ${secs}s waiting for the weed build (log: $CACHE/weed-build.log)"
+    sleep 2
+  done
+  echo "$WEED"
+}
+
+pid_of() {
+  local f="$DIR/$1.pid"
+  [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && cat "$f"
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
+wait_for() {
+  local secs=$1 what=$2 deadline
+  shift 2
+  deadline=$(($(date +%s) + secs))
+  until "$@"; do
+    [ "$(date +%s)" -lt "$deadline" ] || die "timed out after ${secs}s waiting for $what (logs in $DIR/*.log)"
+    sleep 0.2
+  done
+}
+
+# Something listens on 127.0.0.1:$1.
+busy() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+
+# An HTTP GET of $1 answers with status 200 (bash only: no curl needed).
+http_ok() {
+  local port=$1 path=$2 line
+  { exec 3<>"/dev/tcp/$HOST/$port"; } 2>/dev/null || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: %s:%s\r\n\r\n' "$path" "$HOST" "$port" >&3
+  IFS= read -r -t 5 line <&3 || { exec 3>&-; return 1; }
+  exec 3>&-
+  [[ $line == *" 200"* ]]
+}
+
+# The master knows three volume servers.
+volumes_up() {
+  local n=0 p
+  for p in $VOLUMES; do http_ok "$p" /status && n=$((n + 1)); done
+  [ "$n" = 3 ] || return 1
+  { exec 3<>"/dev/tcp/$HOST/$MASTER"; } 2>/dev/null || return 1
+  printf 'GET /dir/status HTTP/1.0\r\nHost: %s\r\n\r\n' "$HOST" >&3
+  local body
+  body=$(timeout 5 cat <&3 || true)
+  exec 3>&-
+  [ "$(grep -o '"Url":"[^"]*"' <<<"$body" | sort -u | wc -l)" -ge 3 ]
+}
+
+# The S3 gateway answers a signed-or-not request with any HTTP status.
+s3_up() {
+  local line
+  { exec 3<>"/dev/tcp/$HOST/$S3"; } 2>/dev/null || return 1
+  printf 'GET / HTTP/1.0\r\nHost: %s:%s\r\n\r\n' "$HOST" "$S3" >&3
+  IFS= read -r -t 5 line <&3 || { exec 3>&-; return 1; }
+  exec 3>&-
+  [[ $line == HTTP/* ]]
+}
+
+launch() { # NAME ARGS...: starts weed ARGS in the background, pid in DIR/NAME.pid
+  local name=$1
+  shift
+  nohup "$WEED" "$@" >"$DIR/$name.log" 2>&1 </dev/null &
+  echo $! >"$DIR/$name.pid"
+}
+
+start() {
+  [ -x "$WEED" ] || die "weed is not built: scripts/seaweedfs.sh build (or wait for scripts/setup.sh's background build: scripts/seaweedfs.sh wait-build)"
+  if [ -d "$DIR" ] && [ "$(running)" = 5 ] && s3_up; then
+    echo "seaweedfs: already running" >&2
+    echo "http://$HOST:$S3"
+    return 0
+  fi
+  [ -d "$DIR" ] && stop >/dev/null
+  local p
+  for p in $MASTER $VOLUMES $FILER $S3; do
+    for q in "$p" $((p + 10000)); do
+      busy "$q" && die "port $q is in use by another program (a server on port P also needs P+10000): pick other ports with UPAGER_WEED_PORT"
+    done
+  done
+  mkdir -p "$DIR"/{master,filer,v1,v2,v3}
+  cat >"$DIR/s3.json" <<EOF
+{
+  "identities": [
+    {"name": "upager", "credentials": [{"accessKey": "$KEY", "secretKey": "$SECRET"}],
+     "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+    {"name": "anonymous", "actions": ["Read", "List"]}
+  ]
+}
+EOF
+  launch master master -ip="$HOST" -ip.bind="$HOST" -port="$MASTER" -mdir="$DIR/master" \
+    -defaultReplication=001 -volumeSizeLimitMB=256
+  wait_for "$TIMEOUT" "the master on port $MASTER" http_ok "$MASTER" /cluster/status
+  local k=1
+  for p in $VOLUMES; do
+    launch "volume$k" volume -ip="$HOST" -ip.bind="$HOST" -port="$p" -dir="$DIR/v$k" \
+      -mserver="$HOST:$MASTER" -dataCenter=dc1 -rack=rack1 -max=32
+    k=$((k + 1))
+  done
+  wait_for "$TIMEOUT" "three volume servers registered with the master" volumes_up
+  launch filer filer -ip="$HOST" -ip.bind="$HOST" -port="$FILER" -master="$HOST:$MASTER" \
+    -defaultStoreDir="$DIR/filer" -defaultReplicaPlacement=001 \
+    -s3 -s3.port="$S3" -s3.config="$DIR/s3.json"
+  wait_for "$TIMEOUT" "the S3 gateway on port $S3" s3_up
+  if [ -n "${UPAGER_WEED_OWNER:-}" ]; then
+    # Stopped when the owner (a test process) exits, however it ends.
+    nohup bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec bash "$2" stop' \
+      reaper "$UPAGER_WEED_OWNER" "$0" >"$DIR/reaper.log" 2>&1 </dev/null &
+  fi
+  echo "http://$HOST:$S3"
+}
+
+running() {
+  local n=0 name
+  for name in $NAMES; do pid_of "$name" >/dev/null && n=$((n + 1)); done
+  echo "$n"
+}
+
+stop() {
+  local name pid
+  for name in $NAMES; do
+    if pid=$(pid_of "$name"); then kill -9 "$pid" 2>/dev/null || true; fi
+  done
+  for p in $MASTER $VOLUMES $FILER $S3; do
+    wait_for 10 "port $p to close" bash -c "! (exec 3<>/dev/tcp/$HOST/$p) 2>/dev/null"
+  done
+  rm -rf "$DIR"
+}
+
+status() {
+  local name pid
+  for name in $NAMES; do
+    if pid=$(pid_of "$name"); then echo "$name up (pid $pid)"; else echo "$name down"; fi
+  done
+  if s3_up; then echo "s3 http://$HOST:$S3 up"; else echo "s3 http://$HOST:$S3 down"; fi
+}
+
+case "${1:-}" in
+build)
+  if [ "${2:-}" = --background ]; then build_background; else build; fi
+  ;;
+wait-build)
+  wait_build "${2:-3600}"
+  ;;
+start) start ;;
+stop) stop ;;
+status) status ;;
+mb)
+  b=${2:?usage: $0 mb BUCKET}
+  [ -x "$WEED" ] || die "weed is not built: scripts/seaweedfs.sh build"
+  out=$(echo "s3.bucket.create -name $b" | timeout "$TIMEOUT" "$WEED" shell -master="$HOST:$MASTER" -filer="$HOST:$FILER" 2>&1) ||
+    die "creating bucket $b failed: $out"
+  grep -qi 'error' <<<"$out" && die "creating bucket $b failed: $out"
+  true
+  ;;
+kill)
+  name=${2:?usage: $0 kill master|volume1|volume2|volume3|filer}
+  pid=$(pid_of "$name") || die "$name is not running"
+  kill -9 "$pid"
+  ;;
+env)
+  echo "export AWS_ACCESS_KEY_ID=$KEY AWS_SECRET_ACCESS_KEY=$SECRET AWS_ENDPOINT_URL=http://$HOST:$S3 AWS_REGION=us-east-1"
+  ;;
+*)
+  echo "usage: $0 build [--background]|wait-build [SECONDS]|start|stop|status|mb BUCKET|kill NAME|env" >&2
+  exit 2
+  ;;
+esac
