@@ -424,54 +424,9 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     let words = a.size / 8;
 
-    // 3a. Sequential scan: thread t reads its own contiguous share.
-    let done = Arc::new(AtomicU64::new(0));
-    let per = words.div_ceil(a.threads as u64);
-    let el = parallel(a.threads, a.size, "scan", &done, |t| {
-        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(words));
-        let w = region.words();
-        for i in lo..hi {
-            let v = w[i as usize].load(Relaxed);
-            assert_eq!(v, word(i * 8), "scan: wrong data at byte {}", i * 8);
-            if i % 65536 == 0 {
-                done.fetch_add(65536 * 8, Relaxed);
-            }
-        }
-    });
-    let mut phases = vec![el];
-    let scan = report(
-        "sequential scan",
-        a.size as f64 / el.as_secs_f64() / 1e9,
-        "GB/s",
-        el,
-    );
-
-    // 3b. Random reads.
-    let done = Arc::new(AtomicU64::new(0));
-    let total_reads = a.reads * a.threads as u64;
-    let el = parallel(a.threads, total_reads * 8, "random reads", &done, |t| {
-        let mut rng = read_rng(t as u64);
-        let w = region.words();
-        for i in 0..a.reads {
-            let k = rng.next_u64() % words;
-            assert_eq!(
-                w[k as usize].load(Relaxed),
-                word(k * 8),
-                "random read: wrong data at byte {}",
-                k * 8
-            );
-            if i % 1024 == 0 {
-                done.fetch_add(1024 * 8, Relaxed);
-            }
-        }
-    });
-    phases.push(el);
-    let reads = report(
-        "random reads",
-        total_reads as f64 / el.as_secs_f64() / 1e6,
-        "M/s",
-        el,
-    );
+    // 3a-b. Sequential scan, then random reads.
+    let (scan, reads, read_phases) = scan_and_read(a, &region, words);
+    let mut phases = read_phases.to_vec();
 
     // 3c. Random writes: thread t writes words with index % threads == t.
     let done = Arc::new(AtomicU64::new(0));
@@ -539,6 +494,57 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `--compare`: the kernel's mmap on the same workload, side by side.
+/// The demo's read phases on `region` (the dataset's `words` words):
+/// a sequential scan, thread t reading its own contiguous share, then
+/// random reads, every word checked. (scan GB/s, random reads M/s, the
+/// two phases' times.)
+fn scan_and_read(a: &DemoArgs, region: &Region, words: u64) -> (f64, f64, [Duration; 2]) {
+    let done = Arc::new(AtomicU64::new(0));
+    let per = words.div_ceil(a.threads as u64);
+    let scan_el = parallel(a.threads, a.size, "scan", &done, |t| {
+        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(words));
+        let w = region.words();
+        for i in lo..hi {
+            let v = w[i as usize].load(Relaxed);
+            assert_eq!(v, word(i * 8), "scan: wrong data at byte {}", i * 8);
+            if i % 65536 == 0 {
+                done.fetch_add(65536 * 8, Relaxed);
+            }
+        }
+    });
+    let scan = report(
+        "sequential scan",
+        a.size as f64 / scan_el.as_secs_f64() / 1e9,
+        "GB/s",
+        scan_el,
+    );
+    let done = Arc::new(AtomicU64::new(0));
+    let total_reads = a.reads * a.threads as u64;
+    let read_el = parallel(a.threads, total_reads * 8, "random reads", &done, |t| {
+        let mut rng = read_rng(t as u64);
+        let w = region.words();
+        for i in 0..a.reads {
+            let k = rng.next_u64() % words;
+            assert_eq!(
+                w[k as usize].load(Relaxed),
+                word(k * 8),
+                "random read: wrong data at byte {}",
+                k * 8
+            );
+            if i % 1024 == 0 {
+                done.fetch_add(1024 * 8, Relaxed);
+            }
+        }
+    });
+    let reads = report(
+        "random reads",
+        total_reads as f64 / read_el.as_secs_f64() / 1e6,
+        "M/s",
+        read_el,
+    );
+    (scan, reads, [scan_el, read_el])
+}
+
 fn compare(
     a: &DemoArgs,
     dir: &Path,
@@ -834,49 +840,7 @@ fn s3_demo(
         &MapOptions::new().folio(folio),
     )?;
     let words = a.size / 8;
-    let done = Arc::new(AtomicU64::new(0));
-    let per = words.div_ceil(a.threads as u64);
-    let el = parallel(a.threads, a.size, "scan", &done, |t| {
-        let (lo, hi) = (t as u64 * per, ((t as u64 + 1) * per).min(words));
-        let w = region.words();
-        for i in lo..hi {
-            let v = w[i as usize].load(Relaxed);
-            assert_eq!(v, word(i * 8), "scan: wrong data at byte {}", i * 8);
-            if i % 65536 == 0 {
-                done.fetch_add(65536 * 8, Relaxed);
-            }
-        }
-    });
-    let scan = report(
-        "sequential scan",
-        a.size as f64 / el.as_secs_f64() / 1e9,
-        "GB/s",
-        el,
-    );
-    let done = Arc::new(AtomicU64::new(0));
-    let total_reads = a.reads * a.threads as u64;
-    let el = parallel(a.threads, total_reads * 8, "random reads", &done, |t| {
-        let mut rng = read_rng(t as u64);
-        let w = region.words();
-        for i in 0..a.reads {
-            let k = rng.next_u64() % words;
-            assert_eq!(
-                w[k as usize].load(Relaxed),
-                word(k * 8),
-                "random read: wrong data at byte {}",
-                k * 8
-            );
-            if i % 1024 == 0 {
-                done.fetch_add(1024 * 8, Relaxed);
-            }
-        }
-    });
-    let reads = report(
-        "random reads",
-        total_reads as f64 / el.as_secs_f64() / 1e6,
-        "M/s",
-        el,
-    );
+    let (scan, reads, _) = scan_and_read(a, &region, words);
     println!("  (an s3:// object is read-only: no write phase; every word read was checked)");
     let stats = pager.stats();
     unmap(region)?;
