@@ -686,7 +686,7 @@ impl Pager {
         }
         sh.table.insert(Arc::clone(&inner));
         if let Some(w) = &inner.warm {
-            if matches!(w.job, crate::warm::Job::Replay(_)) {
+            if w.replay().is_some() {
                 // The first window at once, ahead of the first fault.
                 sh.ask_ahead(inner.base() | 1);
             }

@@ -167,7 +167,7 @@ impl Shared {
         let Some(r) = self.table.lookup(base) else {
             return;
         };
-        let Some(crate::warm::Job::Replay(rp)) = r.warm.as_ref().map(|w| &w.job) else {
+        let Some(rp) = r.warm.as_ref().and_then(|w| w.replay()) else {
             return;
         };
         self.counters.replay_hits.add(rp.take_hits());

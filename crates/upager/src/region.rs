@@ -290,7 +290,7 @@ impl Region {
         // mtime, which the trace is tied to, is final) and once no fill can
         // add to it: written beside the file, or a replay's last counts.
         if let Some(w) = &r.warm {
-            if let crate::warm::Job::Replay(rp) = &w.job {
+            if let Some(rp) = w.replay() {
                 sh.counters.replay_hits.add(rp.take_hits());
             }
             w.save();

@@ -327,7 +327,7 @@ pub(crate) struct Warm {
     folio: u64,
     offset: u64,
     len: u64,
-    pub(crate) job: Job,
+    job: Job,
 }
 
 /// Recording a trace, or replaying one.
@@ -396,21 +396,23 @@ impl Warm {
         }
     }
 
+    /// The replay, if this region replays a trace.
+    pub(crate) fn replay(&self) -> Option<&Replayer> {
+        match &self.job {
+            Job::Replay(rp) => Some(rp),
+            Job::Record(_) => None,
+        }
+    }
+
     /// Folio `idx` is being evicted: whether it counts as replay wasted.
     pub(crate) fn evicted(&self, idx: usize) -> bool {
-        match &self.job {
-            Job::Replay(rp) => rp.on_evict(idx),
-            Job::Record(_) => false,
-        }
+        self.replay().is_some_and(|rp| rp.on_evict(idx))
     }
 
     /// A fault (not a prefetch) filled folio `idx`: whether a replay asks
     /// the prefetch thread for its next window. Async-signal-safe.
     pub(crate) fn wants_next(&self, idx: usize) -> bool {
-        match &self.job {
-            Job::Replay(rp) => rp.on_fault(idx),
-            Job::Record(_) => false,
-        }
+        self.replay().is_some_and(|rp| rp.on_fault(idx))
     }
 
     /// Writes the recorded trace beside the file (a replaying region keeps
