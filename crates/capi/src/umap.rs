@@ -349,7 +349,12 @@ fn umap_inner(
         // mappings: umapsort's multi-file mode umaps its base file, then
         // maps each file with UMAP_FIXED over part of it. A region only
         // partly inside is unmapped whole (its dirty data written back
-        // first; MAP_FIXED would keep the rest mapped).
+        // first; MAP_FIXED would keep the rest mapped). Its range stays
+        // reserved, inaccessible, never a hole: an engine buffer or a
+        // malloc of another thread mapped into a hole would be mapped over
+        // below (seen: a fill's read buffer became region memory, EFAULT).
+        // The part outside this range stays reserved for the program's
+        // next UMAP_FIXED, as the rest of a mapping does under MAP_FIXED.
         let overlapping: Vec<usize> = regions()
             .iter()
             .filter(|(b, r)| {
@@ -362,10 +367,10 @@ fn umap_inner(
             log(
                 Level::Warning,
                 &format!(
-                    "umap: UMAP_FIXED range {addr:p}+{len:#x} replaces the umap region at {b:#x}: it is written back and unmapped whole"
+                    "umap: UMAP_FIXED range {addr:p}+{len:#x} replaces the umap region at {b:#x}: it is written back and unmapped whole (what lies outside the range stays reserved, inaccessible)"
                 ),
             );
-            unmap_region(b as *mut c_void, 0)?;
+            remove_region(b as *mut c_void, 0, true)?;
         }
         // SAFETY: UMAP_FIXED hands the range over, as MAP_FIXED does
         // (umap.h), and no region of ours is left in it.
@@ -433,12 +438,15 @@ pub unsafe extern "C" fn upager_umap_store(
 /// and errno (the region then stays mapped).
 #[no_mangle]
 pub extern "C" fn uunmap(addr: *mut c_void, length: usize) -> c_int {
-    catch("uunmap", -1, || unmap_region(addr, length))
+    catch("uunmap", -1, || {
+        remove_region(addr, length, false).map(|_| 0)
+    })
 }
 
 /// [`uunmap`]'s work: the region at `addr` written back and unmapped
-/// (`length` 0: not checked).
-fn unmap_region(addr: *mut c_void, length: usize) -> Result<c_int, Failure> {
+/// (`length` 0: not checked), or with `keep_range` its range left reserved
+/// for a UMAP_FIXED mapping over it.
+fn remove_region(addr: *mut c_void, length: usize, keep_range: bool) -> Result<(), Failure> {
     {
         let key = addr as usize;
         let Some(mut r) = regions().remove(&key) else {
@@ -464,8 +472,13 @@ fn unmap_region(addr: *mut c_void, length: usize) -> Result<c_int, Failure> {
                 }
             }
         };
-        match region.unmap() {
-            Ok(()) => Ok(0),
+        let done = if keep_range {
+            region.unmap_keeping_range().map(drop)
+        } else {
+            region.unmap()
+        };
+        match done {
+            Ok(()) => Ok(()),
             Err((e, region)) => {
                 regions().insert(key, Arc::new(region));
                 Err(e.into())

@@ -11,7 +11,7 @@ use std::alloc::{self, Layout};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use crate::{cvt, last_err, PAGE_SIZE};
 
@@ -20,6 +20,8 @@ use crate::{cvt, last_err, PAGE_SIZE};
 pub struct Mapping {
     addr: NonNull<u8>,
     len: usize,
+    /// Set by [`Mapping::keep_reserved`]: the drop leaves the range mapped.
+    keep: AtomicBool,
 }
 
 // SAFETY: a Mapping is plain memory owned by the process; the struct only
@@ -66,6 +68,14 @@ impl FixedRange {
 }
 
 impl Mapping {
+    fn owned(addr: NonNull<u8>, len: usize) -> Mapping {
+        Mapping {
+            addr,
+            len,
+            keep: AtomicBool::new(false),
+        }
+    }
+
     /// Maps `len` bytes (a multiple of the page size) of private anonymous,
     /// `MAP_NORESERVE` memory at the start of `at` (`MAP_FIXED`: whatever
     /// the caller had there is replaced), readable and, if `writable`,
@@ -84,7 +94,7 @@ impl Mapping {
             return Err(last_err());
         }
         let addr = NonNull::new(raw.cast::<u8>()).expect("MAP_FIXED at a non-zero address");
-        Ok(Mapping { addr, len })
+        Ok(Mapping::owned(addr, len))
     }
 
     /// Maps `len` bytes (a multiple of the page size) of private anonymous,
@@ -117,7 +127,7 @@ impl Mapping {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
         let addr = NonNull::new(raw.cast::<u8>()).expect("a non-zero address was asked for");
-        Ok(Mapping { addr, len })
+        Ok(Mapping::owned(addr, len))
     }
 
     /// Replaces this mapping (typically a reservation made by
@@ -147,10 +157,7 @@ impl Mapping {
         if raw == libc::MAP_FAILED {
             return Err(last_err()); // `self` drops: the range is unmapped
         }
-        let m = Mapping {
-            addr: self.addr,
-            len: self.len,
-        };
+        let m = Mapping::owned(self.addr, self.len);
         std::mem::forget(self); // its range is `m` now
         Ok(m)
     }
@@ -191,7 +198,7 @@ impl Mapping {
             }
         }
         let addr = NonNull::new(aligned as *mut u8).expect("mmap never returns 0 here");
-        Ok(Mapping { addr, len })
+        Ok(Mapping::owned(addr, len))
     }
 
     /// Start address.
@@ -271,6 +278,26 @@ impl Mapping {
         }
         debug_assert_eq!(raw as usize, self.addr.as_ptr() as usize);
         Ok(())
+    }
+
+    /// Hands the address range over once this mapping is dropped: the drop
+    /// leaves whatever is mapped there (after [`Mapping::make_inaccessible`],
+    /// an inaccessible reservation) in place instead of unmapping it, so no
+    /// other mapping can land in the range before its next owner maps over
+    /// it with `MAP_FIXED` (a [`FixedRange`]). A range nobody maps over
+    /// stays reserved (address space only) until the process ends.
+    ///
+    /// As with [`Mapping::make_inaccessible`], call it only once nothing
+    /// will use the memory again: an atomic view used after the next owner
+    /// mapped over the range reaches that owner's memory.
+    pub fn keep_reserved(&self) -> FixedRange {
+        self.keep.store(true, Ordering::Release);
+        // The range is this mapping's own, page-aligned and not wrapping;
+        // from here on nothing unmaps it and the caller owns it.
+        FixedRange {
+            addr: self.addr.as_ptr() as u64,
+            len: self.len as u64,
+        }
     }
 
     /// The mapping as atomic bytes: safe shared access from any thread (a
@@ -439,6 +466,9 @@ impl MapRange<'_> {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.keep.load(Ordering::Acquire) {
+            return; // handed over: the next owner maps over the range
+        }
         // SAFETY: the mapping was created by Mapping::anonymous and is
         // unmapped once; atomic views borrow &self so none outlives it.
         unsafe { libc::munmap(self.addr.as_ptr().cast(), self.len) };

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use upager_sys::mem::Access;
+use upager_sys::mem::{Access, FixedRange};
 
 use crate::area::Area;
 use crate::error::{FlushError, UnmapError};
@@ -220,9 +220,31 @@ impl Region {
     /// store raises SIGSEGV from here on, so every write that landed is in
     /// the flush below), then the range becomes inaccessible, and only then
     /// does the engine let go of it. Never zero-filled or stale memory.
-    pub fn unmap(mut self) -> Result<(), (UnmapError, Region)> {
+    pub fn unmap(self) -> Result<(), (UnmapError, Region)> {
+        self.unmap_then(false).map(drop)
+    }
+
+    /// Like [`Region::unmap`], but the region's address range is handed to
+    /// the caller instead of being released: it stays reserved
+    /// (inaccessible, raising SIGSEGV) until mapped over with
+    /// [`MapOptions::at`](crate::MapOptions::at), so nothing else —
+    /// the engine's own buffers, another thread's `malloc` — can land in
+    /// it in between, as it could after a plain unmap. This is what UMap's
+    /// `UMAP_FIXED` needs when it replaces a region. A part of the range
+    /// nobody maps over stays reserved (address space only) until the
+    /// process ends.
+    /// None in a fork child whose inherited region could not be mapped
+    /// again here (its range was left reserved with the lineage entry).
+    pub fn unmap_keeping_range(self) -> Result<Option<FixedRange>, (UnmapError, Region)> {
+        self.unmap_then(true)
+    }
+
+    fn unmap_then(mut self, keep_range: bool) -> Result<Option<FixedRange>, (UnmapError, Region)> {
         if let Some(heir) = self.take_heir() {
-            return heir.map_or(Ok(()), Region::unmap);
+            return match heir {
+                Some(h) => h.unmap_then(keep_range),
+                None => Ok(None), // the reservation went with the lineage entry
+            };
         }
         self.stop_writes(true);
         if let Err(e) = self.flush() {
@@ -230,7 +252,9 @@ impl Region {
             return Err((UnmapError::Flush(e), self));
         }
         self.teardown();
-        Ok(())
+        // The teardown made the range inaccessible and nothing of the
+        // engine uses it any more.
+        Ok(keep_range.then(|| self.inner.map.keep_reserved()))
     }
 
     /// Makes a writable file region read-only (`stop`) or writable again.

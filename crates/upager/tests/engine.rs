@@ -912,6 +912,41 @@ fn regions_sit_side_by_side_at_fixed_addresses_in_one_reservation() {
 }
 
 #[test]
+fn a_region_unmapped_keeping_its_range_leaves_it_reserved_for_one_mapped_over_it() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "a", 8 * MIB, 74);
+    let pager = small_pager(4 * MIB);
+    let old = pager
+        .map_file(&path, &MapOptions::new().writable(true))
+        .unwrap();
+    let base = old.as_ptr() as u64;
+    old.words()[5].store(55, Relaxed);
+    let range = old
+        .unmap_keeping_range()
+        .map_err(|(e, _)| e)
+        .unwrap()
+        .expect("not a fork child");
+    // Written back, and the range is still mapped (inaccessible), so no
+    // other mapping can take it before the one mapped over it.
+    assert_eq!(std::fs::read(&path).unwrap()[40], 55);
+    assert_eq!((range.addr(), range.len()), (base, 8 * MIB));
+    assert!(mapped(base, 8 * MIB));
+    for _ in 0..64 {
+        let p = reserve(2 * MIB);
+        assert!(
+            p + 2 * MIB <= base || p >= base + 8 * MIB,
+            "a mapping landed in the range"
+        );
+    }
+    let new = pager.map_file(&path, &MapOptions::new().at(range)).unwrap();
+    assert_eq!(new.as_ptr() as u64, base);
+    assert_eq!(new.words()[5].load(Relaxed), 55);
+    assert_eq!(new.words()[6].load(Relaxed), word(48, 74));
+    new.unmap().map_err(|(e, _)| e).unwrap();
+    assert!(!mapped(base, 8 * MIB));
+}
+
+#[test]
 fn pinned_folios_stay_resident_until_unpinned() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 32 * MIB, 73);

@@ -89,8 +89,10 @@
  *     several regions may sit side by side in one reservation. umap()
  *     regions in that range are replaced: each is written back and
  *     unmapped whole, also one only partly inside (MAP_FIXED would keep
- *     its rest mapped; a WARNING says so) - what umapsort's multi-file
- *     mode needs (it maps its files over a umap() of its base file). A
+ *     its rest mapped; a WARNING says so); its range stays reserved,
+ *     inaccessible (SIGSEGV), for later UMAP_FIXED calls over it - what
+ *     umapsort's multi-file mode needs (it maps its files over a umap() of
+ *     its base file). A
  *     hint `addr` without UMAP_FIXED is ignored, as UMap's mmap would.
  *   - umap_fetch_and_pin() pins at most half of UMAP_BUFSIZE (see below).
  *
