@@ -1650,10 +1650,7 @@ impl Store for RedisStore {
             .command(redis::cmd("HGET").arg(meta_key(&self.name)).arg("owner"))
             .ok()?;
         let owner = crate::dataset::texts(&v).into_iter().next()?;
-        // FNV-1a: stable across processes and builds (not RandomState).
-        Some(owner.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        }))
+        Some(upager::trace_version_of(&owner))
     }
     fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
         match self.command(redis::cmd("GET").arg(trace_key(&self.name)))? {

@@ -238,18 +238,19 @@ impl Objects {
         res
     }
 
-    /// Deletes object `key` (no error if there is none).
+    /// Deletes object `key` and its warm-start trace beside it
+    /// ([`store::trace_key`]); no error if there is none.
     pub fn delete(&self, key: &str) -> Result<(), UploadError> {
-        let loc = ObjPath::from(key);
-        match self.run(key, async {
-            match self.client.delete(&loc).await {
-                Err(object_store::Error::NotFound { .. }) => Ok(()),
-                r => r,
-            }
-        }) {
-            Ok(()) => Ok(()),
-            Err(e) => Err(e),
+        for k in [key.to_string(), store::trace_key(key)] {
+            let loc = ObjPath::from(k.as_str());
+            self.run(&k, async {
+                match self.client.delete(&loc).await {
+                    Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    r => r,
+                }
+            })?;
         }
+        Ok(())
     }
 
     /// The keys under `prefix` (all of the bucket's for "").

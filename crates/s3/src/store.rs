@@ -18,6 +18,11 @@
 //!             = the object was replaced: an error (the access gets SIGBUS,
 //!             the reason logged by the engine), never bytes of two versions
 //! writes      refused: the store is read-only (writable() is false)
+//! trace       the warm-start trace (upager's MapOptions::warm) is the object
+//!             KEY.upager-trace beside it, one GET when mapped, one PUT when
+//!             unmapped; tied to the ETag (trace_version), so a trace of a
+//!             replaced object is ignored; a refused PUT (read-only
+//!             credentials) is logged and the next map starts cold
 //! ```
 //!
 //! Threads: the store owns one tokio runtime with `threads` workers
@@ -324,6 +329,12 @@ impl Drop for S3Store {
             rt.shutdown_background();
         }
     }
+}
+
+/// The object beside `key` that keeps its warm-start trace (as a file's
+/// trace is kept beside the file: [`upager::TRACE_SUFFIX`]).
+pub fn trace_key(key: &str) -> String {
+    format!("{key}{}", upager::TRACE_SUFFIX)
 }
 
 /// Builds the object_store client for `res` and bucket `bucket`.
@@ -750,6 +761,32 @@ impl S3Store {
         }
     }
 
+    /// The outcome of a request for the warm-start trace `key`.
+    fn trace_result<T>(
+        &self,
+        key: &str,
+        what: &str,
+        r: Option<object_store::Result<T>>,
+    ) -> io::Result<T> {
+        let url = self.url.with_key(key);
+        match r {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(io::Error::other(format!(
+                "{what} of {url} from {} failed: {}",
+                self.endpoint,
+                error_chain(&e)
+            ))),
+            None => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{what} of {url}: no answer from {} within {} s",
+                    self.endpoint,
+                    self.opts.guard().as_secs()
+                ),
+            )),
+        }
+    }
+
     /// The parts of the read `[offset, offset + n)`.
     fn parts<'a>(&self, offset: u64, buf: &'a mut [u8]) -> Vec<(Range<u64>, Vec<&'a mut [u8]>)> {
         let part = self.opts.part as usize;
@@ -872,6 +909,34 @@ impl upager::Store for S3Store {
 
     fn sync(&self) -> io::Result<()> {
         Ok(())
+    }
+
+    fn trace_version(&self) -> Option<u64> {
+        Some(upager::trace_version_of(&self.etag))
+    }
+
+    fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
+        let key = trace_key(&self.url.key);
+        let got = run(self.rt(), self.opts.guard(), async {
+            match self.client.get(&ObjPath::from(key.as_str())).await {
+                Ok(r) => r.bytes().await.map(|b| Some(b.to_vec())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        self.trace_result(&key, "GET", got)
+    }
+
+    fn save_trace(&self, trace: &[u8]) -> io::Result<()> {
+        let key = trace_key(&self.url.key);
+        let payload = object_store::PutPayload::from(trace.to_vec());
+        let put = run(self.rt(), self.opts.guard(), async {
+            self.client
+                .put(&ObjPath::from(key.as_str()), payload)
+                .await
+                .map(drop)
+        });
+        self.trace_result(&key, "PUT", put)
     }
 
     fn describe(&self) -> String {

@@ -233,6 +233,70 @@ fn a_replaced_object_is_refused_not_mixed() {
     assert!(st.read_at(&mut buf, 0).is_err(), "a deleted object too");
 }
 
+#[test]
+fn an_object_keeps_its_warm_start_trace_beside_it() {
+    let Some(s) = shared("warm") else { return };
+    let o = s.objects("warm");
+    let len = 16 * MIB;
+    let folio = upager_s3::DEFAULT_FOLIO;
+    o.put("w.bin", pattern(len, 7)).unwrap();
+    let folios = len / folio;
+    let order: Vec<u64> = (0..folios).map(|k| (k * 97) % folios).take(150).collect();
+    let gather = |how: upager::WarmStart, seed: u64| {
+        let st =
+            S3Store::open_with(&s.url("warm", "w.bin"), &S3Options::default(), &s.env()).unwrap();
+        let pager = Pager::new(8 * MIB).unwrap();
+        let r = pager
+            .map_store(st, &MapOptions::new().folio(folio).warm(how))
+            .unwrap();
+        for &f in &order {
+            let i = f * folio / 8;
+            assert_eq!(
+                r.words()[i as usize].load(Relaxed),
+                word(i, seed),
+                "folio {f}"
+            );
+            // Work per folio, as a program has: replay's GETs go out while
+            // the program works.
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        drop(r);
+        pager.stats()
+    };
+    let trace_kept = || {
+        o.list("")
+            .unwrap()
+            .iter()
+            .any(|(k, _)| *k == upager_s3::store::trace_key("w.bin"))
+    };
+    let cold = gather(upager::WarmStart::Auto, 7);
+    assert_eq!(cold.replay_reads, 0);
+    assert!(trace_kept(), "the trace is kept beside the object");
+    let warm = gather(upager::WarmStart::Auto, 7);
+    eprintln!(
+        "faults: {} cold, {} replayed ({} folios read by replay, {} hits)",
+        cold.faults_missing, warm.faults_missing, warm.replay_reads, warm.replay_hits
+    );
+    assert!(warm.replay_reads >= 120, "{warm:?}");
+    assert!(
+        warm.faults_missing * 2 <= cold.faults_missing,
+        "faults: {} cold, {} replayed",
+        cold.faults_missing,
+        warm.faults_missing
+    );
+    // Other data under the name (a new ETag): the old trace is not
+    // replayed, and a new one replaces it.
+    o.put("w.bin", pattern(len, 8)).unwrap();
+    let again = gather(upager::WarmStart::Auto, 8);
+    assert_eq!(
+        again.replay_reads, 0,
+        "a trace of the object replaced: {again:?}"
+    );
+    assert!(gather(upager::WarmStart::Auto, 8).replay_reads >= 120);
+    o.delete("w.bin").unwrap();
+    assert!(!trace_kept(), "delete removes the trace too");
+}
+
 /// Child process (see the tests below): maps the object of
 /// UPAGER_S3_CHILD_URL (credentials from its environment), reads folio 0,
 /// says READY, waits for a line, checks folio 0 (resident) still reads,

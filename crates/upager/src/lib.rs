@@ -109,7 +109,7 @@ pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{FileStore, ReadReq, Src, Store, SwapFile, Write, Written};
 pub use upager_sys::mem::FixedRange;
-pub use warm::{trace_info, trace_path, TraceInfo, TRACE_SUFFIX};
+pub use warm::{trace_info, trace_path, trace_version_of, TraceInfo, TRACE_SUFFIX};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that
 /// failed on drop, an unmap waiting long for faults in flight) to standard

@@ -72,6 +72,15 @@ const MAGIC: &[u8; 8] = b"UPGTRC01";
 /// Appended to the data file's name for its trace.
 pub const TRACE_SUFFIX: &str = ".upager-trace";
 
+/// A store's [`Store::trace_version`] from a text that names the data's
+/// version (a Redis dataset's owner, an object's ETag): FNV-1a, stable
+/// across processes and builds (not `RandomState`).
+pub fn trace_version_of(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Where a region's trace is kept: beside its file, or in its store (a
 /// store that keeps traces: `Store::trace_version`).
 pub(crate) enum Home {
