@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p upager-bench --example warm-start -- \
 //!     [--file-mib 2048] [--budget-mib 256] [--rows 200000] [--rounds 3] \
-//!     [--work-ns 0] [--dir DIR] [--out FILE.json]
+//!     [--work-ns 0] [--dir DIR] [--source URL] [--data compressible]
+//!     [--added-latency-ms 0] [--out FILE.json]
 //! ```
 //!
 //! What it measures and why: a program that gathers a fixed set of rows
@@ -21,11 +22,42 @@
 //! gains more. Engines run interleaved, `--rounds` times; the table gives
 //! medians. Bytes read against bytes used: folios read by the run against
 //! distinct folios the gather touches.
+//!
+//! `--data incompressible` fills the array with words that do not
+//! compress (splitmix64 of the offset) instead of `offset ^ seed`: zram
+//! then stores pages as they are (a read is a copy, not a decompression),
+//! and so does a store that compresses what it keeps (SeaweedFS gzips
+//! compressible chunks of an object, and then decompresses a whole chunk
+//! for every ranged GET: ~20-30 ms each here, against ~2 ms for
+//! incompressible data).
+//!
+//! `--source URL` puts the array on a remote store instead, where every
+//! miss is a round trip: `redis-cluster://HOST:PORT/NAME` (uploaded in
+//! chunks of 64 KiB, the folio; scripts/redis-cluster.sh) or
+//! `s3://BUCKET/KEY` (credentials and endpoint from the `AWS_*` variables,
+//! as `scripts/seaweedfs.sh env` prints them; folio 64 KiB, the S3
+//! store's default). The dataset or object is uploaded first and deleted
+//! at the end; its trace is kept beside it by the store. A run is cold
+//! there as a new program finds it: nothing of the data in its memory
+//! (the server keeps its own caches, as a real one does).
+//!
+//! `--added-latency-ms N` (s3:// sources): the S3 client talks to the
+//! server through a TCP proxy in this process that holds every chunk of a
+//! request N ms before passing it on — what a network between program and
+//! store adds to each round trip (a cloud object store's first byte comes
+//! after tens of ms). Without it the server is on the same two vCPUs as
+//! the program, and a GET costs the server's CPU more than it waits, so
+//! many GETs in flight gain little: the store here is CPU-bound, a remote
+//! one is latency-bound. (No `tc netem` on these machines: its module is
+//! not built.)
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use upager::{MapOptions, Pager, WarmStart};
+use upager::{MapOptions, Pager, Region, Store, WarmStart};
+use upager_redis::{RedisOptions, RedisStore, StoreUrl};
+use upager_s3::{S3Options, S3Store, S3Url};
 
 const PAGE: u64 = 4096;
 const SEED: u64 = 77;
@@ -37,6 +69,9 @@ struct Args {
     rounds: usize,
     work_ns: u64,
     dir: Option<PathBuf>,
+    source: Option<String>,
+    incompressible: bool,
+    added_latency_ms: u64,
     out: Option<PathBuf>,
 }
 
@@ -48,6 +83,9 @@ fn parse() -> Result<Args, String> {
         rounds: 3,
         work_ns: 0,
         dir: None,
+        source: None,
+        incompressible: false,
+        added_latency_ms: 0,
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -61,6 +99,15 @@ fn parse() -> Result<Args, String> {
             "--rounds" => a.rounds = num(v()?)? as usize,
             "--work-ns" => a.work_ns = num(v()?)?,
             "--dir" => a.dir = Some(PathBuf::from(v()?)),
+            "--source" => a.source = Some(v()?),
+            "--added-latency-ms" => a.added_latency_ms = num(v()?)?,
+            "--data" => {
+                a.incompressible = match v()?.as_str() {
+                    "compressible" => false,
+                    "incompressible" => true,
+                    d => return Err(format!("--data {d}: give compressible or incompressible")),
+                }
+            }
             "--out" => a.out = Some(PathBuf::from(v()?)),
             "-h" | "--help" => {
                 println!("see the doc comment of crates/bench/examples/warm-start.rs");
@@ -86,6 +133,116 @@ fn gather(n: usize, elems: u64, salt: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Where the array lives, and its warm-start trace beside it.
+enum Source {
+    File(PathBuf),
+    Redis(StoreUrl),
+    S3(S3Url),
+}
+
+/// Folio of the remote sources: a Redis dataset's chunk, the S3 store's
+/// default.
+const REMOTE_FOLIO: u64 = 64 << 10;
+
+impl Source {
+    fn parse(url: Option<&str>, file: &Path) -> Result<Source, Box<dyn std::error::Error>> {
+        Ok(match url {
+            None => Source::File(file.to_path_buf()),
+            Some(u) if u.starts_with("s3://") => Source::S3(u.parse()?),
+            Some(u) => Source::Redis(u.parse()?),
+        })
+    }
+
+    fn folio(&self) -> u64 {
+        match self {
+            Source::File(_) => PAGE,
+            _ => REMOTE_FOLIO,
+        }
+    }
+
+    /// Puts the file's bytes where the source says (a file is there).
+    fn upload(&self, file: &Path) -> Result<(), Box<dyn std::error::Error>> {
+        match self {
+            Source::File(_) => {}
+            Source::Redis(url) => {
+                let _ = upager_redis::delete(url, &RedisOptions::default(), &mut |_, _| {});
+                upager_redis::upload(
+                    file,
+                    url,
+                    REMOTE_FOLIO,
+                    &RedisOptions::default(),
+                    &mut |_, _| {},
+                )?;
+            }
+            Source::S3(url) => {
+                upager_s3::Objects::open(url, &S3Options::default())?.upload(file, &url.key)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn delete(&self) {
+        match self {
+            Source::File(f) => {
+                let _ = std::fs::remove_file(upager::trace_path(f));
+            }
+            Source::Redis(url) => {
+                let _ = upager_redis::delete(url, &RedisOptions::default(), &mut |_, _| {});
+            }
+            Source::S3(url) => {
+                if let Ok(o) = upager_s3::Objects::open(url, &S3Options::default()) {
+                    let _ = o.delete(&url.key);
+                }
+            }
+        }
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Source::File(_) => unreachable!("a file's trace is a file"),
+            Source::Redis(url) => RedisStore::open(url, false, &RedisOptions::default()).unwrap(),
+            Source::S3(url) => S3Store::open(url, &S3Options::default()).unwrap(),
+        }
+    }
+
+    /// The trace kept beside the data now.
+    fn trace(&self) -> Vec<u8> {
+        match self {
+            Source::File(f) => std::fs::read(upager::trace_path(f)).unwrap(),
+            _ => self
+                .store()
+                .load_trace()
+                .unwrap()
+                .expect("a trace was recorded"),
+        }
+    }
+
+    /// Puts `trace` beside the data (it was recorded on the same data, so
+    /// its identity matches).
+    fn set_trace(&self, trace: &[u8]) {
+        match self {
+            Source::File(f) => std::fs::write(upager::trace_path(f), trace).unwrap(),
+            _ => self.store().save_trace(trace).unwrap(),
+        }
+    }
+
+    /// Maps the array cold: a file's pages dropped from the page cache
+    /// first; a store opened anew.
+    fn map(&self, pager: &Pager, how: WarmStart) -> Region {
+        let opts = MapOptions::new().warm(how);
+        match self {
+            Source::File(f) => {
+                upager_bench::evict_file(f).unwrap();
+                pager.map_file(f, &opts).unwrap()
+            }
+            Source::Redis(url) => {
+                upager_redis::map(pager, url, &opts, &RedisOptions::default()).unwrap()
+            }
+            Source::S3(url) => upager_s3::map(pager, url, &opts, &S3Options::default()).unwrap(),
+        }
+    }
+}
+
 struct Run {
     secs: f64,
     faults: u64,
@@ -95,25 +252,70 @@ struct Run {
     peak: u64,
 }
 
-fn run(path: &Path, budget: u64, how: WarmStart, rows: &[u64], work_ns: u64) -> Run {
-    upager_bench::evict_file(path).unwrap();
+/// Starts a TCP proxy on a loopback port to `server` (host:port) that
+/// holds each chunk of a request `delay` before passing it on (answers
+/// pass at once); returns its address. Threads: two per connection, for
+/// the life of the process.
+fn delay_proxy(server: String, delay: Duration) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?.to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(upstream) = TcpStream::connect(&server) else {
+                continue;
+            };
+            let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
+            let (mut c_in, mut u_out) =
+                (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+            let (mut u_in, mut c_out) = (upstream, client);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n @ 1..) = c_in.read(&mut buf) {
+                    std::thread::sleep(delay);
+                    if u_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = u_out.shutdown(Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut u_in, &mut c_out);
+                let _ = c_out.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// The word at byte `off` of the array.
+fn word(off: u64, incompressible: bool) -> u64 {
+    if incompressible {
+        upager_testdata::mix(off ^ SEED)
+    } else {
+        upager_testdata::xor_word(off, SEED)
+    }
+}
+
+fn run(src: &Source, budget: u64, how: WarmStart, rows: &[u64], a: &Args) -> Run {
     let pager = Pager::new(budget).unwrap();
     let t = Instant::now();
-    let r = pager.map_file(path, &MapOptions::new().warm(how)).unwrap();
+    let r = src.map(&pager, how);
     let words = r.words();
     let mut sum = 0u64;
     for &row in rows {
         sum = sum.wrapping_add(words[row as usize].load(std::sync::atomic::Ordering::Relaxed));
-        if work_ns > 0 {
+        if a.work_ns > 0 {
             let w = Instant::now();
-            while w.elapsed() < Duration::from_nanos(work_ns) {
+            while w.elapsed() < Duration::from_nanos(a.work_ns) {
                 std::hint::spin_loop();
             }
         }
     }
     let secs = t.elapsed().as_secs_f64();
     let want: u64 = rows.iter().fold(0u64, |s, &row| {
-        s.wrapping_add(upager_testdata::xor_word(row * 8, SEED))
+        s.wrapping_add(word(row * 8, a.incompressible))
     });
     assert_eq!(sum, want, "the gather read the file's words");
     drop(r);
@@ -148,34 +350,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let path = dir.join("warm-start.dat");
-    upager_bench::create_pattern_file(&path, len, SEED)?;
-    let trace = upager::trace_path(&path);
+    let inc = a.incompressible;
+    upager_testdata::write_file(&path, len, |off| word(off, inc))?.sync_all()?;
+    let mut src = Source::parse(a.source.as_deref(), &path)?;
+    // Uploaded straight to the server; the runs go through the proxy.
+    src.upload(&path)?;
+    if a.added_latency_ms > 0 {
+        let Source::S3(url) = &mut src else {
+            return Err("--added-latency-ms needs an s3:// source".into());
+        };
+        let server = match &url.endpoint {
+            Some(e) => e.clone(),
+            None => std::env::var("AWS_ENDPOINT_URL")
+                .map_err(|_| "--added-latency-ms needs the endpoint (AWS_ENDPOINT_URL)")?,
+        };
+        let host = server
+            .strip_prefix("http://")
+            .ok_or("--added-latency-ms: an http:// endpoint only")?;
+        let proxy = delay_proxy(host.to_string(), Duration::from_millis(a.added_latency_ms))?;
+        url.endpoint = Some(format!("http://{proxy}"));
+    }
     let elems = len / 8;
     let rows = gather(a.rows, elems, 1);
     let other = gather(a.rows, elems, 2);
+    let folio = src.folio();
     let used = {
-        let mut f: Vec<u64> = rows.iter().map(|r| r * 8 / PAGE).collect();
+        let mut f: Vec<u64> = rows.iter().map(|r| r * 8 / folio).collect();
         f.sort_unstable();
         f.dedup();
-        f.len() as u64 * PAGE
+        f.len() as u64 * folio
     };
     // A trace of `rows`, and one of `other` kept aside.
-    let _ = std::fs::remove_file(&trace);
-    run(&path, budget, WarmStart::Record, &other, a.work_ns);
-    let other_trace = dir.join("other.upager-trace");
-    std::fs::rename(&trace, &other_trace)?;
-    run(&path, budget, WarmStart::Record, &rows, a.work_ns);
-    let rows_trace = dir.join("rows.upager-trace");
-    std::fs::copy(&trace, &rows_trace)?;
+    run(&src, budget, WarmStart::Record, &other, &a);
+    let other_trace = src.trace();
+    run(&src, budget, WarmStart::Record, &rows, &a);
+    let rows_trace = src.trace();
     println!(
-        "warm-start: {} MiB file, {} MiB budget, {} rows ({} MiB of folios used), trace {} KiB",
+        "warm-start: {} MiB {} ({}, +{} ms per request), {} MiB budget, {} rows ({} MiB of folios used), trace {} KiB",
         a.file_mib,
+        a.source.as_deref().unwrap_or("file"),
+        if inc { "incompressible" } else { "compressible" },
+        a.added_latency_ms,
         a.budget_mib,
         a.rows,
         used >> 20,
-        std::fs::metadata(&rows_trace)?.len() >> 10
+        rows_trace.len() >> 10
     );
-    let engines: [(&str, WarmStart, Option<&Path>); 3] = [
+    let engines: [(&str, WarmStart, Option<&[u8]>); 3] = [
         ("on demand", WarmStart::Off, None),
         ("replayed", WarmStart::Auto, Some(&rows_trace)),
         ("trace of other rows", WarmStart::Auto, Some(&other_trace)),
@@ -184,11 +405,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for round in 0..a.rounds {
         for (k, (name, how, tr)) in engines.iter().enumerate() {
             if let Some(tr) = tr {
-                std::fs::copy(tr, &trace)?;
-                // The copy's identity must still match: it was recorded
-                // on this file, unchanged since.
+                src.set_trace(tr);
             }
-            let r = run(&path, budget, *how, &rows, a.work_ns);
+            let r = run(&src, budget, *how, &rows, &a);
             println!(
                 "  round {round} {name:<20} {:>7.3} s  {:>7} faults  {:>6} MiB read  replay {:>7} ({} wasted)  peak {} MiB",
                 r.secs,
@@ -230,11 +449,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(
             out,
             format!(
-                "{{\"bench\":\"warm-start\",\"unix_time\":{},\"host\":\"{}\",\"file_mib\":{},\"budget_mib\":{},\"rows\":{},\"work_ns\":{},\"used_bytes\":{used},\"engines\":[{}]}}\n",
+                "{{\"bench\":\"warm-start\",\"unix_time\":{},\"host\":\"{}\",\"source\":\"{}\",\"data\":\"{}\",\"added_latency_ms\":{},\"file_mib\":{},\"budget_mib\":{},\"rows\":{},\"work_ns\":{},\"used_bytes\":{used},\"engines\":[{}]}}\n",
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
                 host.trim(),
+                a.source.as_deref().unwrap_or("file"),
+                if inc { "incompressible" } else { "compressible" },
+                a.added_latency_ms,
                 a.file_mib,
                 a.budget_mib,
                 a.rows,
@@ -243,7 +465,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ),
         )?;
     }
+    src.delete();
     let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_file(&trace);
     Ok(())
 }
