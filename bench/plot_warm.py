@@ -1,0 +1,62 @@
+"""Plots warm-start results (crates/bench/examples/warm-start.rs --out).
+
+    python3 bench/plot_warm.py OUT.png RESULT.json [RESULT.json ...]
+
+One group of bars per result file (its source, data kind and added
+latency): the median time of each engine (on demand, replayed, a trace of
+other rows) relative to on demand's, with each run as a dot, so the spread
+of the interleaved rounds shows beside the median. What it shows: how much
+a replayed trace saves on each kind of store, and that a trace of other
+inputs costs little.
+"""
+import json
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def label(r):
+    src = r.get("source", "file")
+    kind = "file" if src == "file" else src.split("://")[0]
+    extra = r.get("added_latency_ms", 0)
+    work = r.get("work_ns", 0)
+    parts = [kind, r.get("data", "compressible"),
+             f"{r['rows']} rows of {r['file_mib']} MiB, budget {r['budget_mib']} MiB"]
+    if extra:
+        parts.append(f"+{extra} ms/request")
+    if work:
+        parts.append(f"{work / 1000:g} µs/row")
+    return "\n".join(parts)
+
+
+def main(out, paths):
+    results = [json.load(open(p)) for p in paths]
+    engines = [e["engine"] for e in results[0]["engines"]]
+    fig, ax = plt.subplots(figsize=(2.2 + 2.4 * len(results), 4.2))
+    width = 0.8 / len(engines)
+    for g, r in enumerate(results):
+        base = statistics.median(r["engines"][0]["secs"])
+        for k, e in enumerate(r["engines"]):
+            x = g + (k - (len(engines) - 1) / 2) * width
+            rel = [s / base for s in e["secs"]]
+            ax.bar(x, statistics.median(rel), width, color=f"C{k}",
+                   label=e["engine"] if g == 0 else None)
+            ax.plot([x] * len(rel), rel, "k.", markersize=4)
+    ax.set_xticks(range(len(results)), [label(r) for r in results], fontsize=8)
+    ax.set_ylabel("time / on demand's (median of rounds; dots: runs)")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_title("warm starts: a cold gather, on demand / replayed / a trace of other rows",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2:])
