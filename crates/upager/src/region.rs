@@ -233,6 +233,7 @@ impl Region {
     /// `UMAP_FIXED` needs when it replaces a region. A part of the range
     /// nobody maps over stays reserved (address space only) until the
     /// process ends.
+    ///
     /// None in a fork child whose inherited region could not be mapped
     /// again here (its range was left reserved with the lineage entry).
     pub fn unmap_keeping_range(self) -> Result<Option<FixedRange>, (UnmapError, Region)> {
