@@ -601,15 +601,10 @@ impl Replayer {
             self.unpredicted.fetch_add(1, Relaxed);
             return false;
         }
-        let predicted = self.predicted.fetch_add(1, Relaxed) + 1;
+        self.predicted.fetch_add(1, Relaxed);
         self.reached.fetch_max(p, Relaxed);
-        // A place replay should have read by now: it was late, and reads
-        // twice as far next time — if the program is in step at all. A
-        // program on other inputs lands in the window by chance now and
-        // then; growing the window on those made replay of a trace of
-        // other rows read up to four windows of waste (S3, 1,264 folios
-        // for 1,769 used) before the 4:1 rule stopped it.
-        if p != marker && p > 1 && predicted >= self.unpredicted.load(Relaxed) {
+        if p != marker && p > 1 {
+            // A place replay should have read by now: it was late.
             self.window
                 .store((window * 2).min(self.max_window), Relaxed);
         }
