@@ -140,9 +140,9 @@ enum Source {
     S3(S3Url),
 }
 
-/// Folio of the remote sources: a Redis dataset's chunk, the S3 store's
-/// default.
-const REMOTE_FOLIO: u64 = 64 << 10;
+/// Folio of the remote sources: the S3 store's default, and the chunk a
+/// Redis dataset is uploaded in here (its folio: `Store::unit`).
+const REMOTE_FOLIO: u64 = upager_s3::DEFAULT_FOLIO;
 
 impl Source {
     fn parse(url: Option<&str>, file: &Path) -> Result<Source, Box<dyn std::error::Error>> {
