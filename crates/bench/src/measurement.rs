@@ -66,6 +66,10 @@ pub struct Measurement {
     pub tlb_sends: Option<u64>,
     /// Tracepoint events per reason 0..=5.
     pub tlb_by_reason: Option<[u64; 6]>,
+    /// `tlb_sends` by origin (`process_madvise`, `munmap`, `reclaim`, …;
+    /// see `tracing::origin_of`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tlb_sends_by_origin: Option<BTreeMap<String, u64>>,
     /// Pages evicted (kernel: cgroup `pgpgout`; upager: its own counter).
     pub evicted_pages: Option<u64>,
     /// `tlb_sends` per 1000 evicted pages.
@@ -137,6 +141,7 @@ impl Measurement {
             }),
             tlb_sends: sends,
             tlb_by_reason: run.tlb.as_ref().map(|t| t.by_reason),
+            tlb_sends_by_origin: run.tlb.as_ref().map(|t| t.sends_by_origin.clone()),
             evicted_pages: evicted,
             sends_per_1000_evicted: match (sends, evicted) {
                 (Some(s), Some(e)) if e > 0 => Some(s as f64 * 1000.0 / e as f64),

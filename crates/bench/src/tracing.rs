@@ -36,6 +36,17 @@
 //!
 //! Events are filtered to `reason != 0` (a flush on task switch is not a
 //! shootdown), in the kernel.
+//!
+//! **Where each send came from.** The instance records a kernel stack with
+//! every event (`options/stacktrace`), and [`Assembler`] joins each event to
+//! the stack printed after it on the same CPU; [`origin_of`] names the
+//! stack's cause: the process's own system calls (`process_madvise`,
+//! `madvise`, `munmap`, `mmap`, `mprotect`, `userfaultfd`), its exit, or
+//! kernel work that merely ran on one of its threads (`reclaim`: direct
+//! reclaim unmapping pages of any process, `migration`: compaction). The
+//! kernel engine's own eviction is `reclaim`; for upager, which evicts by
+//! system calls, `reclaim` and `migration` are the machine's memory
+//! pressure, not upager's batching ([`TlbCounts::sends_by_origin`]).
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -224,9 +235,7 @@ pub fn parse_trace_line(line: &str) -> Option<TlbEvent> {
     let reason = ev[open + 1..close].trim().parse().ok()?;
     // Head: "comm-tid [(tgid)] [cpu] flags timestamp". comm may contain '-' and
     // spaces, so find the CPU field "[ddd]" first and split around it.
-    let cpu_open = head.find(" [")?;
-    let cpu_close = head[cpu_open..].find(']')? + cpu_open;
-    let cpu = head[cpu_open + 2..cpu_close].trim().parse().ok()?;
+    let (cpu_open, cpu) = cpu_field(head)?;
     let mut task = head[..cpu_open].trim_end();
     let mut tgid = None;
     if task.ends_with(')') {
@@ -244,6 +253,94 @@ pub fn parse_trace_line(line: &str) -> Option<TlbEvent> {
         pages,
         reason,
     })
+}
+
+/// Origins that are the kernel's memory management running on a target's
+/// thread, not a call the target made (see the module doc).
+pub const KERNEL_WORK: [&str; 2] = ["reclaim", "migration"];
+
+/// The cause of a flush, from its kernel stack (innermost frame first): the
+/// first frame that names one. `unknown` when there was no stack, `other`
+/// when no frame matched.
+pub fn origin_of<S: AsRef<str>>(frames: &[S]) -> &'static str {
+    if frames.is_empty() {
+        return "unknown";
+    }
+    for f in frames {
+        // " => name" or " => name+0x1c/0x30".
+        let f = f.as_ref();
+        let name = f.split(['+', ' ']).next().unwrap_or(f);
+        let o = match name {
+            "shrink_folio_list" | "try_to_unmap_flush" | "shrink_node" | "kswapd" => "reclaim",
+            "migrate_pages" | "migrate_pages_batch" | "compact_zone" => "migration",
+            "vector_madvise" | "__do_sys_process_madvise" => "process_madvise",
+            "do_madvise" | "__x64_sys_madvise" => "madvise",
+            "__vm_munmap" | "__x64_sys_munmap" => "munmap",
+            "__mmap_region" | "do_mmap" => "mmap",
+            "do_mprotect_pkey" | "__x64_sys_mprotect" => "mprotect",
+            "userfaultfd_ioctl" => "userfaultfd",
+            "exit_mmap" => "exit",
+            "do_user_addr_fault" | "handle_mm_fault" => "fault",
+            _ => continue,
+        };
+        return o;
+    }
+    "other"
+}
+
+/// Joins `tlb_flush` events to the `<stack trace>` entries printed after
+/// them. trace_pipe merges the per-CPU buffers by time, so another CPU's
+/// lines may come between an event and its stack; the stack entry is the
+/// next one in the same CPU's buffer, so events wait per CPU.
+#[derive(Debug, Default)]
+pub struct Assembler {
+    pending: BTreeMap<u32, TlbEvent>,
+    stack: Option<(u32, Vec<String>)>,
+}
+
+impl Assembler {
+    /// Feed one line; `out` gets each event once its origin is known.
+    pub fn feed(&mut self, line: &str, out: &mut impl FnMut(&TlbEvent, &str)) {
+        if let Some(frame) = line.trim_start().strip_prefix("=>") {
+            if let Some((_, frames)) = self.stack.as_mut() {
+                frames.push(frame.trim().to_string());
+            }
+            return;
+        }
+        self.end_stack(out);
+        if let Some(e) = parse_trace_line(line) {
+            if let Some(old) = self.pending.insert(e.cpu, e) {
+                out(&old, origin_of::<&str>(&[]));
+            }
+        } else if line.contains("<stack trace>") {
+            if let Some((_, cpu)) = cpu_field(line) {
+                self.stack = Some((cpu, Vec::new()));
+            }
+        }
+    }
+
+    /// Emit everything still waiting (at the end of the stream).
+    pub fn finish(&mut self, out: &mut impl FnMut(&TlbEvent, &str)) {
+        self.end_stack(out);
+        for (_, e) in std::mem::take(&mut self.pending) {
+            out(&e, origin_of::<&str>(&[]));
+        }
+    }
+
+    fn end_stack(&mut self, out: &mut impl FnMut(&TlbEvent, &str)) {
+        if let Some((cpu, frames)) = self.stack.take() {
+            if let Some(e) = self.pending.remove(&cpu) {
+                out(&e, origin_of(&frames));
+            }
+        }
+    }
+}
+
+/// The CPU field `[ddd]` of a trace line's head, and where it starts.
+fn cpu_field(line: &str) -> Option<(usize, u32)> {
+    let open = line.find(" [")?;
+    let close = line[open..].find(']')? + open;
+    Some((open, line[open + 2..close].trim().parse().ok()?))
 }
 
 // ---------------------------------------------------------------------------
@@ -265,6 +362,9 @@ pub struct TlbCounts {
     pub by_reason: [u64; 6],
     /// Events per thread group id (0 = tgid not recorded).
     pub by_tgid: BTreeMap<u32, u64>,
+    /// Remote sends (reason 4) per origin, see [`origin_of`].
+    #[serde(default)]
+    pub sends_by_origin: BTreeMap<String, u64>,
     /// System-wide `TLB` interrupts (received) during the count.
     pub irq_total: u64,
     /// Seconds counted.
@@ -289,11 +389,26 @@ impl TlbCounts {
             self.remote_sends() as f64 * 1000.0 / pages as f64
         }
     }
-    fn add(&mut self, e: &TlbEvent) {
+    /// Remote sends whose stack was not kernel reclaim or migration running
+    /// on one of the target's threads: the sends its own system calls (and
+    /// exit) caused.
+    pub fn sends_by_own_calls(&self) -> u64 {
+        self.remote_sends()
+            - self
+                .sends_by_origin
+                .iter()
+                .filter(|(o, _)| KERNEL_WORK.contains(&o.as_str()))
+                .map(|(_, n)| n)
+                .sum::<u64>()
+    }
+    fn add(&mut self, e: &TlbEvent, origin: &str) {
         if let Some(c) = self.by_reason.get_mut(e.reason as usize) {
             *c += 1;
         }
         *self.by_tgid.entry(e.tgid.unwrap_or(0)).or_default() += 1;
+        if e.reason as usize == REASON_REMOTE_SEND {
+            *self.sends_by_origin.entry(origin.to_string()).or_default() += 1;
+        }
     }
 }
 
@@ -373,6 +488,7 @@ impl TlbCounter {
         w("options/overwrite", "0")?; // full buffer drops new events (counted), never overwrites silently
         w("options/record-tgid", "1")?;
         w("options/event-fork", "1")?;
+        w("options/stacktrace", "1")?; // each event's origin (module doc)
         let pids = match target {
             Target::ThisProcess => vec![std::process::id()],
             Target::Pids(p) => p,
@@ -416,6 +532,7 @@ impl TlbCounter {
         c.drain = Some(std::thread::spawn(move || -> Result<(), TlbCountError> {
             let mut buf = vec![0u8; 1 << 16];
             let mut carry = String::new();
+            let mut asm = Assembler::default();
             let mut idle_after_stop = 0;
             loop {
                 match pipe.read(&mut buf) {
@@ -425,9 +542,7 @@ impl TlbCounter {
                         let last_nl = carry.rfind('\n').map_or(0, |i| i + 1);
                         let mut cs = counts.lock().unwrap_or_else(|p| p.into_inner());
                         for line in carry[..last_nl].lines() {
-                            if let Some(e) = parse_trace_line(line) {
-                                cs.add(&e);
-                            }
+                            asm.feed(line, &mut |e, o| cs.add(e, o));
                         }
                         drop(cs);
                         carry.drain(..last_nl);
@@ -441,6 +556,8 @@ impl TlbCounter {
                 if stop.load(Ordering::Acquire) {
                     // Tracing is off; two empty reads in a row mean drained.
                     if idle_after_stop >= 2 {
+                        let mut cs = counts.lock().unwrap_or_else(|p| p.into_inner());
+                        asm.finish(&mut |e, o| cs.add(e, o));
                         return Ok(());
                     }
                 } else {
@@ -589,6 +706,52 @@ mod tests {
             parse_trace_line(" a-1 [000] ..... 1.0: sched_switch: prev=x"),
             None
         );
+    }
+
+    #[test]
+    fn events_get_the_origin_of_their_own_cpus_stack() {
+        // Two CPUs interleaved as trace_pipe merges them: CPU 1's event comes
+        // between CPU 0's event and CPU 0's stack.
+        let text = "\
+ upager-reclaim-10 (    9) [000] ...1. 1.000001: tlb_flush: pages:-1 reason:remote IPI send (4)
+ upager-fault-0-11 (    9) [001] ...1. 1.000002: tlb_flush: pages:-1 reason:remote IPI send (4)
+ upager-reclaim-10 (    9) [000] ...1. 1.000003: <stack trace>
+ => trace_event_raw_event_tlb_flush
+ => native_flush_tlb_multi
+ => tlb_finish_mmu
+ => vector_madvise
+ => __do_sys_process_madvise
+ upager-fault-0-11 (    9) [001] ...1. 1.000004: <stack trace>
+ => arch_tlbbatch_flush
+ => try_to_unmap_flush
+ => shrink_folio_list
+ => do_try_to_free_pages
+ upager-fault-0-11 (    9) [001] ...1. 1.000005: tlb_flush: pages:-1 reason:remote IPI send (4)
+ upager-fault-0-11 (    9) [001] ...1. 1.000006: <stack trace>
+ => tlb_finish_mmu
+ => vms_clear_ptes
+ => __vm_munmap
+ => __x64_sys_munmap
+ upager-fault-0-11 (    9) [001] ...1. 1.000007: tlb_flush: pages:1 reason:local MM shootdown (3)
+";
+        let mut c = TlbCounts::default();
+        let mut asm = Assembler::default();
+        for line in text.lines() {
+            asm.feed(line, &mut |e, o| c.add(e, o));
+        }
+        assert_eq!(c.remote_sends(), 3);
+        assert_eq!(c.by_reason[3], 0, "the last event waits for its stack");
+        asm.finish(&mut |e, o| c.add(e, o));
+        assert_eq!(c.by_reason[3], 1);
+        let o = |k: &str| c.sends_by_origin.get(k).copied().unwrap_or(0);
+        assert_eq!(
+            (o("process_madvise"), o("reclaim"), o("munmap")),
+            (1, 1, 1),
+            "{c:?}"
+        );
+        assert_eq!(c.sends_by_own_calls(), 2);
+        assert_eq!(origin_of::<&str>(&[]), "unknown");
+        assert_eq!(origin_of(&["native_flush_tlb_multi", "schedule"]), "other");
     }
 
     #[test]

@@ -145,31 +145,58 @@ mod tests {
         // not evictions (thread start, region teardown) do not dominate: with
         // a 64 MiB file one run in eight measured 2.02 sends per 1000 evicted
         // pages; with 128 MiB 16 runs measured 1.38-1.56 (~1.5 per 1024-page
-        // batch; why a batch's one process_madvise costs ~1.5 sends is not
-        // yet explained).
+        // batch: one process_madvise per batch, plus the munmaps of fill
+        // buffers and the exit). Three rounds, the median asserted: one CI
+        // run measured 2.68 in its one round where every other upager
+        // variant measured 1.2-1.5.
         let p = ScenarioParams {
             file_bytes: 128 << 20,
             limit_bytes: 8 << 20,
+            rounds: 3,
             ..tiny(Scenario::MmapRead)
         };
         let p = prepare(Scenario::MmapRead, &p, &env).unwrap();
         let r = run(Scenario::MmapRead, &p);
-        let up = m(&r, "upager handlers");
-        let evicted = up.evicted_pages.unwrap();
-        assert!(evicted >= 16384, "file 16× the budget must evict: {up:?}");
-        let per1k = up.sends_per_1000_evicted.unwrap();
+        let runs = |engine: &str| -> Vec<&upager_bench::Measurement> {
+            r.runs
+                .iter()
+                .filter(|x| x.engine == engine)
+                .filter_map(|x| x.measurement.as_ref())
+                .collect()
+        };
+        // Sends of upager's own system calls: direct reclaim or compaction
+        // that the kernel ran on one of its threads (other processes' pages,
+        // the machine's memory pressure) is not upager's batching.
+        let own_per_1k = |m: &upager_bench::Measurement| -> f64 {
+            let origin = m.tlb_sends_by_origin.as_ref().expect("sends by origin");
+            let kernel: u64 = upager_bench::tracing::KERNEL_WORK
+                .iter()
+                .filter_map(|o| origin.get(*o))
+                .sum();
+            let evicted = m.evicted_pages.unwrap();
+            assert!(evicted >= 16384, "file 16× the budget must evict: {m:?}");
+            (m.tlb_sends.unwrap() - kernel) as f64 * 1000.0 / evicted as f64
+        };
+        let up = runs("upager handlers");
+        assert_eq!(up.len(), 3);
+        let mut per1k: Vec<f64> = up.iter().map(|m| own_per_1k(m)).collect();
+        per1k.sort_by(f64::total_cmp);
+        let by_origin: Vec<_> = up.iter().map(|m| &m.tlb_sends_by_origin).collect();
         assert!(
-            per1k <= 2.0,
-            "upager: {per1k:.2} sends per 1000 evicted pages"
+            per1k[1] <= 2.0,
+            "upager: median {:.2} sends per 1000 evicted pages (rounds {per1k:.2?}; by origin {by_origin:?})",
+            per1k[1]
         );
-        let b1 = m(&r, "upager batch=1");
         // batch=1 evicts folio by folio: one process_madvise (one flush) each.
-        assert!(
-            b1.tlb_sends.unwrap() > 4 * up.tlb_sends.unwrap().max(1),
-            "batch=1 {:?} vs default {:?}",
-            b1.tlb_sends,
-            up.tlb_sends
-        );
+        let b1 = runs("upager batch=1");
+        for (b, u) in b1.iter().zip(&up) {
+            assert!(
+                b.tlb_sends.unwrap() > 4 * u.tlb_sends.unwrap().max(1),
+                "batch=1 {:?} vs default {:?}",
+                b.tlb_sends,
+                u.tlb_sends
+            );
+        }
         drop(env);
     }
 
