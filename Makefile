@@ -30,7 +30,7 @@ REL        := $(CARGO_TARGET_DIR)/release
 STATIC_LIBS := -lutil -lrt -lpthread -lm -ldl -lc
 TEST_PREFIX ?= $(CARGO_TARGET_DIR)/c-test-prefix
 
-.PHONY: all install-c test-c python test-python wheels
+.PHONY: all install-c test-c python test-python test-python-s3 wheels
 
 all: install-c
 
@@ -68,6 +68,11 @@ python:
 
 test-python:
 	$(PYTHON) -m pytest -q python/tests
+
+# The Python face on a local SeaweedFS (needs the weed binary and the
+# release CLI; scripts/test.sh runs it in its S3 step).
+test-python-s3:
+	UPAGER_TEST_S3=1 $(PYTHON) -m pytest -q python/tests/test_s3.py
 
 wheels:
 	$(PYTHON) -m pip install -r python/requirements-dev.txt

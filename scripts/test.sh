@@ -70,6 +70,9 @@ fi
 # for it (at most an hour) if it has not finished.
 run bash scripts/seaweedfs.sh wait-build 3600
 run cargo test -p upager-s3 --quiet
+if grep -q '^test-python-s3:' Makefile 2>/dev/null && [ $python_ok = 1 ]; then
+    run make -s test-python-s3
+fi
 echo "== $SECONDS s in all"
 if [ $status -ne 0 ]; then echo "test.sh: FAILED"; else echo "test.sh: all suites passed"; fi
 exit $status

@@ -412,7 +412,9 @@ impl PyPager {
     /// for :meth:`map_file`; the folio must be a multiple of the dataset's
     /// chunk size. Writes are acknowledged by a replica before memory is
     /// released, and ``flush()`` returns once every earlier write is
-    /// replicated.
+    /// replicated. Or an existing object of an S3-compatible store
+    /// ("s3://BUCKET/KEY", credentials and endpoint as the AWS SDKs read
+    /// them), read-only: mode "r", folio 64 KiB unless one is given.
     #[pyo3(signature = (url, mode="r", offset=0, length=None, *, folio=None, warm=None))]
     #[allow(clippy::too_many_arguments)]
     fn map_store(
@@ -426,7 +428,6 @@ impl PyPager {
         warm: Option<&str>,
     ) -> PyResult<PyRegion> {
         let warm = warm_arg(warm, self.warm)?;
-        let url: StoreUrl = url.parse().map_err(engine_err)?;
         if mode_writable(mode)? == Access::CopyOnWrite {
             return Err(PyValueError::new_err(
                 "mode \"c\" (copy-on-write) is for files; map a dataset with mode \"r\" or \"r+\"",
@@ -434,11 +435,34 @@ impl PyPager {
         }
         let opts = self.range_opts(mode, offset, length, folio)?.warm(warm);
         let pager = self.get()?;
-        let kind = format!("store {url}, mode {mode:?}");
-        let region = py
-            .allow_threads(move || upager_redis::map(&pager, &url, &opts, &RedisOptions::default()))
-            .map_err(engine_err)?;
-        Ok(PyRegion::new(region, kind, self.info.clone()))
+        let region = match AnyUrl::parse(url)? {
+            AnyUrl::S3(url) => {
+                if mode != "r" {
+                    return Err(PyValueError::new_err(format!(
+                        "{url}: objects of an S3 store map read-only in this version: \
+                         use mode \"r\" (or copy the data to a file or a Redis \
+                         Cluster dataset to change it)"
+                    )));
+                }
+                let kind = format!("object {url}, mode \"r\"");
+                let region = py
+                    .allow_threads(move || {
+                        upager_s3::map(&pager, &url, &opts, &upager_s3::S3Options::default())
+                    })
+                    .map_err(engine_err)?;
+                (region, kind)
+            }
+            AnyUrl::Redis(url) => {
+                let kind = format!("store {url}, mode {mode:?}");
+                let region = py
+                    .allow_threads(move || {
+                        upager_redis::map(&pager, &url, &opts, &RedisOptions::default())
+                    })
+                    .map_err(engine_err)?;
+                (region, kind)
+            }
+        };
+        Ok(PyRegion::new(region.0, region.1, self.info.clone()))
     }
 
     /// Maps `size` bytes of anonymous memory: zero-filled, writable, swapped
@@ -993,6 +1017,70 @@ fn mode_writable(mode: &str) -> PyResult<Access> {
     }
 }
 
+/// A store URL of either kind, by its scheme.
+enum AnyUrl {
+    Redis(StoreUrl),
+    S3(upager_s3::S3Url),
+}
+
+impl AnyUrl {
+    fn parse(url: &str) -> PyResult<AnyUrl> {
+        if url.starts_with(upager_s3::url::SCHEME) {
+            Ok(AnyUrl::S3(url.parse().map_err(engine_err)?))
+        } else {
+            Ok(AnyUrl::Redis(url.parse().map_err(engine_err)?))
+        }
+    }
+
+    /// The store behind the URL, read-only.
+    fn open(self) -> PyResult<Arc<dyn upager::Store>> {
+        Ok(match self {
+            AnyUrl::S3(u) => upager_s3::S3Store::open(&u, &upager_s3::S3Options::default())
+                .map_err(engine_err)? as Arc<dyn upager::Store>,
+            AnyUrl::Redis(u) => RedisStore::open(&u, false, &RedisOptions::default())
+                .map_err(engine_err)? as Arc<dyn upager::Store>,
+        })
+    }
+}
+
+/// Reads up to `length` bytes at `offset` of a dataset or object by URL,
+/// without mapping it (a file format's header, before the region that
+/// maps its data): returns the bytes (fewer at the end; none past it) and
+/// the dataset's or object's size.
+#[pyfunction]
+fn read_store(
+    py: Python<'_>,
+    url: &str,
+    offset: u64,
+    length: usize,
+) -> PyResult<(Py<pyo3::types::PyBytes>, u64)> {
+    let shown = upager_redis::url::redact(url);
+    let url = AnyUrl::parse(url)?;
+    let (buf, size) = py.allow_threads(move || -> PyResult<(Vec<u8>, u64)> {
+        let st = url.open()?;
+        let size = st.len();
+        let n = (size.saturating_sub(offset)).min(length as u64) as usize;
+        let mut buf = vec![0u8; n];
+        let mut got = 0;
+        while got < n {
+            match st.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(k) => got += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(os_error(
+                        e.raw_os_error().unwrap_or(upager::errno::EIO),
+                        format!("{shown}: reading {n} bytes at {offset}: {e}"),
+                    ))
+                }
+            }
+        }
+        buf.truncate(got);
+        Ok((buf, size))
+    })?;
+    Ok((pyo3::types::PyBytes::new(py, &buf).unbind(), size))
+}
+
 /// Uploads the file at `path` as a new dataset on a store, named by `url`
 /// ("redis-cluster://HOST:PORT/NAME"; NAME must not exist), in chunks of
 /// `chunk` bytes (one key each; regions that map it use a folio of this
@@ -1113,6 +1201,7 @@ fn _upager(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delete_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(list_datasets, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
+    m.add_function(wrap_pyfunction!(read_store, m)?)?;
     m.add("STAT_NAMES", Stats::NAMES.to_vec())?;
     m.add("DEFAULT_FOLIO", upager::DEFAULT_FOLIO)?;
     m.add(

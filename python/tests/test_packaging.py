@@ -144,7 +144,9 @@ def test_the_wheel_carries_licenses_readme_stubs_and_a_stripped_library():
         libs = [n for n in names if n.startswith("upager/_upager") and n.endswith(".so")]
         assert len(libs) == 1, names
         lib = z.read(libs[0])
-        assert len(lib) < 6 << 20, f"{libs[0]} is {len(lib)} bytes: not stripped?"
+        # 8.9 MB stripped since the S3 store (object_store, reqwest, tokio,
+        # rustls: +3.5 MB); with debug info it is several times that.
+        assert len(lib) < 12 << 20, f"{libs[0]} is {len(lib)} bytes: not stripped?"
         sections = _elf_sections(lib)
         debug = [s for s in sections if s.startswith(".debug") or s == ".symtab"]
         assert not debug, f"{libs[0]} keeps {debug}"

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, Literal, Optional, Tuple, Union, cast
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ._upager import Pager, Region, create_dataset, redact_url
+from ._upager import Pager, Region, create_dataset, read_store, redact_url
 
 #: numpy.memmap's modes and their long names, to the short name.
 MODES: Dict[str, str] = {
@@ -149,6 +149,8 @@ class PagedArray(np.memmap):  # type: ignore[type-arg,unused-ignore]
         store: Optional[str] = None,
         **pager_options: Any,
     ) -> "PagedArray":
+        if store is None and store_url(filename) is not None:
+            store, filename = filename, None
         if store is not None:
             if filename is not None:
                 raise ValueError(
@@ -386,6 +388,30 @@ def _path(filename: Any) -> str:
         ) from None
 
 
+#: URL schemes that name a store rather than a file: a Redis Cluster's
+#: dataset, or an object of an S3-compatible store.
+STORE_SCHEMES = ("redis-cluster://", "rediss-cluster://", "s3://")
+
+
+def store_url(filename: Any) -> Optional[str]:
+    """`filename` if it is a store URL (a str starting with one of
+    :data:`STORE_SCHEMES`), else None."""
+    if isinstance(filename, str) and filename.startswith(STORE_SCHEMES):
+        return filename
+    return None
+
+
+def read_head(url: str, length: int, what: str) -> Tuple[bytes, int]:
+    """The first `length` bytes (fewer if it is shorter) of the dataset or
+    object `url` names, and its size: a file format's header, read before
+    mapping the data after it. `what` names the format in a failure."""
+    try:
+        return read_store(url, 0, length)
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot read the {what} header of {redact_url(url)}: "
+                               f"{e.strerror}") from None
+
+
 class _Source:
     """A file to map: ``path`` to open (its name, or /proc/self/fd/N for an
     open file object), ``name`` (absolute, for ``filename`` and pickling;
@@ -478,13 +504,18 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
     and the rest.
 
     ``store``: a dataset on a Redis Cluster instead of a file, by URL
-    ("redis-cluster://HOST:PORT/NAME"; ``path`` must then be None). Mode
+    ("redis-cluster://HOST:PORT/NAME"; ``path`` must then be None; a
+    ``path`` that is such a URL is taken as ``store``). Mode
     "r"/"r+" maps a dataset uploaded with :func:`upload_dataset` (or
     ``upager load``); "w+" creates it (all zeros, sized to hold the array;
     NAME must not exist). The folio defaults to the dataset's chunk size
     (64 KiB unless it was uploaded with another); a folio given must be a
     multiple of it. ``flush()`` returns
-    once every change is acknowledged by a replica.
+    once every change is acknowledged by a replica. Or an existing object
+    of an S3-compatible store, "s3://BUCKET/KEY" (credentials, region and
+    endpoint from ``AWS_*`` variables or ``~/.aws``, as the AWS SDKs read
+    them), read-only (mode "r"), in folios of 64 KiB unless one is given:
+    a fault is one ranged GET, readahead many in flight.
 
     The array keeps its region and pager alive; they are unmapped
     (flushing changes) when the last array using them goes.
@@ -495,6 +526,8 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
             "shape: pass mode= by keyword, or use upager.memmap(filename, dtype, "
             "mode, offset, shape, order), which takes numpy.memmap's order"
         )
+    if store is None and store_url(path) is not None:
+        store, path = path, None
     if store is not None:
         if path is not None:
             raise ValueError(
@@ -632,6 +665,10 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
                          '"r", "r+" or "w+"')
     if mode == "w+":
         assert dims is not None
+        if url.startswith("s3://"):
+            raise ValueError(
+                f'mode "w+" creates a dataset on a Redis Cluster; objects of an S3 store '
+                f'({redact_url(url)}) map read-only: use mode "r"')
         # the pager's folio if one was given, else the store's default chunk
         create_dataset(url, offset + _nbytes(dims, dt), chunk=pager.folio_option)
         mode = "r+"

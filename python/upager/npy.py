@@ -18,7 +18,8 @@ from numpy.lib import format as npformat
 from numpy.typing import DTypeLike
 
 from ._array import (DEFAULT_BUDGET, MODES, PagedArray, SizeArg, _path, _shape, _Source,
-                     _source, _open)
+                     _source, _open, read_head, store_url)
+from ._upager import redact_url
 
 try:  # numpy 2
     from numpy.lib._format_impl import _write_array_header  # type: ignore[attr-defined,unused-ignore]
@@ -44,9 +45,32 @@ def read_header(path: Any, max_header_size: int = MAX_HEADER_SIZE
     ``numpy.lib.format``. ValueError for what is no .npy file, holds Python
     objects (which cannot be mapped) or has a header longer than
     ``max_header_size`` (numpy.load's limit and default)."""
+    url = store_url(path)
+    if url is not None:
+        return _store_header(url, max_header_size)
     name = _path(path)
     with open(name, "rb") as f:
         return _read_header(f, name, max_header_size)
+
+
+def _store_header(url: str, max_header_size: int
+                  ) -> Tuple[Tuple[int, ...], bool, np.dtype, int]:  # type: ignore[type-arg,unused-ignore]
+    """:func:`read_header` of a dataset or object by URL: its first bytes,
+    then as many as the header's length field says (numpy's limit checks
+    run on them as on a file's)."""
+    head, _ = read_head(url, 12, ".npy")
+    want = len(head)
+    if head.startswith(npformat.MAGIC_PREFIX) and len(head) == 12:
+        major = head[len(npformat.MAGIC_PREFIX)]
+        if major == 1:
+            want = 10 + int.from_bytes(head[8:10], "little")
+        elif major in (2, 3):
+            want = 12 + int.from_bytes(head[8:12], "little")
+        # past numpy's limit, enough to let numpy say so
+        want = min(want, 12 + max_header_size + 1)
+    if want > len(head):
+        head, _ = read_head(url, want, ".npy")
+    return _read_header(io.BytesIO(head), redact_url(url), max_header_size)
 
 
 def _read_header(f: Any, name: str, max_header_size: int
@@ -81,7 +105,10 @@ def _read_header(f: Any, name: str, max_header_size: int
 def _kind(file: Any) -> str:
     """What `file` (a path or an open file, at its position) holds, as
     numpy.load tells: "npy", "npz" or "other" (a pickle, or nothing)."""
-    if isinstance(file, (str, bytes, os.PathLike)):
+    url = store_url(file)
+    if url is not None:
+        magic, _ = read_head(url, len(npformat.MAGIC_PREFIX), ".npy")
+    elif isinstance(file, (str, bytes, os.PathLike)):
         with open(file, "rb") as f:
             magic = f.read(len(npformat.MAGIC_PREFIX))
     else:
@@ -125,8 +152,10 @@ def load(file: Any, mmap_mode: Optional[str] = "r", allow_pickle: bool = False,
     the header limit, as numpy.load does). ``file``: a path, or an open
     file of a real file (mapped through its descriptor, its data after the
     header at the file's position; the file is left after the array, as
-    numpy.load leaves it). Other keywords as for
-    :data:`upager.memmap` (``budget``, ``fault_mode``...).
+    numpy.load leaves it); or a store URL ("s3://BUCKET/KEY.npy", mapped
+    read-only; "redis-cluster://HOST:PORT/NAME", "r" or "r+"), its header
+    read with ranged reads and its data paged from the store. Other
+    keywords as for :data:`upager.memmap` (``budget``, ``fault_mode``...).
     """
     if isinstance(mmap_mode, str) and "://" in mmap_mode:
         raise TypeError(
@@ -134,6 +163,10 @@ def load(file: Any, mmap_mode: Optional[str] = "r", allow_pickle: bool = False,
             "upload a file to a store as a dataset use "
             f"upager.upload_dataset(path, {mmap_mode!r})"
         )
+    url = store_url(file)
+    if url is not None:
+        return _load_store(url, mmap_mode, max_header_size, allow_pickle, budget, folio,
+                           fault_mode, pager_options)
     if not mmap_mode:  # numpy.load's test: None (and "") read into memory
         return _np_load(file, mmap_mode, allow_pickle, fix_imports, encoding,
                        max_header_size=max_header_size)
@@ -168,6 +201,28 @@ def load(file: Any, mmap_mode: Optional[str] = "r", allow_pickle: bool = False,
     if isinstance(file, os.PathLike):
         arr.filename = pathlib.Path(os.fsdecode(file)).resolve()  # as numpy.memmap
     return arr
+
+
+def _load_store(url: str, mmap_mode: Any, max_header_size: int, allow_pickle: bool,
+                budget: Any, folio: Any, fault_mode: Any, pager_options: Any) -> PagedArray:
+    """:func:`load` of an .npy file on a store: mapped read-only ("r") or
+    read-write ("r+", a Redis Cluster dataset)."""
+    mode = MODES.get(mmap_mode) if isinstance(mmap_mode, str) else None
+    if mode not in ("r", "r+"):
+        raise ValueError(
+            f'{redact_url(url)}: an .npy file on a store maps with mmap_mode "r" (or "r+" '
+            f"on a Redis Cluster), got {mmap_mode!r}: numpy.load cannot read a URL "
+            "either; download the file to load it otherwise")
+    if _kind(url) != "npy":
+        raise ValueError(
+            f"{redact_url(url)} is not an .npy file: upager.load maps .npy files from a "
+            "store; an .npz archive or a pickle must be downloaded and loaded with "
+            "numpy.load")
+    if allow_pickle:
+        max_header_size = 2**64  # numpy.load: a trusted file has no header limit
+    shape, fortran_order, dtype, offset = _store_header(url, max_header_size)
+    return _map(_Source(None), dtype, mode, offset, shape, fortran_order, budget, folio,
+                fault_mode, pager_options, store=url)
 
 
 def _source_at(f: Any) -> _Source:
@@ -208,6 +263,15 @@ def open_npy(filename: Any, mode: str = "r+", dtype: Optional[DTypeLike] = None,
     if m is None:
         raise ValueError(
             f'mode must be "r", "r+", "w+" or "c" (or their long names), got {mode!r}')
+    url = store_url(filename)
+    if url is not None:
+        if m == "w+":
+            raise ValueError(
+                f'{redact_url(url)}: open_npy(mode="w+") creates an .npy file on disk; '
+                "on a store, upload one (upager.upload_dataset) and map it")
+        shape, fortran_order, dt, offset = read_header(url, max_header_size)
+        return _map(_Source(None), dt, m, offset, shape, fortran_order, budget, folio,
+                    fault_mode, pager_options, store=url)
     if m != "w+":  # numpy's open_memmap reads .npy files only
         name = _path(filename)
         shape, fortran_order, dt, offset = read_header(name, max_header_size)
@@ -249,9 +313,10 @@ def open_npy(filename: Any, mode: str = "r+", dtype: Optional[DTypeLike] = None,
 
 def _map(src: _Source, dtype: np.dtype, mode: str, offset: int,  # type: ignore[type-arg,unused-ignore]
          shape: Tuple[int, ...], fortran_order: bool, budget: Any, folio: Any,
-         fault_mode: Any, pager_options: Any, created: bool = False) -> PagedArray:
+         fault_mode: Any, pager_options: Any, created: bool = False,
+         store: Optional[str] = None) -> PagedArray:
     arr = _open(src, dtype, shape, mode, offset, "F" if fortran_order else "C", budget,
-                folio, fault_mode, None, pager_options)
+                folio, fault_mode, store, pager_options)
     if created and arr._mapping is not None:
         arr._mapping.sync_dir = os.path.dirname(os.path.abspath(src.path or "."))
     return arr

@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tup
 
 import numpy as np
 
-from ._array import DEFAULT_BUDGET, PagedArray, SizeArg, _path
+from ._array import DEFAULT_BUDGET, PagedArray, SizeArg, _path, read_head, store_url
 
 __all__ = ["safe_open", "SafetensorError", "SafeSlice", "HeaderError", "DtypeError", "open",
            "SafetensorsFile", "DTYPES"]
@@ -169,25 +169,46 @@ def _json_error(what: str) -> HeaderError:
     return _bad(f"invalid JSON in header: {what}")
 
 
-def _parse_header(name: str) -> _Header:
-    """Reads and checks the header of file `name` as safetensors does
-    (SafeTensors::read_metadata, then the Metadata checks in their order):
-    HeaderError for a file that breaks the format; OSError from opening."""
+def _header_bytes(head: bytes, size: int) -> int:
+    """The header's length from the file's first 8 bytes (`head`), checked
+    against the format's limit and the file's `size`."""
+    if len(head) < 8:
+        raise _bad(f"header too small: the file has {size} bytes, fewer than the 8 of "
+                   "the header's length")
+    n = int.from_bytes(head[:8], "little")
+    if n > MAX_HEADER:
+        raise _bad(f"header too large: header length {n} is beyond the format's "
+                   f"{MAX_HEADER} bytes")
+    if 8 + n > size:
+        raise _bad(f"invalid header length: header length {n} is beyond the file's "
+                   f"{size} bytes (truncated?)")
+    return n
+
+
+def _read_raw_header(name: str) -> Tuple[bytes, int]:
+    """The header's JSON bytes and the file's size, from a file or, by URL,
+    from a store (two ranged reads: the length, then the header)."""
+    url = store_url(name)
+    if url is not None:
+        head, size = read_head(url, 8, "safetensors")
+        n = _header_bytes(head, size)
+        raw, _ = read_head(url, 8 + n, "safetensors")
+        return raw[8:], size
     with builtins.open(name, "rb") as f:
         head = f.read(8)
         size = f.seek(0, 2)
-        if len(head) < 8:
-            raise _bad(f"header too small: the file has {size} bytes, fewer than the 8 of "
-                       "the header's length")
-        n = int.from_bytes(head, "little")
-        if n > MAX_HEADER:
-            raise _bad(f"header too large: header length {n} is beyond the format's "
-                       f"{MAX_HEADER} bytes")
-        if 8 + n > size:
-            raise _bad(f"invalid header length: header length {n} is beyond the file's "
-                       f"{size} bytes (truncated?)")
+        n = _header_bytes(head, size)
         f.seek(8)
-        raw = f.read(n)
+        return f.read(n), size
+
+
+def _parse_header(name: str) -> _Header:
+    """Reads and checks the header of file `name` (or a store URL) as
+    safetensors does (SafeTensors::read_metadata, then the Metadata checks
+    in their order): HeaderError for a file that breaks the format; OSError
+    from opening."""
+    raw, size = _read_raw_header(name)
+    n = len(raw)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -384,7 +405,10 @@ class safe_open:  # noqa: N801 (safetensors' name)
     """``safetensors.safe_open(filename, framework="np")`` under a hard
     memory budget.
 
-    filename: str or os.PathLike (bytes and open files too). framework:
+    filename: str or os.PathLike (bytes and open files too), or a store URL
+    ("s3://BUCKET/KEY.safetensors", "redis-cluster://HOST:PORT/NAME"): the
+    header is read with two ranged reads, the tensors paged from the
+    store. framework:
     "np" or "numpy" (safetensors' other names open nothing: upager gives
     numpy arrays). device: "cpu". backend: "mmap" or "pread", accepted and
     ignored (upager pages the file either way).
@@ -415,8 +439,9 @@ class safe_open:  # noqa: N801 (safetensors' name)
         dev = _device(device)
         _backend(backend)
         try:
-            with builtins.open(name, "rb"):
-                pass
+            if store_url(name) is None:
+                with builtins.open(name, "rb"):
+                    pass
         except FileNotFoundError:
             # safetensors' message (no errno: it has none either)
             raise FileNotFoundError(f"No such file or directory: {name}") from None
