@@ -69,10 +69,11 @@ python:
 test-python:
 	$(PYTHON) -m pytest -q python/tests
 
-# The Python face on a local SeaweedFS (needs the weed binary and the
-# release CLI; scripts/test.sh runs it in its S3 step).
+# The Python and C faces on a local SeaweedFS (needs the weed binary and
+# the release CLI; scripts/test.sh runs it in its S3 step).
 test-python-s3:
-	UPAGER_TEST_S3=1 $(PYTHON) -m pytest -q python/tests/test_s3.py
+	$(MAKE) --no-print-directory install-c PREFIX="$(TEST_PREFIX)"
+	UPAGER_TEST_S3=1 UPAGER_C_PREFIX="$(abspath $(TEST_PREFIX))" $(PYTHON) -m pytest -q python/tests/test_s3.py
 
 wheels:
 	$(PYTHON) -m pip install -r python/requirements-dev.txt

@@ -36,6 +36,7 @@ use pyo3::{ffi, IntoPyObjectExt};
 
 use upager::{FaultMode, MapOptions, Pager, Region, Residency, Stats, WarmStart};
 use upager_redis::{RedisOptions, RedisStore, StoreUrl};
+use upager_stores::AnyUrl;
 
 // ---------------------------------------------------------------------------
 // Errors: invalid arguments are ValueError; system failures OSError with
@@ -435,34 +436,15 @@ impl PyPager {
         }
         let opts = self.range_opts(mode, offset, length, folio)?.warm(warm);
         let pager = self.get()?;
-        let region = match AnyUrl::parse(url)? {
-            AnyUrl::S3(url) => {
-                if mode != "r" {
-                    return Err(PyValueError::new_err(format!(
-                        "{url}: objects of an S3 store map read-only in this version: \
-                         use mode \"r\" (or copy the data to a file or a Redis \
-                         Cluster dataset to change it)"
-                    )));
-                }
-                let kind = format!("object {url}, mode \"r\"");
-                let region = py
-                    .allow_threads(move || {
-                        upager_s3::map(&pager, &url, &opts, &upager_s3::S3Options::default())
-                    })
-                    .map_err(engine_err)?;
-                (region, kind)
-            }
-            AnyUrl::Redis(url) => {
-                let kind = format!("store {url}, mode {mode:?}");
-                let region = py
-                    .allow_threads(move || {
-                        upager_redis::map(&pager, &url, &opts, &RedisOptions::default())
-                    })
-                    .map_err(engine_err)?;
-                (region, kind)
-            }
+        let url: AnyUrl = url.parse().map_err(engine_err)?;
+        let kind = match &url {
+            AnyUrl::S3(u) => format!("object {u}, mode {mode:?}"),
+            AnyUrl::Redis(u) => format!("store {u}, mode {mode:?}"),
         };
-        Ok(PyRegion::new(region.0, region.1, self.info.clone()))
+        let region = py
+            .allow_threads(move || upager_stores::map(&pager, &url, &opts))
+            .map_err(engine_err)?;
+        Ok(PyRegion::new(region, kind, self.info.clone()))
     }
 
     /// Maps `size` bytes of anonymous memory: zero-filled, writable, swapped
@@ -1017,32 +999,6 @@ fn mode_writable(mode: &str) -> PyResult<Access> {
     }
 }
 
-/// A store URL of either kind, by its scheme.
-enum AnyUrl {
-    Redis(StoreUrl),
-    S3(upager_s3::S3Url),
-}
-
-impl AnyUrl {
-    fn parse(url: &str) -> PyResult<AnyUrl> {
-        if url.starts_with(upager_s3::url::SCHEME) {
-            Ok(AnyUrl::S3(url.parse().map_err(engine_err)?))
-        } else {
-            Ok(AnyUrl::Redis(url.parse().map_err(engine_err)?))
-        }
-    }
-
-    /// The store behind the URL, read-only.
-    fn open(self) -> PyResult<Arc<dyn upager::Store>> {
-        Ok(match self {
-            AnyUrl::S3(u) => upager_s3::S3Store::open(&u, &upager_s3::S3Options::default())
-                .map_err(engine_err)? as Arc<dyn upager::Store>,
-            AnyUrl::Redis(u) => RedisStore::open(&u, false, &RedisOptions::default())
-                .map_err(engine_err)? as Arc<dyn upager::Store>,
-        })
-    }
-}
-
 /// Reads up to `length` bytes at `offset` of a dataset or object by URL,
 /// without mapping it (a file format's header, before the region that
 /// maps its data): returns the bytes (fewer at the end; none past it) and
@@ -1055,9 +1011,9 @@ fn read_store(
     length: usize,
 ) -> PyResult<(Py<pyo3::types::PyBytes>, u64)> {
     let shown = upager_redis::url::redact(url);
-    let url = AnyUrl::parse(url)?;
+    let url: AnyUrl = url.parse().map_err(engine_err)?;
     let (buf, size) = py.allow_threads(move || -> PyResult<(Vec<u8>, u64)> {
-        let st = url.open()?;
+        let st = upager_stores::open(&url).map_err(engine_err)?;
         let size = st.len();
         let n = (size.saturating_sub(offset)).min(length as u64) as usize;
         let mut buf = vec![0u8; n];

@@ -2,6 +2,8 @@
 load and safe_open of "s3://BUCKET/KEY" URLs, against a local SeaweedFS
 (scripts/seaweedfs.sh, ports 23500..23505 and +10000), the objects
 uploaded the way a user does, with the CLI (`upager load FILE s3://B/K`).
+The C face's test (crates/capi/tests/c/store_s3.c, built with gcc against
+the installed library in $UPAGER_C_PREFIX) runs on the same server.
 
 These tests run in the suite's S3 step (`make test-python-s3`, which sets
 UPAGER_TEST_S3=1, after the weed binary and the release CLI are built);
@@ -190,3 +192,25 @@ def test_a_wrong_secret_is_an_error_that_names_no_secret(s3: Dict[str, str],
         assert "not-the-secret" not in str(e2.value)
     finally:
         os.environ["AWS_SECRET_ACCESS_KEY"] = s3["AWS_SECRET_ACCESS_KEY"]
+
+
+def test_the_c_face_maps_an_object(s3: Dict[str, str], tmp_path: pathlib.Path) -> None:
+    prefix = os.environ.get("UPAGER_C_PREFIX")
+    if not prefix:
+        pytest.skip("UPAGER_C_PREFIX (an installed C library: make install-c) is not set")
+    n = 4 * MIB
+    f = tmp_path / "pattern.bin"
+    i = np.arange(n // 8, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        ((i + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)).tofile(f)  # common.h's pattern()
+    url = _upload(f, "c/pattern.bin")
+    src = ROOT / "crates" / "capi" / "tests" / "c"
+    exe = tmp_path / "store_s3"
+    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-std=c11", "-pthread",
+                    f"-I{src}", f"-I{prefix}/include", str(src / "store_s3.c"), "-o", str(exe),
+                    f"-L{prefix}/lib", "-lupager", f"-Wl,-rpath,{prefix}/lib"],
+                   check=True, timeout=120)
+    out = subprocess.run([str(exe), url, str(n)], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "store_s3: ok" in out.stdout

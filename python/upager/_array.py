@@ -663,12 +663,13 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
     if mode == "c":
         raise ValueError('mode "c" (copy-on-write) is for files; map a dataset with '
                          '"r", "r+" or "w+"')
+    if url.startswith("s3://") and mode != "r":
+        raise ValueError(
+            f'{redact_url(url)}: objects of an S3 store map read-only in this version: use '
+            f'mode "r", not {mode!r} (or copy the data to a file, or to a Redis Cluster '
+            "dataset, to change it)")
     if mode == "w+":
         assert dims is not None
-        if url.startswith("s3://"):
-            raise ValueError(
-                f'mode "w+" creates a dataset on a Redis Cluster; objects of an S3 store '
-                f'({redact_url(url)}) map read-only: use mode "r"')
         # the pager's folio if one was given, else the store's default chunk
         create_dataset(url, offset + _nbytes(dims, dt), chunk=pager.folio_option)
         mode = "r+"

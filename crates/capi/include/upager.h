@@ -309,7 +309,15 @@ struct upager_map_options {
                         failover keeps taking writes (degraded, logged);
                         "?min_replicas=N" at the URL's end makes them fail
                         (-EIO from upager_flush) unless N replicas
-                        acknowledge them. */
+                        acknowledge them.
+                        Or an object of an S3-compatible store,
+                        "s3://BUCKET/KEY" (credentials, region and endpoint
+                        from AWS_* variables or ~/.aws, as the AWS SDKs read
+                        them): upager_map_file(pager, NULL, opts, out) maps
+                        it read-only (64 KiB folios unless set; a fault is
+                        one ranged GET). -EROFS with UPAGER_MAP_WRITE or for
+                        upager_map_anonymous(), -ENOENT (no such object or
+                        bucket), -EACCES (credentials refused). */
 };
 
 /* Fills *opts with the defaults (including opts->size). NULL is ignored. */

@@ -514,7 +514,7 @@ unsafe fn map_opts(
 ///
 /// # Safety
 /// `o.store` is NULL or a NUL-terminated string (upager.h).
-unsafe fn store_url(o: &upager_map_options) -> Result<Option<upager_redis::StoreUrl>, Failure> {
+unsafe fn store_url(o: &upager_map_options) -> Result<Option<upager_stores::AnyUrl>, Failure> {
     if o.store.is_null() {
         return Ok(None);
     }
@@ -524,11 +524,7 @@ unsafe fn store_url(o: &upager_map_options) -> Result<Option<upager_redis::Store
 }
 
 /// Refuses a store URL where the call takes its data from elsewhere.
-fn no_store_url(
-    url: Option<upager_redis::StoreUrl>,
-    call: &str,
-    from: &str,
-) -> Result<(), Failure> {
+fn no_store_url(url: Option<upager_stores::AnyUrl>, call: &str, from: &str) -> Result<(), Failure> {
     match url {
         None => Ok(()),
         Some(u) => Err(Failure::inval(format!(
@@ -555,9 +551,7 @@ pub unsafe extern "C" fn upager_map_file(
         let (h, (m, o)) = unsafe { (handle(p, "pager")?, map_opts(opts)?) };
         // SAFETY: `o` came from the caller's initialised options.
         let region = match (unsafe { store_url(&o) }?, path.is_null()) {
-            (Some(url), true) => {
-                upager_redis::map(&h.pager, &url, &m, &upager_redis::RedisOptions::default())?
-            }
+            (Some(url), true) => upager_stores::map(&h.pager, &url, &m)?,
             (Some(url), false) => {
                 return Err(Failure::inval(format!(
                     "give a path or a store URL (upager_map_options.store = {url}), not both: the path must be NULL to map the store"
@@ -711,13 +705,19 @@ pub unsafe extern "C" fn upager_map_anonymous(
         }
         // SAFETY: `o` came from the caller's initialised options.
         let region = match unsafe { store_url(&o) }? {
-            Some(url) => upager_redis::map_anonymous(
+            Some(upager_stores::AnyUrl::Redis(url)) => upager_redis::map_anonymous(
                 &h.pager,
                 &url,
                 length,
                 &m,
                 &upager_redis::RedisOptions::default(),
             )?,
+            Some(upager_stores::AnyUrl::S3(url)) => {
+                return Err(Failure::new(
+                    libc::EROFS,
+                    format!("{url}: an anonymous region swaps to a Redis Cluster (redis-cluster://...); an s3:// object is read-only: leave upager_map_options.store NULL for private swap"),
+                ))
+            }
             None => h.pager.map_anonymous(length, &m)?,
         };
         // SAFETY: as above.

@@ -40,22 +40,7 @@ impl clap::builder::TypedValueParser for StoreUrlParser {
 }
 
 /// A store URL of either kind: a Redis Cluster's or an S3 object's.
-#[derive(Debug, Clone)]
-pub enum AnyUrl {
-    /// redis-cluster:// or rediss-cluster://
-    Redis(StoreUrl),
-    /// s3://BUCKET/KEY
-    S3(upager_s3::S3Url),
-}
-
-impl std::fmt::Display for AnyUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AnyUrl::Redis(u) => u.fmt(f),
-            AnyUrl::S3(u) => u.fmt(f),
-        }
-    }
-}
+pub use upager_stores::AnyUrl;
 
 /// Parses a Redis Cluster or S3 URL argument, by its scheme; messages
 /// quote the URL redacted, as [`StoreUrlParser`]'s.
@@ -71,10 +56,7 @@ impl clap::builder::TypedValueParser for AnyUrlParser {
         arg: Option<&clap::Arg>,
         value: &std::ffi::OsStr,
     ) -> Result<AnyUrl, clap::Error> {
-        if value
-            .to_str()
-            .is_some_and(|s| s.starts_with(upager_s3::url::SCHEME))
-        {
+        if value.to_str().is_some_and(AnyUrl::is_s3) {
             let s = value.to_str().unwrap_or_default();
             return s.parse().map(AnyUrl::S3).map_err(|e: upager_s3::UrlError| {
                 let name = arg.map_or_else(|| "URL".to_string(), ToString::to_string);
