@@ -36,6 +36,7 @@ and the release CLI (cargo build --release -p upager-cli).
     python3 -m pip install -r bench/requirements-s3.txt
     python3 bench/s3_model_bench.py --rounds 3 --json bench/results/DATE-s3-model.json
     python3 bench/s3_model_bench.py --tiny        # a quick check: 64 MiB
+    python3 bench/s3_model_bench.py --plot RESULTS.json RESULTS.png
 """
 
 from __future__ import annotations
@@ -134,7 +135,12 @@ def main() -> None:
     ap.add_argument("--tensor-mib", type=int, default=16, help="MiB per tensor (default 16)")
     ap.add_argument("--tiny", action="store_true", help="16 tensors of 4 MiB, 1 round")
     ap.add_argument("--json", type=pathlib.Path, help="write the results here")
+    ap.add_argument("--plot", nargs=2, type=pathlib.Path, metavar=("JSON", "PNG"),
+                    help="only plot the results of an earlier run (matplotlib)")
     a = ap.parse_args()
+    if a.plot:
+        plot(*a.plot)
+        return
     if a.tiny:
         a.tensors, a.tensor_mib, a.rounds = 16, 4, 1
     if not cli().exists():
@@ -211,6 +217,31 @@ def main() -> None:
             command_line=sys.argv, model_bytes=size, tensors=a.tensors,
             rounds=a.rounds, runs=runs, summary=summary), indent=1) + "\n")
         print(f"wrote {a.json}")
+
+
+def plot(src: pathlib.Path, png: pathlib.Path) -> None:
+    """Bars of the medians (first tensor, all tensors, peak RSS) per side,
+    each run's value as a dot."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    r = json.loads(src.read_text())
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
+    for ax, (key, label, scale) in zip(axes, (("first", "first tensor, s", 1.0),
+                                              ("all", "all tensors, s", 1.0),
+                                              ("peak_rss", "peak RSS, MiB", 1 / (1 << 20)))):
+        for i, side in enumerate(SIDES):
+            ax.bar(i, r["summary"][side][key] * scale, color=f"C{i}")
+            vals = [x[key] * scale for x in r["runs"] if x["side"] == side]
+            ax.plot([i] * len(vals), vals, "k.", ms=4)
+        ax.set_xticks(range(len(SIDES)), SIDES)
+        ax.set_title(label)
+    fig.suptitle(f"{r['model_bytes'] / (1 << 30):.0f} GiB safetensors model on SeaweedFS "
+                 f"(loopback), medians of {r['rounds']}; {r['date'][:10]}, "
+                 f"{r['machine']['cpus']} CPUs, Linux {r['machine']['kernel']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"wrote {png}")
 
 
 if __name__ == "__main__":
