@@ -7,8 +7,8 @@ the installed library in $UPAGER_C_PREFIX) runs on the same server.
 
 These tests run in the suite's S3 step (`make test-python-s3`, which sets
 UPAGER_TEST_S3=1, after the weed binary and the release CLI are built);
-elsewhere they are skipped. With UPAGER_TEST_S3=1 a missing weed binary
-or CLI is a failure, not a skip.
+elsewhere conftest.py does not collect them. With UPAGER_TEST_S3=1 a
+missing weed binary or CLI is a failure, not a skip.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 //! cargo run --release -p upager-bench --example warm-start -- \
 //!     [--file-mib 2048] [--budget-mib 256] [--rows 200000] [--rounds 3] \
 //!     [--work-ns 0] [--dir DIR] [--source URL] [--data compressible]
-//!     [--added-latency-ms 0] [--out FILE.json]
+//!     [--added-latency-ms 0] [--workload gather|model] [--out FILE.json]
 //! ```
 //!
 //! What it measures and why: a program that gathers a fixed set of rows
@@ -22,6 +22,17 @@
 //! gains more. Engines run interleaved, `--rounds` times; the table gives
 //! medians. Bytes read against bytes used: folios read by the run against
 //! distinct folios the gather touches.
+//!
+//! `--workload model` (default `gather`): the file is a model's weights
+//! instead, as a safetensors file lays them out: an embedding table (the
+//! first eighth, rows of 4 KiB) then 48 layers of equal size in the order
+//! of their names sorted as strings (layers.0, layers.1, layers.10, ...,
+//! layers.19, layers.2, ...: safetensors writes tensors sorted by name).
+//! A "run" looks up `--rows / 100` embedding rows (2,000 by default) and
+//! then reads every layer whole in numeric order (one word per 64 bytes):
+//! not file order, so readahead sees a sequential run per layer but a jump
+//! between layers. The trace of other inputs looks up other embedding
+//! rows (a different prompt), with the same layers.
 //!
 //! `--data incompressible` fills the array with words that do not
 //! compress (splitmix64 of the offset) instead of `offset ^ seed`: zram
@@ -72,6 +83,7 @@ struct Args {
     source: Option<String>,
     incompressible: bool,
     added_latency_ms: u64,
+    model: bool,
     out: Option<PathBuf>,
 }
 
@@ -86,6 +98,7 @@ fn parse() -> Result<Args, String> {
         source: None,
         incompressible: false,
         added_latency_ms: 0,
+        model: false,
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -106,6 +119,13 @@ fn parse() -> Result<Args, String> {
                     "compressible" => false,
                     "incompressible" => true,
                     d => return Err(format!("--data {d}: give compressible or incompressible")),
+                }
+            }
+            "--workload" => {
+                a.model = match v()?.as_str() {
+                    "gather" => false,
+                    "model" => true,
+                    w => return Err(format!("--workload {w}: give gather or model")),
                 }
             }
             "--out" => a.out = Some(PathBuf::from(v()?)),
@@ -131,6 +151,65 @@ fn gather(n: usize, elems: u64, salt: u64) -> Vec<u64> {
             x % elems
         })
         .collect()
+}
+
+/// Words the program reads: `words` words from word `start`, every
+/// `stride`-th.
+#[derive(Clone, Copy)]
+struct Span {
+    start: u64,
+    words: u64,
+    stride: u64,
+}
+
+/// A gather of single words.
+fn gather_spans(rows: &[u64]) -> Vec<Span> {
+    rows.iter()
+        .map(|&r| Span {
+            start: r,
+            words: 1,
+            stride: 1,
+        })
+        .collect()
+}
+
+/// Layers of the model workload (see the module doc).
+const LAYERS: u64 = 48;
+/// Words per embedding row (4 KiB).
+const ROW_WORDS: u64 = 512;
+
+/// The model workload's reads (module doc): `lookups` embedding rows
+/// chosen by `salt`, then every layer in numeric order, one word per 64
+/// bytes.
+fn model_spans(elems: u64, lookups: usize, salt: u64) -> Vec<Span> {
+    let emb_rows = elems / 8 / ROW_WORDS;
+    let layer_words = (elems - emb_rows * ROW_WORDS) / LAYERS / ROW_WORDS * ROW_WORDS;
+    let mut file_order: Vec<u64> = (0..LAYERS).collect();
+    file_order.sort_by_key(|i| format!("layers.{i}"));
+    let mut v: Vec<Span> = gather(lookups, emb_rows, salt)
+        .into_iter()
+        .map(|row| Span {
+            start: row * ROW_WORDS,
+            words: ROW_WORDS,
+            stride: 8,
+        })
+        .collect();
+    for layer in 0..LAYERS {
+        let pos = file_order.iter().position(|&l| l == layer).expect("a layer") as u64;
+        v.push(Span {
+            start: emb_rows * ROW_WORDS + pos * layer_words,
+            words: layer_words,
+            stride: 8,
+        });
+    }
+    v
+}
+
+/// Each word index `spans` read, in order.
+fn span_words(spans: &[Span]) -> impl Iterator<Item = u64> + '_ {
+    spans
+        .iter()
+        .flat_map(|s| (s.start..s.start + s.words).step_by(s.stride as usize))
 }
 
 /// Where the array lives, and its warm-start trace beside it.
@@ -298,13 +377,13 @@ fn word(off: u64, incompressible: bool) -> u64 {
     }
 }
 
-fn run(src: &Source, budget: u64, how: WarmStart, rows: &[u64], a: &Args) -> Run {
+fn run(src: &Source, budget: u64, how: WarmStart, spans: &[Span], a: &Args) -> Run {
     let pager = Pager::new(budget).unwrap();
     let t = Instant::now();
     let r = src.map(&pager, how);
     let words = r.words();
     let mut sum = 0u64;
-    for &row in rows {
+    for row in span_words(spans) {
         sum = sum.wrapping_add(words[row as usize].load(std::sync::atomic::Ordering::Relaxed));
         if a.work_ns > 0 {
             let w = Instant::now();
@@ -314,7 +393,7 @@ fn run(src: &Source, budget: u64, how: WarmStart, rows: &[u64], a: &Args) -> Run
         }
     }
     let secs = t.elapsed().as_secs_f64();
-    let want: u64 = rows.iter().fold(0u64, |s, &row| {
+    let want: u64 = span_words(spans).fold(0u64, |s, row| {
         s.wrapping_add(word(row * 8, a.incompressible))
     });
     assert_eq!(sum, want, "the gather read the file's words");
@@ -371,11 +450,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         url.endpoint = Some(format!("http://{proxy}"));
     }
     let elems = len / 8;
-    let rows = gather(a.rows, elems, 1);
-    let other = gather(a.rows, elems, 2);
+    let (rows, other) = if a.model {
+        (
+            model_spans(elems, a.rows / 100, 1),
+            model_spans(elems, a.rows / 100, 2),
+        )
+    } else {
+        (
+            gather_spans(&gather(a.rows, elems, 1)),
+            gather_spans(&gather(a.rows, elems, 2)),
+        )
+    };
     let folio = src.folio();
     let used = {
-        let mut f: Vec<u64> = rows.iter().map(|r| r * 8 / folio).collect();
+        // Every folio a span covers is read (a word per 64 bytes at most).
+        let mut f: Vec<u64> = rows
+            .iter()
+            .flat_map(|s| s.start * 8 / folio..=(s.start + s.words - 1) * 8 / folio)
+            .collect();
         f.sort_unstable();
         f.dedup();
         f.len() as u64 * folio
@@ -386,7 +478,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     run(&src, budget, WarmStart::Record, &rows, &a);
     let rows_trace = src.trace();
     println!(
-        "warm-start: {} MiB {} ({}, +{} ms per request), {} MiB budget, {} rows ({} MiB of folios used), trace {} KiB",
+        "warm-start {}: {} MiB {} ({}, +{} ms per request), {} MiB budget, {} rows ({} MiB of folios used), trace {} KiB",
+        if a.model { "model" } else { "gather" },
         a.file_mib,
         a.source.as_deref().unwrap_or("file"),
         if inc { "incompressible" } else { "compressible" },
@@ -449,7 +542,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write(
             out,
             format!(
-                "{{\"bench\":\"warm-start\",\"unix_time\":{},\"host\":\"{}\",\"source\":\"{}\",\"data\":\"{}\",\"added_latency_ms\":{},\"file_mib\":{},\"budget_mib\":{},\"rows\":{},\"work_ns\":{},\"used_bytes\":{used},\"engines\":[{}]}}\n",
+                "{{\"bench\":\"warm-start\",\"workload\":\"{}\",\"unix_time\":{},\"host\":\"{}\",\"source\":\"{}\",\"data\":\"{}\",\"added_latency_ms\":{},\"file_mib\":{},\"budget_mib\":{},\"rows\":{},\"work_ns\":{},\"used_bytes\":{used},\"engines\":[{}]}}\n",
+                if a.model { "model" } else { "gather" },
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
