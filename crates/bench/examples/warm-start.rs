@@ -195,7 +195,10 @@ fn model_spans(elems: u64, lookups: usize, salt: u64) -> Vec<Span> {
         })
         .collect();
     for layer in 0..LAYERS {
-        let pos = file_order.iter().position(|&l| l == layer).expect("a layer") as u64;
+        let pos = file_order
+            .iter()
+            .position(|&l| l == layer)
+            .expect("a layer") as u64;
         v.push(Span {
             start: emb_rows * ROW_WORDS + pos * layer_words,
             words: layer_words,
