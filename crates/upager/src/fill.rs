@@ -336,9 +336,10 @@ impl Shared {
                     .map(|()| None)
             }
             None => match (ctx.pre.take(), ctx.pre_buf.is_some()) {
-                // Read already, with the rest of its prefetch batch: it is
-                // copied into the view straight from that batch's buffer.
-                (Some((at, off)), true) if at == idx && n == 1 => Ok(Some(off)),
+                // Read already, with the rest of its prefetch batch: it
+                // (and the run after it, adjacent in that batch's buffer)
+                // is copied into the view straight from that buffer.
+                (Some((at, off)), true) if at == idx => Ok(Some(off)),
                 _ => {
                     let total = n * r.folio as usize;
                     self.note_buf_use(ctx, total);

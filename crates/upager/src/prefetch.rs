@@ -8,12 +8,17 @@
 //!   whole 2 MiB run as one huge page where the region fills runs (huge.rs),
 //!   else up to the readahead window — unless the stream, or anyone, got to
 //!   its first folio first.
-//! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs):
-//!   [`Shared::prefetch_one`] claims up to [`PREFETCH_BATCH_BYTES`] of
-//!   non-resident folios at a time, reads them with one
+//! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs) and
+//!   warm-start replay windows (warm.rs): [`Shared::prefetch_folios`]
+//!   claims up to [`PREFETCH_BATCH_BYTES`] of non-resident folios at a
+//!   time, reads them with one
 //!   [`Store::read_batch`](crate::Store::read_batch) (a network store sends
-//!   them together: one round trip per server) and installs each with the
-//!   fill's own steps (fill.rs, `fill_claimed`). A request in progress is
+//!   them together: one round trip per server; folios whose store bytes
+//!   are adjacent are one read, `read_runs`) and installs each run of
+//!   adjacent folios with the fill's own steps (fill.rs, `fill_claimed`:
+//!   one `UFFDIO_COPY` per run, `install_run`). A merged read that fails
+//!   is read again folio by folio, so a bad folio costs only itself. A
+//!   request in progress is
 //!   finished before the next window (a stream reaching a window not read
 //!   yet reads it itself).
 //!
@@ -206,6 +211,7 @@ impl Shared {
         let nfolios = r.nfolios();
         let mut folios = folios.into_iter().filter(|&i| i < nfolios).peekable();
         let mut claimed: Vec<(usize, State)> = Vec::with_capacity(per_batch);
+        let mut run_olds: Vec<State> = Vec::with_capacity(per_batch);
         let mut read = 0;
         while folios.peek().is_some() {
             // Unmap waits for this request (it holds the region in flight):
@@ -251,14 +257,26 @@ impl Shared {
                 continue;
             }
             let ok = self.prefetch_read(ctx, r, &claimed);
-            for (k, &(idx, old)) in claimed.iter().enumerate() {
+            let mut k = 0;
+            while k < claimed.len() {
+                let (idx, old) = claimed[k];
                 if !ok[k] {
                     self.counters.read_errors.inc();
                     self.budget.uncharge(r.folio);
                     let prev = folio::release(r.state(idx), |_| old);
                     self.wake_if_waiter(r, idx, prev);
+                    k += 1;
                     continue;
                 }
+                // Adjacent folios of the batch, read fine, go in as one
+                // run (one UFFDIO_COPY), as a readahead window does.
+                let n = if per_batch > 1 {
+                    install_run(r, &claimed[k..], &ok[k..])
+                } else {
+                    1
+                };
+                run_olds.clear();
+                run_olds.extend(claimed[k + 1..k + n].iter().map(|&(_, o)| o));
                 if per_batch > 1 {
                     ctx.pre = Some((idx, k * r.folio as usize));
                 }
@@ -266,59 +284,224 @@ impl Shared {
                     r,
                     idx,
                     old,
-                    extras: &[],
+                    extras: &run_olds,
                     write: false,
                     page: None,
                     prefetch: true,
                 };
                 if self.fill_claimed(ctx, &c) == Outcome::Done {
-                    on_read(idx);
-                    read += 1;
+                    for j in idx..idx + n {
+                        on_read(j);
+                    }
+                    read += n as u64;
                 }
                 ctx.pre = None;
+                k += n;
             }
             ctx.pre_buf = None;
         }
         read
     }
 
-    /// Reads the claimed folios of a prefetch batch into `ctx.pre_buf` with
-    /// one [`Store::read_batch`](crate::Store::read_batch) (never-written
-    /// anonymous folios are zeros, not read). Whether each read succeeded.
+    /// Reads the claimed folios of a prefetch batch into `ctx.pre_buf`
+    /// (folio k of the batch at k folios in) with one
+    /// [`Store::read_batch`](crate::Store::read_batch): folios whose store
+    /// bytes are adjacent (a run of a file) are one read each run
+    /// ([`read_runs`]); never-written anonymous folios are zeros, not read.
+    /// Whether each folio's read succeeded.
     fn prefetch_read(&self, ctx: &mut Ctx, r: &Area, claimed: &[(usize, State)]) -> Vec<bool> {
         if claimed.len() == 1 {
             return vec![true]; // fill_claimed reads it, as for a fault
         }
         let folio = r.folio as usize;
         let mut buf = upager_sys::mem::AlignedBuf::zeroed(claimed.len() * folio);
-        let mut reqs = Vec::with_capacity(claimed.len());
-        let mut which = Vec::with_capacity(claimed.len());
-        let mut ok = vec![true; claimed.len()];
         let store_len = r.store.len();
-        for ((k, part), &(idx, old)) in buf.chunks_mut(folio).enumerate().zip(claimed) {
-            if let Some(off) = r.store_offset(idx, old) {
+        let wants: Vec<Option<(u64, usize)>> = claimed
+            .iter()
+            .map(|&(idx, old)| {
+                let off = r.store_offset(idx, old)?;
                 let want = (folio as u64).min(store_len.saturating_sub(off)) as usize;
-                if want > 0 {
-                    reqs.push(crate::store::ReadReq {
-                        buf: &mut part[..want.next_multiple_of(upager_sys::PAGE_SIZE).min(folio)],
-                        offset: off,
-                    });
-                    which.push((k, want));
-                }
-            }
+                (want > 0).then_some((off, want))
+            })
+            .collect();
+        let runs = read_runs(&wants, folio);
+        let mut reqs = Vec::with_capacity(runs.len());
+        let mut rest: &mut [u8] = &mut buf;
+        let mut at = 0;
+        for run in &runs {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(run.first * folio - at);
+            let (part, tail) = tail.split_at_mut(run.buf_len);
+            reqs.push(crate::store::ReadReq {
+                buf: part,
+                offset: run.offset,
+            });
+            rest = tail;
+            at = run.first * folio + run.buf_len;
         }
         let done = r.store.read_batch(&mut reqs);
         drop(reqs);
-        for ((k, want), res) in which.into_iter().zip(done) {
-            match res {
-                Ok(n) if n >= want => {
+        let mut ok = vec![true; claimed.len()];
+        let mut failed = Vec::new();
+        for (run, res) in runs.iter().zip(done) {
+            let got = res.unwrap_or(0);
+            for k in run.first..run.first + run.folios {
+                let (_, want) = wants[k].expect("a folio of a read run has bytes to read");
+                let start = (k - run.first) * folio;
+                if got >= start + want {
                     self.counters.bytes_read.add(want as u64);
                     buf[k * folio + want..(k + 1) * folio].fill(0);
+                } else if run.folios > 1 {
+                    failed.push(k); // read again on its own, below
+                } else {
+                    ok[k] = false;
                 }
-                _ => ok[k] = false,
+            }
+        }
+        if !failed.is_empty() {
+            // A merged read failed: its folios are read once more one by
+            // one, so that one bad folio costs only itself (as before the
+            // reads were merged); what the failed read left in the buffer
+            // is overwritten or never installed.
+            let mut reqs = Vec::with_capacity(failed.len());
+            let mut rest: &mut [u8] = &mut buf;
+            let mut at = 0;
+            for &k in &failed {
+                let (off, want) = wants[k].expect("a failed folio had bytes to read");
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(k * folio - at);
+                let (part, tail) = tail.split_at_mut(folio);
+                let len = want.next_multiple_of(upager_sys::PAGE_SIZE).min(folio);
+                reqs.push(crate::store::ReadReq {
+                    buf: &mut part[..len],
+                    offset: off,
+                });
+                rest = tail;
+                at = (k + 1) * folio;
+            }
+            let done = r.store.read_batch(&mut reqs);
+            drop(reqs);
+            for (&k, res) in failed.iter().zip(done) {
+                let (_, want) = wants[k].expect("a failed folio had bytes to read");
+                match res {
+                    Ok(n) if n >= want => {
+                        self.counters.bytes_read.add(want as u64);
+                        buf[k * folio + want..(k + 1) * folio].fill(0);
+                    }
+                    _ => ok[k] = false,
+                }
             }
         }
         ctx.pre_buf = Some(buf);
         ok
+    }
+}
+
+/// One read of a prefetch batch: `folios` folios from the batch's folio
+/// `first`, whose store bytes start at `offset`, into `buf_len` bytes of
+/// the batch's buffer from folio `first` on.
+#[derive(Debug, PartialEq, Eq)]
+struct ReadRun {
+    first: usize,
+    folios: usize,
+    offset: u64,
+    buf_len: usize,
+}
+
+/// The reads of a prefetch batch: `wants[k]` is folio k's (store offset,
+/// bytes to read), None for a folio that is not read (zeros). Folios next
+/// to each other in the batch whose store bytes follow each other (each
+/// before the last read whole) are one read: a file region's adjacent
+/// folios, not swap slots scattered over a swap file. Each read's buffer
+/// length is rounded up to whole pages (direct I/O).
+fn read_runs(wants: &[Option<(u64, usize)>], folio: usize) -> Vec<ReadRun> {
+    let mut runs: Vec<ReadRun> = Vec::new();
+    let mut prev: Option<(usize, u64, usize)> = None; // (k, offset, want)
+    for (k, w) in wants.iter().enumerate() {
+        let Some((off, want)) = *w else {
+            prev = None;
+            continue;
+        };
+        let extends = matches!(prev, Some((pk, poff, pwant))
+            if pk + 1 == k && pwant == folio && poff + folio as u64 == off);
+        let rounded = want.next_multiple_of(upager_sys::PAGE_SIZE).min(folio);
+        match runs.last_mut() {
+            Some(run) if extends => {
+                run.folios += 1;
+                run.buf_len = (k - run.first) * folio + rounded;
+            }
+            _ => runs.push(ReadRun {
+                first: k,
+                folios: 1,
+                offset: off,
+                buf_len: rounded,
+            }),
+        }
+        prev = Some((k, off, want));
+    }
+    runs
+}
+
+/// How many folios from the first of `claimed` (a prefetch batch from
+/// some folio on, `ok` its reads' results) go into the view as one run:
+/// the following ones while each is the next folio of the region, read
+/// fine, and in the same registration (a `UFFDIO_COPY` stays inside one),
+/// short of a whole 2 MiB run where the region fills those as huge pages
+/// (fill.rs would read such a run again into a staged huge page).
+fn install_run(r: &Area, claimed: &[(usize, State)], ok: &[bool]) -> usize {
+    let idx = claimed[0].0;
+    let limit = if r.run_folios > 0 {
+        r.run_folios - 1
+    } else {
+        usize::MAX
+    };
+    let shard_end = r.shard_end(idx);
+    let mut n = 1;
+    while n < claimed.len() && n < limit && claimed[n].0 == idx + n && idx + n < shard_end && ok[n]
+    {
+        n += 1;
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F: usize = 4096;
+
+    #[test]
+    fn adjacent_folios_of_a_file_are_one_read() {
+        let w = |off: u64, want: usize| Some((off, want));
+        // 0-2 adjacent; 3 not read; 4-5 adjacent; 6 jumps back (a swap
+        // slot); 7 follows 6 but 6 was short (the end of the store).
+        let wants = [
+            w(0, F),
+            w(4096, F),
+            w(8192, F),
+            None,
+            w(16384, F),
+            w(20480, F),
+            w(4096 * 100, 100),
+            w(4096 * 101, F),
+        ];
+        let runs = read_runs(&wants, F);
+        let run = |first, folios, offset, buf_len| ReadRun {
+            first,
+            folios,
+            offset,
+            buf_len,
+        };
+        assert_eq!(
+            runs,
+            vec![
+                run(0, 3, 0, 3 * F),
+                run(4, 2, 16384, 2 * F),
+                run(6, 1, 409_600, F),
+                run(7, 1, 413_696, F),
+            ]
+        );
+        // A short last folio: its buffer is a whole page, not a folio.
+        let runs = read_runs(&[w(0, 2 * F), w(2 * F as u64, 100)], 2 * F);
+        assert_eq!(runs, vec![run(0, 2, 0, 2 * F + F)]);
+        assert!(read_runs(&[None, None], F).is_empty());
     }
 }

@@ -131,8 +131,9 @@ fn map_anonymous_on_swaps_to_the_given_store() {
     assert!(matches!(e, MapError::StoreReadOnly), "{e}");
 }
 
-/// Prefetch reads separate folios together: one `read_batch` per 1 MiB of
-/// folios (16 of 64 KiB), and the data is the file's.
+/// Prefetch reads folios together: one `read_batch` per 1 MiB of folios
+/// (16 of 64 KiB), adjacent folios of the file as one read, and the data
+/// is the file's.
 #[test]
 fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
     let dir = ram_dir();
@@ -147,7 +148,9 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
     r.prefetch(0, 8 * MIB).unwrap();
     assert!(r.wait_prefetch(Duration::from_secs(30)));
     let batches = store.batches.lock().unwrap().clone();
-    assert_eq!(batches, vec![16; 8], "one read_batch per 1 MiB of folios");
+    // One read_batch per 1 MiB of folios, its 16 adjacent folios of the
+    // file merged into one read.
+    assert_eq!(batches, vec![1; 8], "one read of 1 MiB per batch");
     assert_eq!(store.reads.load(Relaxed), 0, "no folio read on its own");
     let faults = pager.stats().faults_missing;
     for w in (0..r.len() / 8).step_by(511) {
@@ -164,8 +167,9 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
     );
 }
 
-/// A file store whose `read_batch` fails the read at one offset (its
-/// `read_at` works): a prefetch batch with one failed read.
+/// A file store whose `read_batch` fails any read covering one offset (its
+/// `read_at` works): a prefetch batch with one failed read (merged with
+/// its neighbours', then on its own).
 #[derive(Debug)]
 struct FailOneInBatch {
     inner: upager::FileStore,
@@ -186,7 +190,9 @@ impl Store for FailOneInBatch {
         reads
             .iter_mut()
             .map(|r| {
-                if r.offset == self.bad {
+                // A read covering the bad offset (prefetch merges the
+                // reads of adjacent folios) fails.
+                if (r.offset..r.offset + r.buf.len() as u64).contains(&self.bad) {
                     r.buf.fill(0xEE); // what a failed read may leave behind
                     Err(io::Error::other("injected read_batch failure"))
                 } else {
