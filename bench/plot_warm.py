@@ -24,8 +24,11 @@ def label(r):
     kind = "file" if src == "file" else src.split("://")[0]
     extra = r.get("added_latency_ms", 0)
     work = r.get("work_ns", 0)
-    parts = [kind, r.get("data", "compressible"),
-             f"{r['rows']} rows of {r['file_mib']} MiB, budget {r['budget_mib']} MiB"]
+    if r.get("workload") == "model":
+        what = f"model of {r['file_mib']} MiB\n({r['rows'] // 100} lookups + 48 layers)"
+    else:
+        what = f"{r['rows']} rows of {r['file_mib']} MiB"
+    parts = [kind, r.get("data", "compressible"), what, f"budget {r['budget_mib']} MiB"]
     if extra:
         parts.append(f"+{extra} ms/request")
     if work:
@@ -36,7 +39,7 @@ def label(r):
 def main(out, paths):
     results = [json.load(open(p)) for p in paths]
     engines = [e["engine"] for e in results[0]["engines"]]
-    fig, ax = plt.subplots(figsize=(2.2 + 2.4 * len(results), 4.2))
+    fig, ax = plt.subplots(figsize=(2.2 + 3.0 * len(results), 4.6))
     width = 0.8 / len(engines)
     for g, r in enumerate(results):
         base = statistics.median(r["engines"][0]["secs"])
@@ -49,7 +52,7 @@ def main(out, paths):
     ax.set_xticks(range(len(results)), [label(r) for r in results], fontsize=8)
     ax.set_ylabel("time / on demand's (median of rounds; dots: runs)")
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    ax.set_title("warm starts: a cold gather, on demand / replayed / a trace of other rows",
+    ax.set_title("warm starts: cold, on demand / replayed / a trace of other inputs",
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
