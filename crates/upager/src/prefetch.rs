@@ -325,69 +325,52 @@ impl Shared {
             })
             .collect();
         let runs = read_runs(&wants, folio);
-        let mut reqs = Vec::with_capacity(runs.len());
-        let mut rest: &mut [u8] = &mut buf;
-        let mut at = 0;
-        for run in &runs {
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(run.first * folio - at);
-            let (part, tail) = tail.split_at_mut(run.buf_len);
-            reqs.push(crate::store::ReadReq {
-                buf: part,
-                offset: run.offset,
-            });
-            rest = tail;
-            at = run.first * folio + run.buf_len;
-        }
-        let done = r.store.read_batch(&mut reqs);
-        drop(reqs);
         let mut ok = vec![true; claimed.len()];
         let mut failed = Vec::new();
-        for (run, res) in runs.iter().zip(done) {
+        for (run, res) in runs
+            .iter()
+            .zip(read_into(&*r.store, &mut buf, folio, &runs))
+        {
             let got = res.unwrap_or(0);
             for k in run.first..run.first + run.folios {
                 let (_, want) = wants[k].expect("a folio of a read run has bytes to read");
-                let start = (k - run.first) * folio;
-                if got >= start + want {
+                if got >= (k - run.first) * folio + want {
                     self.counters.bytes_read.add(want as u64);
                     buf[k * folio + want..(k + 1) * folio].fill(0);
                 } else if run.folios > 1 {
-                    failed.push(k); // read again on its own, below
+                    // A merged read failed: this folio is read once more on
+                    // its own, so that one bad folio costs only itself.
+                    failed.push(k);
                 } else {
                     ok[k] = false;
                 }
             }
         }
-        if !failed.is_empty() {
-            // A merged read failed: its folios are read once more one by
-            // one, so that one bad folio costs only itself (as before the
-            // reads were merged); what the failed read left in the buffer
-            // is overwritten or never installed.
-            let mut reqs = Vec::with_capacity(failed.len());
-            let mut rest: &mut [u8] = &mut buf;
-            let mut at = 0;
-            for &k in &failed {
-                let (off, want) = wants[k].expect("a failed folio had bytes to read");
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(k * folio - at);
-                let (part, tail) = tail.split_at_mut(folio);
-                let len = want.next_multiple_of(upager_sys::PAGE_SIZE).min(folio);
-                reqs.push(crate::store::ReadReq {
-                    buf: &mut part[..len],
-                    offset: off,
-                });
-                rest = tail;
-                at = (k + 1) * folio;
-            }
-            let done = r.store.read_batch(&mut reqs);
-            drop(reqs);
-            for (&k, res) in failed.iter().zip(done) {
-                let (_, want) = wants[k].expect("a failed folio had bytes to read");
-                match res {
-                    Ok(n) if n >= want => {
-                        self.counters.bytes_read.add(want as u64);
-                        buf[k * folio + want..(k + 1) * folio].fill(0);
-                    }
-                    _ => ok[k] = false,
+        // What a failed read left in the buffer is overwritten, or its
+        // folio never installed.
+        let retries: Vec<ReadRun> = failed
+            .iter()
+            .map(|&k| {
+                let (offset, want) = wants[k].expect("a failed folio had bytes to read");
+                ReadRun {
+                    first: k,
+                    folios: 1,
+                    offset,
+                    buf_len: want.next_multiple_of(upager_sys::PAGE_SIZE).min(folio),
                 }
+            })
+            .collect();
+        for (run, res) in retries
+            .iter()
+            .zip(read_into(&*r.store, &mut buf, folio, &retries))
+        {
+            let k = run.first;
+            let (_, want) = wants[k].expect("a failed folio had bytes to read");
+            if matches!(res, Ok(n) if n >= want) {
+                self.counters.bytes_read.add(want as u64);
+                buf[k * folio + want..(k + 1) * folio].fill(0);
+            } else {
+                ok[k] = false;
             }
         }
         ctx.pre_buf = Some(buf);
@@ -404,6 +387,33 @@ struct ReadRun {
     folios: usize,
     offset: u64,
     buf_len: usize,
+}
+
+/// Reads `runs` (in buffer order) into their parts of `buf` with one
+/// `read_batch`; one result per run.
+fn read_into(
+    store: &dyn crate::Store,
+    buf: &mut [u8],
+    folio: usize,
+    runs: &[ReadRun],
+) -> Vec<std::io::Result<usize>> {
+    if runs.is_empty() {
+        return Vec::new();
+    }
+    let mut reqs = Vec::with_capacity(runs.len());
+    let mut rest = buf;
+    let mut at = 0;
+    for run in runs {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(run.first * folio - at);
+        let (part, tail) = tail.split_at_mut(run.buf_len);
+        reqs.push(crate::store::ReadReq {
+            buf: part,
+            offset: run.offset,
+        });
+        rest = tail;
+        at = run.first * folio + run.buf_len;
+    }
+    store.read_batch(&mut reqs)
 }
 
 /// The reads of a prefetch batch: `wants[k]` is folio k's (store offset,
