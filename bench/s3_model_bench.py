@@ -150,7 +150,7 @@ def main() -> None:
 
     script("build", timeout=3600)
     os.environ["UPAGER_WEED_OWNER"] = str(os.getpid())
-    script("start")
+    script("start", timeout=600)
     del os.environ["UPAGER_WEED_OWNER"]
     try:
         for part in script("env").replace("export ", "").split():

@@ -167,6 +167,44 @@ launch() { # NAME ARGS...: starts weed ARGS in the background, pid in DIR/NAME.p
   echo $! >"$DIR/$name.pid"
 }
 
+# The last lines of a process's log, indented, for an error message.
+log_tail() { [ -f "$DIR/$1.log" ] && tail -n "${2:-15}" "$DIR/$1.log" | sed 's/^/    /'; }
+
+# PID runs (an exited child of this shell is a zombie until reaped, and
+# kill -0 still finds it).
+alive() { [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status"; }
+
+# launch_watched NAME WHAT CHECK ARGS...: launches weed ARGS as NAME and
+# polls CHECK (a command line) every 0.2 s for $TIMEOUT seconds. A process
+# that exits, or is not ready in time, is killed and launched once more;
+# the second failure ends the script with the log's tail.
+launch_watched() {
+  local name=$1 what=$2 check=$3 attempt deadline pid
+  shift 3
+  for attempt in 1 2; do
+    launch "$name" "$@"
+    pid=$(cat "$DIR/$name.pid")
+    deadline=$(($(date +%s) + TIMEOUT))
+    while ! eval "$check"; do
+      if ! alive "$pid"; then
+        echo "seaweedfs: $name exited while starting (attempt $attempt):" >&2
+        log_tail "$name" >&2 || true
+        break
+      fi
+      if [ "$(date +%s)" -ge "$deadline" ]; then
+        echo "seaweedfs: timed out after ${TIMEOUT}s waiting for $what (attempt $attempt):" >&2
+        log_tail "$name" >&2 || true
+        kill -9 "$pid" 2>/dev/null || true
+        break
+      fi
+      sleep 0.2
+    done
+    eval "$check" && return 0
+    [ "$attempt" = 1 ] && { cp "$DIR/$name.log" "$DIR/$name.1.log" 2>/dev/null || true; sleep 1; }
+  done
+  die "$name did not start twice (logs in $DIR/*.log)"
+}
+
 start() {
   [ -x "$WEED" ] || die "weed is not built: scripts/seaweedfs.sh build (or wait for scripts/setup.sh's background build: scripts/seaweedfs.sh wait-build)"
   if [ -d "$DIR" ] && [ "$(running)" = 5 ] && s3_up; then
@@ -191,9 +229,13 @@ start() {
   ]
 }
 EOF
-  launch master master -ip="$HOST" -ip.bind="$HOST" -port="$MASTER" -mdir="$DIR/master" \
-    -defaultReplication=001 -volumeSizeLimitMB=256
-  wait_for "$TIMEOUT" "the master on port $MASTER" http_ok "$MASTER" /cluster/status
+  # One master without Raft (-peers=none: no quorum wait, no bootstrap
+  # election to stall on a loaded machine), no telemetry. Each process is
+  # watched while it starts: one that exits, or does not answer in time,
+  # is started once more before the script gives up with its log's tail.
+  launch_watched master "the master on port $MASTER" "http_ok $MASTER /cluster/status" \
+    master -ip="$HOST" -ip.bind="$HOST" -port="$MASTER" -mdir="$DIR/master" \
+    -peers=none -telemetry=false -defaultReplication=001 -volumeSizeLimitMB=256
   local k=1
   for p in $VOLUMES; do
     launch "volume$k" volume -ip="$HOST" -ip.bind="$HOST" -port="$p" -dir="$DIR/v$k" \
@@ -201,10 +243,10 @@ EOF
     k=$((k + 1))
   done
   wait_for "$TIMEOUT" "three volume servers registered with the master" volumes_up
-  launch filer filer -ip="$HOST" -ip.bind="$HOST" -port="$FILER" -master="$HOST:$MASTER" \
+  launch_watched filer "the S3 gateway on port $S3" s3_up \
+    filer -ip="$HOST" -ip.bind="$HOST" -port="$FILER" -master="$HOST:$MASTER" \
     -defaultStoreDir="$DIR/filer" -defaultReplicaPlacement=001 \
     -s3 -s3.port="$S3" -s3.config="$DIR/s3.json"
-  wait_for "$TIMEOUT" "the S3 gateway on port $S3" s3_up
   if [ -n "${UPAGER_WEED_OWNER:-}" ]; then
     # Stopped when the owner (a test process) exits, however it ends.
     nohup bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec bash "$2" stop' \

@@ -60,7 +60,7 @@ def s3() -> Iterator[Dict[str, str]]:
     # Stopped at teardown, and by the script once this process exits.
     os.environ["UPAGER_WEED_OWNER"] = str(os.getpid())
     try:
-        _script("start")
+        _script("start", timeout=600)
     finally:
         del os.environ["UPAGER_WEED_OWNER"]
     saved = {k: os.environ.get(k) for k in

