@@ -13,6 +13,12 @@ Python process, rounds interleaved; in that process, after its imports:
 - ``fsspec``: s3fs's file object (its default read-ahead block cache),
   the header parsed by hand and each tensor read with ``seek`` + ``read``
   (a ranged GET per cache miss): streaming without a local copy;
+- ``s3fs-fuse``: the bucket mounted read-only with s3fs-fuse (Debian's
+  s3fs, path-style requests; mounted afresh for each run, so the kernel's
+  page cache of it starts cold), then the real ``safetensors.safe_open``
+  on the mounted file, which maps it: what users of numpy.memmap do with
+  a FUSE mount, with no budget (skipped, with a line, where s3fs is
+  missing and cannot be installed: it is apt-installed when run as root);
 - ``upager``: ``upager.safetensors.safe_open("s3://...", framework="np")``
   with the default options and a 256 MiB budget (4x smaller than the
   model): the header by two ranged GETs, tensors paged in 64 KiB folios,
@@ -58,7 +64,7 @@ SCRIPT = ROOT / "scripts" / "seaweedfs.sh"
 PORT = 23600
 BUCKET = "upager-bench"
 KEY = "models/model.safetensors"
-SIDES = ("download", "fsspec", "upager")
+SIDES = ("download", "fsspec", "s3fs-fuse", "upager")
 
 CHILD = r'''
 import json, os, sys, time
@@ -74,6 +80,13 @@ order = [first] + [n for n in reversed(names) if n != first]
 if side == "upager":
     import upager.safetensors
     with upager.safetensors.safe_open(url, framework="np", budget="256MiB") as st:
+        for i, n in enumerate(order):
+            done(n, st.get_tensor(n))
+            if i == 0:
+                t_first = time.perf_counter() - t0
+elif side == "s3fs-fuse":
+    import safetensors
+    with safetensors.safe_open(tmp, framework="np") as st:
         for i, n in enumerate(order):
             done(n, st.get_tensor(n))
             if i == 0:
@@ -120,6 +133,53 @@ def script(*args: str, timeout: float = 300) -> str:
     if out.returncode != 0:
         sys.exit(f"seaweedfs.sh {' '.join(args)}: {out.stderr.strip()}")
     return out.stdout
+
+
+def have_s3fs() -> bool:
+    """s3fs-fuse is there, or was installed now (as root, from Debian)."""
+    import shutil
+    if shutil.which("s3fs"):
+        return True
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "s3fs"], env=env,
+                       capture_output=True, timeout=600, check=False)
+    return shutil.which("s3fs") is not None
+
+
+class Mount:
+    """The bench bucket mounted read-only with s3fs-fuse at a fresh
+    directory (cold page cache), unmounted on exit."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.dir = pathlib.Path(f"/dev/shm/upager-s3fs-mnt-{os.getpid()}")
+        self.passwd = pathlib.Path(f"/dev/shm/upager-s3fs-passwd-{os.getpid()}")
+
+    def __enter__(self) -> pathlib.Path:
+        self.dir.mkdir(exist_ok=True)
+        self.passwd.write_text(
+            f"{os.environ['AWS_ACCESS_KEY_ID']}:{os.environ['AWS_SECRET_ACCESS_KEY']}\n")
+        self.passwd.chmod(0o600)
+        subprocess.run(["s3fs", BUCKET, str(self.dir), "-o", f"url={self.endpoint}",
+                        "-o", "use_path_request_style", "-o", f"passwd_file={self.passwd}",
+                        "-o", "ro", "-o", "endpoint=us-east-1"],
+                       check=True, timeout=60, capture_output=True)
+        deadline = time.monotonic() + 30
+        while not (self.dir / KEY).exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"s3fs mount at {self.dir} shows no {KEY}")
+            time.sleep(0.1)
+        return self.dir / KEY
+
+    def __exit__(self, *exc: Any) -> None:
+        subprocess.run(["fusermount", "-u", str(self.dir)], timeout=60, check=False,
+                       capture_output=True)
+        self.passwd.unlink(missing_ok=True)
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
 
 
 def cli() -> pathlib.Path:
@@ -175,13 +235,23 @@ def main() -> None:
               flush=True)
         f.unlink()
         first = names[len(names) // 2]
+        sides = [s for s in SIDES if s != "s3fs-fuse" or have_s3fs()]
+        if "s3fs-fuse" not in sides:
+            print("s3fs-fuse skipped: s3fs is missing (apt-get install s3fs)", flush=True)
         runs: List[Dict[str, Any]] = []
         for r in range(a.rounds):
-            for side in SIDES:
+            for side in sides:
                 tmp = f"/dev/shm/upager-s3-model-dl-{os.getpid()}"
-                out = subprocess.run(
-                    [sys.executable, "-c", CHILD, side, url, json.dumps(names), first, tmp],
-                    capture_output=True, text=True, timeout=900, check=False)
+                mount = Mount(os.environ["AWS_ENDPOINT_URL"]) if side == "s3fs-fuse" else None
+                if mount is not None:
+                    tmp = str(mount.__enter__())
+                try:
+                    out = subprocess.run(
+                        [sys.executable, "-c", CHILD, side, url, json.dumps(names), first, tmp],
+                        capture_output=True, text=True, timeout=900, check=False)
+                finally:
+                    if mount is not None:
+                        mount.__exit__(None, None, None)
                 if out.returncode != 0:
                     sys.exit(f"{side}: {out.stderr.strip()[-2000:]}")
                 res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -195,7 +265,7 @@ def main() -> None:
     finally:
         script("stop")
     summary = {}
-    for side in SIDES:
+    for side in sides:
         rs = [x for x in runs if x["side"] == side]
         summary[side] = {k: statistics.median(x[k] for x in rs)
                          for k in ("first", "all", "peak_rss")}
@@ -230,11 +300,12 @@ def plot(src: pathlib.Path, png: pathlib.Path) -> None:
     for ax, (key, label, scale) in zip(axes, (("first", "first tensor, s", 1.0),
                                               ("all", "all tensors, s", 1.0),
                                               ("peak_rss", "peak RSS, MiB", 1 / (1 << 20)))):
-        for i, side in enumerate(SIDES):
+        sides = [s for s in SIDES if s in r["summary"]]
+        for i, side in enumerate(sides):
             ax.bar(i, r["summary"][side][key] * scale, color=f"C{i}")
             vals = [x[key] * scale for x in r["runs"] if x["side"] == side]
             ax.plot([i] * len(vals), vals, "k.", ms=4)
-        ax.set_xticks(range(len(SIDES)), SIDES)
+        ax.set_xticks(range(len(sides)), sides, fontsize=8)
         ax.set_title(label)
     fig.suptitle(f"{r['model_bytes'] / (1 << 30):.0f} GiB safetensors model on SeaweedFS "
                  f"(loopback), medians of {r['rounds']}; {r['date'][:10]}, "
