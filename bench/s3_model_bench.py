@@ -61,7 +61,7 @@ from typing import Any, Dict, List
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "seaweedfs.sh"
-PORT = 23600
+PORT = 22600
 BUCKET = "upager-bench"
 KEY = "models/model.safetensors"
 SIDES = ("download", "fsspec", "s3fs-fuse", "upager")

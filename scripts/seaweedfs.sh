@@ -4,7 +4,13 @@
 # object on two of them) and a filer with the S3 gateway, all on loopback.
 # Ports BASE..BASE+5 (BASE = $UPAGER_WEED_PORT, default 9330): master BASE,
 # volume servers BASE+1..BASE+3, filer BASE+4, S3 BASE+5; each also takes
-# its gRPC port, PORT+10000. Data under $UPAGER_WEED_DIR (default
+# its gRPC port, PORT+10000 (SeaweedFS's rule: the S3 gateway inside the
+# filer finds the filer's gRPC there). Keep BASE+10005 below Linux's
+# ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768 up):
+# there a client connection's local port can hold a server's gRPC port
+# ("bind: address already in use", seen for a filer's 33504 held by a
+# volume server's connection to its master); `start` refuses such a BASE.
+# Data under $UPAGER_WEED_DIR (default
 # /dev/shm/upager-weed-BASE).
 #
 #   scripts/seaweedfs.sh build           # builds weed once (cached), prints its path
@@ -289,7 +295,10 @@ start() {
     return 0
   fi
   [ -d "$DIR" ] && stop >/dev/null
-  local p
+  local p eph
+  eph=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+  [ $((S3 + 10000)) -lt "$eph" ] ||
+    die "UPAGER_WEED_PORT=$BASE puts gRPC ports (up to $((S3 + 10000))) in the ephemeral port range (from $eph), where client connections can take them: pick a base below $((eph - 10005))"
   for p in $MASTER $VOLUMES $FILER $S3; do
     for q in "$p" $((p + 10000)); do
       busy "$q" && die "port $q is in use by another program (a server on port P also needs P+10000): pick other ports with UPAGER_WEED_PORT"

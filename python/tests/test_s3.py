@@ -1,6 +1,6 @@
 """The Python face on an S3-compatible object store (issue 31): memmap,
 load and safe_open of "s3://BUCKET/KEY" URLs, against a local SeaweedFS
-(scripts/seaweedfs.sh, ports 23500..23505 and +10000), the objects
+(scripts/seaweedfs.sh, ports 22500..22505 and +10000), the objects
 uploaded the way a user does, with the CLI (`upager load FILE s3://B/K`).
 The C face's test (crates/capi/tests/c/store_s3.c, built with gcc against
 the installed library in $UPAGER_C_PREFIX) runs on the same server.
@@ -26,7 +26,7 @@ import upager.safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "seaweedfs.sh"
-PORT = 23500
+PORT = 22500
 BUCKET = "upager-py"
 MIB = 1 << 20
 

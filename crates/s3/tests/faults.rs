@@ -4,7 +4,7 @@
 //! rest through: transient errors are retried with backoff and the data
 //! comes back whole; a store that keeps failing ends the read in an error
 //! within the retry bound, having tried a bounded number of times. Ports:
-//! 23340.. (this binary's server).
+//! 22340.. (this binary's server).
 
 // Integration tests sit at the top level of their file, which the workspace
 // lint `tests_outside_test_module` (meant for src/) would flag.
@@ -23,7 +23,7 @@ use common::*;
 use upager::{MapOptions, Pager, Store};
 use upager_s3::{S3Options, S3Store};
 
-const BASE: u16 = 23340;
+const BASE: u16 = 22340;
 
 /// A rule's answer for a GET that is never answered.
 const HANG: u16 = 0;

@@ -3,7 +3,7 @@
 //! reads equal the object under a budget, GETs in flight together, an
 //! ETag change refused (SIGBUS in a child process, reason logged), clear
 //! errors, and a server killed mid-scan ending the access in SIGBUS within
-//! its bound. Ports: 23300.. (shared server), 23320.. (the killed one).
+//! its bound. Ports: 22300.. (shared server), 22320.. (the killed one).
 
 // Integration tests sit at the top level of their file, which the workspace
 // lint `tests_outside_test_module` (meant for src/) would flag.
@@ -22,7 +22,7 @@ use common::*;
 use upager::{ErrorCode, MapOptions, Pager, ReadReq, Store};
 use upager_s3::{OpenError, S3Options, S3Store};
 
-const SHARED: u16 = 23300;
+const SHARED: u16 = 22300;
 
 fn shared(bucket: &str) -> Option<&'static Server> {
     let s = Server::shared(SHARED)?;
@@ -420,7 +420,7 @@ fn an_object_replaced_under_a_mapping_ends_the_access_in_sigbus_with_the_reason_
 /// logged reason within the store's bounds, not a hang.
 #[test]
 fn a_server_killed_mid_scan_ends_the_access_in_sigbus_not_a_hang() {
-    let Some(s) = Server::start(23320) else {
+    let Some(s) = Server::start(22320) else {
         return;
     };
     s.bucket("kill");
