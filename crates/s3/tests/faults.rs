@@ -170,9 +170,7 @@ fn serve(
 }
 
 fn shared(bucket: &str) -> Option<&'static Server> {
-    let s = Server::shared(BASE)?;
-    s.bucket(bucket);
-    Some(s)
+    Server::shared_bucket(BASE, bucket)
 }
 
 fn url_via(p: &Flaky, bucket: &str, key: &str) -> upager_s3::S3Url {

@@ -25,9 +25,7 @@ use upager_s3::{OpenError, S3Options, S3Store};
 const SHARED: u16 = 22300;
 
 fn shared(bucket: &str) -> Option<&'static Server> {
-    let s = Server::shared(SHARED)?;
-    s.bucket(bucket);
-    Some(s)
+    Server::shared_bucket(SHARED, bucket)
 }
 
 #[test]

@@ -110,6 +110,14 @@ impl Server {
         S.get_or_init(|| Self::start_as(base, false)).as_ref()
     }
 
+    /// The test binary's shared server on `base` with `bucket` made, or
+    /// None without weed.
+    pub fn shared_bucket(base: u16, bucket: &str) -> Option<&'static Server> {
+        let s = Self::shared(base)?;
+        s.bucket(bucket);
+        Some(s)
+    }
+
     pub fn run(&self, args: &[&str]) -> std::process::Output {
         script_cmd(self.base)
             .args(args)
