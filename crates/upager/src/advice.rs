@@ -63,7 +63,10 @@ pub enum Residency {
     /// Never filled (or discarded): zero (anonymous) or the store's bytes.
     NeverTouched = 3,
     /// A fill, eviction or write-back is in flight (or a failed read is
-    /// being reported).
+    /// being reported). It settles without any access. A folio whose first
+    /// access has just returned can still read `Busy` for a moment: the
+    /// kernel lets the faulting thread go once the page is mapped, which
+    /// may be before the filler publishes the folio's state.
     Busy = 4,
 }
 
