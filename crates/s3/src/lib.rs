@@ -28,11 +28,17 @@
 //! [`config`] does. It is async: the store owns a small runtime and the
 //! engine's threads block on it (the [`store`] module's contract).
 //!
+//! A prefix URL, `s3://BUCKET/NAME/`, names a read-write dataset instead
+//! ([`dataset`]: group objects and a manifest written last, conditional
+//! PUTs so two writers never silently lose each other's writes); [`map`]
+//! maps it writable when the options ask.
+//!
 //! A local server for trying it: `scripts/seaweedfs.sh start`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod dataset;
 pub mod store;
 pub mod url;
 
@@ -45,6 +51,7 @@ use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 pub use config::{ConfigError, Secret};
+pub use dataset::{DatasetCounters, DatasetError, S3Dataset};
 pub use store::{OpenError, S3Counters, S3Options, S3Store};
 pub use url::{S3Url, UrlError};
 
@@ -60,30 +67,36 @@ pub enum MapUrlError {
     /// {0}
     Open(#[from] OpenError),
     /// {0}
+    Dataset(#[from] DatasetError),
+    /// {0}
     Map(#[from] upager::MapError),
 }
 
-/// Opens the object `url` names and maps it read-only. The folio is
-/// [`DEFAULT_FOLIO`] unless `opts` sets one; `opts` must not ask for a
-/// writable region ([`OpenError::Writable`]).
+/// Opens the object `url` names and maps it read-only, or the dataset a
+/// prefix URL (`s3://BUCKET/NAME/`) names, writable if `opts` asks. The
+/// folio is [`DEFAULT_FOLIO`] unless `opts` sets one; an object must not
+/// be mapped writable ([`OpenError::Writable`]).
 pub fn map(
     pager: &upager::Pager,
     url: &S3Url,
     opts: &upager::MapOptions,
     s3: &S3Options,
 ) -> Result<upager::Region, MapUrlError> {
-    if opts.is_writable() {
+    let st: Arc<dyn upager::Store> = if dataset::is_dataset(url) {
+        S3Dataset::open(url, opts.is_writable(), s3)?
+    } else if opts.is_writable() {
         return Err(OpenError::Writable {
             url: url.to_string(),
         }
         .into());
-    }
-    let st = S3Store::open(url, s3)?;
+    } else {
+        S3Store::open(url, s3)?
+    };
     let opts = match opts.folio_set() {
         Some(_) => opts.clone(),
         None => opts.clone().folio(DEFAULT_FOLIO),
     };
-    Ok(pager.map_store(st as Arc<dyn upager::Store>, &opts)?)
+    Ok(pager.map_store(st, &opts)?)
 }
 
 /// An object could not be uploaded or deleted.
@@ -291,6 +304,7 @@ impl upager::ErrorCode for MapUrlError {
     fn errno(&self) -> i32 {
         match self {
             MapUrlError::Open(e) => e.errno(),
+            MapUrlError::Dataset(e) => e.errno(),
             MapUrlError::Map(e) => e.errno(),
         }
     }

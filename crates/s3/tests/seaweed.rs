@@ -458,3 +458,231 @@ fn a_server_killed_mid_scan_ends_the_access_in_sigbus_not_a_hang() {
     // Bounded: retry_for 1.5 s + timeout 2 s + the guard's slack.
     assert!(took < Duration::from_secs(20), "{took:?}");
 }
+
+/// A dataset (`s3://BUCKET/NAME/`) loaded from a file, mapped writable
+/// under a budget smaller than it: every byte reads back, scattered writes
+/// go back as read-modify-writes of their groups and whole-group PUTs, and
+/// a fresh open sees them all; list, the refusals of a second load or
+/// create, and delete.
+#[test]
+fn a_dataset_loads_maps_writable_and_keeps_every_write() {
+    use upager_s3::dataset::{self, DatasetError};
+    let Some(s) = shared("datasets") else { return };
+    let env = s.env();
+    let opts = S3Options::default();
+    let url = s.url("datasets", "rw/d1/");
+    let len = 6 * MIB + 64 * 1024;
+    let seed = 0x77;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d1");
+    let mut data = pattern(len, seed);
+    // A MiB of zeros: its group is not stored, and reads back as zeros.
+    data[2 * MIB as usize..3 * MIB as usize].fill(0);
+    std::fs::write(&file, &data).unwrap();
+    let group = MIB;
+    let mut steps = Vec::new();
+    let m = dataset::load(
+        &url,
+        &file,
+        group,
+        &opts,
+        &env,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |done, all| steps.push((done, all)),
+    )
+    .unwrap();
+    assert_eq!((m.len, m.group), (len, group));
+    assert_eq!(steps.last(), Some(&(len, len)), "progress ends at the size");
+    let keys = s.objects("datasets").list("rw/d1").unwrap();
+    assert_eq!(
+        keys.len(),
+        1 + 6,
+        "manifest + 7 groups less the zero one: {keys:?}"
+    );
+    // A second load, or a create, of the name is refused; nothing changes.
+    let e = dataset::load(
+        &url,
+        &file,
+        group,
+        &opts,
+        &env,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(matches!(e, DatasetError::Exists { .. }), "{e}");
+    assert_eq!(e.errno(), libc::EEXIST);
+    let e = dataset::create(&url, MIB, group, &opts, &env).unwrap_err();
+    assert!(matches!(e, DatasetError::Exists { .. }), "{e}");
+    assert_eq!(s.objects("datasets").list("rw/d1").unwrap().len(), 7);
+
+    let budget = MIB;
+    let pager = Pager::new(budget).unwrap();
+    let st = upager_s3::S3Dataset::open_with(&url, true, &opts, &env).unwrap();
+    let r = pager
+        .map_store(
+            Arc::clone(&st) as Arc<dyn Store>,
+            &MapOptions::new()
+                .writable(true)
+                .folio(upager_s3::DEFAULT_FOLIO),
+        )
+        .unwrap();
+    let w = r.words();
+    let expect = |i: usize| u64::from_le_bytes(data[i * 8..i * 8 + 8].try_into().unwrap());
+    for i in (0..w.len()).step_by(97) {
+        assert_eq!(w[i].load(Relaxed), expect(i), "word {i}");
+    }
+    // Scattered writes (a word per 40 KiB: read-modify-write of groups) and
+    // one whole group written (a PUT without a read).
+    let mut written = std::collections::HashMap::new();
+    for i in (3..w.len()).step_by(5 * 1024 + 7) {
+        w[i].store(!expect(i), Relaxed);
+        written.insert(i, !expect(i));
+    }
+    let g4 = (4 * MIB / 8) as usize;
+    for (i, x) in w.iter().enumerate().skip(g4).take((MIB / 8) as usize) {
+        x.store(i as u64 ^ 0xabcd, Relaxed);
+        written.insert(i, i as u64 ^ 0xabcd);
+    }
+    r.flush().unwrap();
+    let c = st.counters();
+    assert!(c.puts >= 7, "{c:?}");
+    assert!(c.rmw_groups >= 1, "{c:?}");
+    assert_eq!(
+        (c.conflicts, c.put_errors, c.get_errors),
+        (0, 0, 0),
+        "{c:?}"
+    );
+    assert!(pager.stats().resident_peak_bytes <= budget);
+    drop(r);
+    drop(st);
+    // A fresh open sees every write, and the rest as loaded.
+    let st = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap();
+    let mut buf = vec![0u8; len as usize];
+    assert_eq!(st.read_at(&mut buf, 0).unwrap(), len as usize);
+    for i in 0..(len / 8) as usize {
+        let got = u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
+        let want = written.get(&i).copied().unwrap_or_else(|| expect(i));
+        assert_eq!(got, want, "word {i} after a fresh open");
+    }
+    // list, delete, and the dataset is gone.
+    let all = dataset::list(&s.url("datasets", "rw/"), &opts, &env).unwrap();
+    assert!(
+        all.iter().any(|d| d.name == "rw/d1/" && d.len == Some(len)),
+        "{all:?}"
+    );
+    // 7 groups now: the scattered writes made the zero group too.
+    assert_eq!(dataset::delete(&url, &opts, &env).unwrap(), 7);
+    assert!(s.objects("datasets").list("rw/d1").unwrap().is_empty());
+    let e = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap_err();
+    assert!(matches!(e, DatasetError::NoDataset { .. }), "{e}");
+    assert_eq!(e.errno(), libc::ENOENT);
+}
+
+/// Two writers of one dataset: the second to write back a group the first
+/// changed is refused with a message (its writes stay dirty, flush says
+/// why) and the first writer's data is kept; an interrupted upload is
+/// invisible, listed as incomplete, refused to a second upload, and
+/// removed by delete.
+#[test]
+fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
+    use upager_s3::dataset::{self, DatasetError};
+    let Some(s) = shared("datasets") else { return };
+    let env = s.env();
+    let opts = S3Options::default();
+    let url = s.url("datasets", "rw/two/");
+    let _ = dataset::delete(&url, &opts, &env);
+    dataset::create(&url, 2 * MIB, 64 << 10, &opts, &env).unwrap();
+    let map = |p: &Pager| {
+        let st = upager_s3::S3Dataset::open_with(&url, true, &opts, &env).unwrap();
+        let r = p
+            .map_store(
+                Arc::clone(&st) as Arc<dyn Store>,
+                &MapOptions::new().writable(true).folio(4096),
+            )
+            .unwrap();
+        (st, r)
+    };
+    let (pa, pb) = (Pager::new(4 * MIB).unwrap(), Pager::new(4 * MIB).unwrap());
+    let (sa, a) = map(&pa);
+    let (_sb, b) = map(&pb);
+    // A created dataset reads as zeros; A writes group 0 first.
+    assert_eq!(a.words()[10].load(Relaxed), 0);
+    a.words()[0].store(0xa1, Relaxed);
+    a.flush().unwrap();
+    // B reads group 0 as A left it, and writes another page of it.
+    assert_eq!(b.words()[0].load(Relaxed), 0xa1);
+    b.words()[1024].store(0xb1, Relaxed);
+    b.flush().unwrap();
+    // A writes its resident page of group 0 again: its version of the
+    // group is stale, the PUT is refused. (A fill of another page of the
+    // group would be refused too: SIGBUS, the same message logged.)
+    a.words()[1].store(0xa2, Relaxed);
+    let e = a.flush().unwrap_err().to_string();
+    assert!(e.contains("changed by another writer"), "{e}");
+    assert!(sa.counters().conflicts >= 1);
+    let fresh = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap();
+    let mut buf = vec![0u8; 3 * 4096];
+    fresh.read_at(&mut buf, 0).unwrap();
+    let word = |off: usize| u64::from_le_bytes(buf[off..off + 8].try_into().unwrap());
+    assert_eq!(
+        (word(0), word(8), word(8192)),
+        (0xa1, 0, 0xb1),
+        "B's write kept, A's refused"
+    );
+    drop((a, b));
+    dataset::delete(&url, &opts, &env).unwrap();
+
+    // An upload cancelled before its first group leaves nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, pattern(2 * MIB, 3)).unwrap();
+    let url = s.url("datasets", "rw/cut/");
+    let e = dataset::load(
+        &url,
+        &file,
+        MIB,
+        &opts,
+        &env,
+        &std::sync::atomic::AtomicBool::new(true),
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(matches!(e, DatasetError::Cancelled { .. }), "{e}");
+    assert!(s.objects("datasets").list("rw/cut").unwrap().is_empty());
+    // A killed upload leaves its claim and groups: invisible, incomplete.
+    let o = s.objects("datasets");
+    o.put("rw/cut/upload", b"upload from a killed process".to_vec())
+        .unwrap();
+    o.put("rw/cut/g/0000000000", pattern(MIB, 3)).unwrap();
+    let e = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap_err();
+    assert!(matches!(e, DatasetError::Incomplete { .. }), "{e}");
+    let e = dataset::load(
+        &url,
+        &file,
+        MIB,
+        &opts,
+        &env,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(matches!(e, DatasetError::Busy { .. }), "{e}");
+    let all = dataset::list(&s.url("datasets", "rw/"), &opts, &env).unwrap();
+    assert!(
+        all.iter().any(|d| d.name == "rw/cut/" && d.len.is_none()),
+        "{all:?}"
+    );
+    assert_eq!(dataset::delete(&url, &opts, &env).unwrap(), 2);
+    dataset::load(
+        &url,
+        &file,
+        MIB,
+        &opts,
+        &env,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    dataset::delete(&url, &opts, &env).unwrap();
+}

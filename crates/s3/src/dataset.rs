@@ -1,0 +1,1221 @@
+//! [`S3Dataset`]: a read-write dataset on an S3-compatible store, as an
+//! [`upager::Store`] (issue 31 item 3), and what makes, lists and removes
+//! one ([`create`], [`load`], [`list`], [`delete`]).
+//!
+//! A dataset is named by a prefix, `s3://BUCKET/NAME/` (the trailing `/`
+//! tells it from an object). Its objects:
+//!
+//! ```text
+//! NAME/manifest     "upager-dataset 1\nlen N\ngroup G\n": written last, with
+//!                   If-None-Match: * (a dataset is visible only once complete,
+//!                   and a second creator fails with 412)
+//! NAME/g/0000000007 group 7: bytes [7G, 8G) of the dataset (the last one
+//!                   shorter); a group that was never written reads as zeros
+//! NAME/upload       the claim of a running (or interrupted) upload, made with
+//!                   If-None-Match: * before the first group, removed after the
+//!                   manifest: two uploads of one name cannot mix their groups
+//! ```
+//!
+//! Contract of the store:
+//!
+//! ```text
+//! open        GET the manifest (no manifest: NoDataset, or Incomplete when an
+//!             upload's claim or groups are there)
+//! read_at     split at group ends and in parts of `part` bytes; ONE ranged GET
+//!             per part, all in flight together; a group that does not exist
+//!             reads as zeros
+//! write_batch writes grouped by group; a group the batch covers whole is one PUT,
+//!             another is read whole (GET), patched, and PUT (read-modify-write);
+//!             every GET of one batch in flight together, then every PUT
+//! versions    the store keeps each group's ETag as it last read or wrote it;
+//!             a GET sends If-Match, a PUT If-Match (or If-None-Match: * for a
+//!             group known not to exist): a group another writer changed is
+//!             never mixed with this store's view nor overwritten: the read or
+//!             write-back fails with a message (SIGBUS / the folio stays dirty
+//!             and flush reports it)
+//! sync        nothing: an acknowledged PUT is durable
+//! ```
+//!
+//! Lock order: one stripe lock per group (of [`STRIPES`], by group index),
+//! taken in ascending stripe order by the calling thread for the whole call,
+//! reads and writes alike: this process's own GET of a group never races
+//! its own PUT of it (which would look like another writer's change).
+//!
+//! Counters ([`DatasetCounters`], `store_` prefix): `store_gets`,
+//! `store_puts`, `store_bytes_received`, `store_bytes_sent`,
+//! `store_rmw_groups` (groups read back for a partial write),
+//! `store_conflicts` (412s: another writer's change refused),
+//! `store_get_errors`, `store_put_errors`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{
+    GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    UpdateVersion,
+};
+
+use crate::config;
+use crate::store::{self, OpenError, S3Options};
+use crate::url::S3Url;
+
+/// Default group: 64 folios of [`crate::DEFAULT_FOLIO`] (64 KiB), 4 MiB.
+/// Larger groups mean fewer objects and requests for a stream; smaller
+/// ones less read-modify-write for scattered writes.
+pub const DEFAULT_GROUP: u64 = 64 * crate::DEFAULT_FOLIO;
+
+/// Smallest and largest group.
+pub const GROUP_RANGE: Range<u64> = (64 << 10)..((64 << 20) + 1);
+
+/// Stripe locks of a store (see the module doc).
+const STRIPES: usize = 64;
+
+const MANIFEST: &str = "manifest";
+const CLAIM: &str = "upload";
+const FORMAT: &str = "upager-dataset 1";
+
+/// Whether `url` names a dataset (its key ends in `/`).
+pub fn is_dataset(url: &S3Url) -> bool {
+    url.key.len() > 1 && url.key.ends_with('/')
+}
+
+/// A dataset's size and group, as its manifest holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Manifest {
+    /// Bytes.
+    pub len: u64,
+    /// Bytes per group object.
+    pub group: u64,
+}
+
+impl Manifest {
+    fn encode(&self) -> String {
+        format!("{FORMAT}\nlen {}\ngroup {}\n", self.len, self.group)
+    }
+
+    fn parse(s: &str) -> Result<Manifest, String> {
+        let mut lines = s.lines();
+        if lines.next() != Some(FORMAT) {
+            return Err(format!("does not start with '{FORMAT}'"));
+        }
+        let (mut len, mut group) = (None, None);
+        for l in lines {
+            match l.split_once(' ') {
+                Some(("len", v)) => len = v.trim().parse::<u64>().ok(),
+                Some(("group", v)) => group = v.trim().parse::<u64>().ok(),
+                _ => {}
+            }
+        }
+        match (len, group) {
+            (Some(len), Some(group)) if group.is_power_of_two() && GROUP_RANGE.contains(&group) => {
+                Ok(Manifest { len, group })
+            }
+            _ => Err("needs 'len N' and 'group G' (a power of two, 64 KiB-64 MiB)".into()),
+        }
+    }
+}
+
+/// Something a dataset call could not do. URLs are quoted redacted.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+#[non_exhaustive]
+pub enum DatasetError {
+    /// {0}
+    Open(#[from] OpenError),
+    /// {url}: not a dataset: a dataset is named by a prefix ending in '/' (s3://BUCKET/NAME/)
+    NotDataset {
+        /// The URL.
+        url: String,
+    },
+    /// {url}: no such dataset (no {key}): make one with `upager load FILE {url}`
+    NoDataset {
+        /// The URL.
+        url: String,
+        /// The manifest's key.
+        key: String,
+    },
+    /// {url}: the dataset is incomplete (an upload is running or was interrupted): wait for it, or remove it with `upager delete {url}`
+    Incomplete {
+        /// The URL.
+        url: String,
+    },
+    /// {url}: a dataset of that name exists: remove it first (`upager delete {url}`)
+    Exists {
+        /// The URL.
+        url: String,
+    },
+    /// {url}: another upload of this dataset holds it (or one was interrupted): wait for it, or remove it with `upager delete {url}`
+    Busy {
+        /// The URL.
+        url: String,
+    },
+    /// {url}: the manifest {key} is not upager's: {detail}
+    Manifest {
+        /// The URL.
+        url: String,
+        /// Its key.
+        key: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// {url}: group size {group} is not a power of two from 64 KiB to 64 MiB
+    Group {
+        /// The URL.
+        url: String,
+        /// The size asked for.
+        group: u64,
+    },
+    /// cannot read {path}: {source} (the partial upload was removed)
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// {url}: the upload was cancelled (what it wrote was removed)
+    Cancelled {
+        /// The URL.
+        url: String,
+    },
+    /// {url}: {what} failed: {detail}
+    Request {
+        /// The URL.
+        url: String,
+        /// The request.
+        what: String,
+        /// Why.
+        detail: String,
+    },
+    /// {url}: no answer within {secs} s ({what})
+    Timeout {
+        /// The URL.
+        url: String,
+        /// The request.
+        what: String,
+        /// The bound.
+        secs: u64,
+    },
+}
+
+impl upager::ErrorCode for DatasetError {
+    fn errno(&self) -> i32 {
+        match self {
+            DatasetError::Open(e) => e.errno(),
+            DatasetError::NoDataset { .. } => libc::ENOENT,
+            DatasetError::Exists { .. } => libc::EEXIST,
+            DatasetError::Busy { .. } | DatasetError::Incomplete { .. } => libc::EBUSY,
+            DatasetError::NotDataset { .. } | DatasetError::Group { .. } => libc::EINVAL,
+            DatasetError::Cancelled { .. } => libc::ECANCELED,
+            DatasetError::Timeout { .. } => libc::ETIMEDOUT,
+            _ => libc::EIO,
+        }
+    }
+}
+
+/// Wire counters of one dataset store (see the module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DatasetCounters {
+    /// GETs answered.
+    pub gets: u64,
+    /// PUTs acknowledged.
+    pub puts: u64,
+    /// Body bytes received.
+    pub bytes_received: u64,
+    /// Body bytes sent.
+    pub bytes_sent: u64,
+    /// Groups read back whole for a write that did not cover them.
+    pub rmw_groups: u64,
+    /// Requests refused because another writer changed a group.
+    pub conflicts: u64,
+    /// GETs that failed.
+    pub get_errors: u64,
+    /// PUTs that failed.
+    pub put_errors: u64,
+}
+
+impl DatasetCounters {
+    /// The counters with their stable names.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("store_gets", self.gets),
+            ("store_puts", self.puts),
+            ("store_bytes_received", self.bytes_received),
+            ("store_bytes_sent", self.bytes_sent),
+            ("store_rmw_groups", self.rmw_groups),
+            ("store_conflicts", self.conflicts),
+            ("store_get_errors", self.get_errors),
+            ("store_put_errors", self.put_errors),
+        ]
+        .into_iter()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    gets: AtomicU64,
+    puts: AtomicU64,
+    received: AtomicU64,
+    sent: AtomicU64,
+    rmw: AtomicU64,
+    conflicts: AtomicU64,
+    get_errors: AtomicU64,
+    put_errors: AtomicU64,
+}
+
+/// What the store knows of a group's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Version {
+    /// Not seen yet.
+    Unknown,
+    /// Known not to exist (reads as zeros).
+    Absent,
+    /// Its ETag.
+    Tag(String),
+}
+
+/// A client, its runtime and a dataset's prefix: what every call needs.
+struct Conn {
+    client: Arc<dyn ObjectStore>,
+    url: S3Url,
+    /// The key prefix, with its trailing '/'.
+    prefix: String,
+    guard: std::time::Duration,
+    /// Last: dropped after the client, without waiting (see `Drop`).
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Conn {
+    fn new(url: &S3Url, opts: &S3Options, env: &dyn config::Env) -> Result<Conn, DatasetError> {
+        if !is_dataset(url) {
+            return Err(DatasetError::NotDataset {
+                url: url.to_string(),
+            });
+        }
+        let res = config::resolve(url, env).map_err(OpenError::from)?;
+        Ok(Conn {
+            client: store::client(url, &res, opts)?,
+            url: url.clone(),
+            prefix: url.key.clone(),
+            guard: opts.timeout * 4 + opts.retry_for,
+            rt: Some(store::runtime(url, opts.threads)?),
+        })
+    }
+
+    fn key(&self, name: &str) -> ObjPath {
+        ObjPath::from(format!("{}{name}", self.prefix))
+    }
+
+    fn group_key(&self, g: u64) -> ObjPath {
+        ObjPath::from(format!("{}g/{g:010}", self.prefix))
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("runtime lives until drop")
+    }
+
+    /// Runs `fut` bounded by the guard; a timeout or client error becomes
+    /// a [`DatasetError`] naming `what`.
+    fn run<T: Send>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = object_store::Result<T>> + Send,
+    ) -> Result<T, DatasetError> {
+        match store::run(self.rt(), self.guard, fut) {
+            None => Err(DatasetError::Timeout {
+                url: self.url.to_string(),
+                what: what.to_string(),
+                secs: self.guard.as_secs(),
+            }),
+            Some(Err(e)) => Err(DatasetError::Request {
+                url: self.url.to_string(),
+                what: what.to_string(),
+                detail: store::error_chain(&e),
+            }),
+            Some(Ok(v)) => Ok(v),
+        }
+    }
+
+    /// The manifest, or None if there is none.
+    fn manifest(&self) -> Result<Option<(Manifest, String)>, DatasetError> {
+        let key = self.key(MANIFEST);
+        let got = self.run("GET of the manifest", async {
+            match self.client.get(&key).await {
+                Ok(r) => {
+                    let tag = r.meta.e_tag.clone().unwrap_or_default();
+                    r.bytes().await.map(|b| Some((b, tag)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })?;
+        let Some((bytes, tag)) = got else {
+            return Ok(None);
+        };
+        let m = std::str::from_utf8(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(Manifest::parse)
+            .map_err(|detail| DatasetError::Manifest {
+                url: self.url.to_string(),
+                key: key.to_string(),
+                detail,
+            })?;
+        Ok(Some((m, tag)))
+    }
+
+    /// Every key under the prefix.
+    fn keys(&self) -> Result<Vec<ObjPath>, DatasetError> {
+        let p = ObjPath::from(self.prefix.as_str());
+        self.run("listing", async {
+            let v: Vec<_> = self.client.list(Some(&p)).try_collect().await?;
+            Ok(v.into_iter().map(|m| m.location).collect())
+        })
+    }
+
+    /// Deletes `keys`, many in flight; a key already gone is no error.
+    fn delete_keys(&self, keys: Vec<ObjPath>) -> Result<(), DatasetError> {
+        let n = keys.len();
+        self.run(&format!("DELETE of {n} objects"), async {
+            stream::iter(keys)
+                .map(|k| async move {
+                    match self.client.delete(&k).await {
+                        Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        r => r,
+                    }
+                })
+                .buffer_unordered(16)
+                .try_collect::<Vec<()>>()
+                .await
+                .map(drop)
+        })
+    }
+}
+
+/// One dataset as a store. See the module doc for the contract.
+pub struct S3Dataset {
+    conn: Conn,
+    endpoint: String,
+    manifest: Manifest,
+    writable: bool,
+    part: u64,
+    in_flight: usize,
+    versions: Mutex<HashMap<u64, Version>>,
+    stripes: Vec<Mutex<()>>,
+    counters: Counters,
+    changed_logged: AtomicBool,
+}
+
+impl fmt::Debug for S3Dataset {
+    /// The dataset; never a credential.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Dataset")
+            .field("url", &self.conn.url.to_string())
+            .field("endpoint", &self.endpoint)
+            .field("manifest", &self.manifest)
+            .field("writable", &self.writable)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one request of a store call failed.
+enum ReqError {
+    /// Another writer changed (or deleted) the group.
+    Changed,
+    Timeout,
+    Client(object_store::Error),
+}
+
+impl S3Dataset {
+    /// Opens the dataset `url` names (`s3://BUCKET/NAME/`), writable or
+    /// not: one GET of its manifest. Settings from the process's
+    /// environment and AWS profile, as [`crate::S3Store::open`].
+    pub fn open(
+        url: &S3Url,
+        writable: bool,
+        opts: &S3Options,
+    ) -> Result<Arc<S3Dataset>, DatasetError> {
+        Self::open_with(url, writable, opts, &config::ProcessEnv)
+    }
+
+    /// [`S3Dataset::open`] with the settings from `env`.
+    pub fn open_with(
+        url: &S3Url,
+        writable: bool,
+        opts: &S3Options,
+        env: &dyn config::Env,
+    ) -> Result<Arc<S3Dataset>, DatasetError> {
+        let conn = Conn::new(url, opts, env)?;
+        let res = config::resolve(url, env).map_err(OpenError::from)?;
+        let endpoint = res
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| format!("AWS S3 ({})", res.region));
+        let manifest = match conn.manifest()? {
+            Some((m, _)) => m,
+            None => return Err(missing(&conn)?),
+        };
+        Ok(Arc::new(S3Dataset {
+            conn,
+            endpoint,
+            manifest,
+            writable,
+            part: opts.part,
+            in_flight: opts.in_flight,
+            versions: Mutex::new(HashMap::new()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            counters: Counters::default(),
+            changed_logged: AtomicBool::new(false),
+        }))
+    }
+
+    /// Size and group.
+    pub fn manifest(&self) -> Manifest {
+        self.manifest
+    }
+
+    /// The URL.
+    pub fn url(&self) -> &S3Url {
+        &self.conn.url
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> DatasetCounters {
+        let c = &self.counters;
+        DatasetCounters {
+            gets: c.gets.load(Relaxed),
+            puts: c.puts.load(Relaxed),
+            bytes_received: c.received.load(Relaxed),
+            bytes_sent: c.sent.load(Relaxed),
+            rmw_groups: c.rmw.load(Relaxed),
+            conflicts: c.conflicts.load(Relaxed),
+            get_errors: c.get_errors.load(Relaxed),
+            put_errors: c.put_errors.load(Relaxed),
+        }
+    }
+
+    fn group_len(&self, g: u64) -> u64 {
+        let gs = self.manifest.group;
+        gs.min(self.manifest.len - g * gs)
+    }
+
+    /// Locks the stripes of `groups` in ascending order (the lock order).
+    fn lock(&self, groups: impl Iterator<Item = u64>) -> Vec<std::sync::MutexGuard<'_, ()>> {
+        let mut s: Vec<usize> = groups.map(|g| g as usize % STRIPES).collect();
+        s.sort_unstable();
+        s.dedup();
+        s.into_iter()
+            .map(|i| self.stripes[i].lock().unwrap_or_else(|p| p.into_inner()))
+            .collect()
+    }
+
+    fn version(&self, g: u64) -> Version {
+        let v = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        v.get(&g).cloned().unwrap_or(Version::Unknown)
+    }
+
+    fn set_version(&self, g: u64, ver: Version) {
+        let mut v = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        v.insert(g, ver);
+    }
+
+    /// GET of `range` inside group `g` at version `ver`: the bytes, and
+    /// the group's version as read (Absent: it does not exist, zeros).
+    async fn get(
+        &self,
+        g: u64,
+        range: Range<u64>,
+        ver: &Version,
+    ) -> Result<(Option<bytes::Bytes>, Version), ReqError> {
+        let opts = GetOptions {
+            if_match: match ver {
+                Version::Tag(t) => Some(t.clone()),
+                _ => None,
+            },
+            range: Some(GetRange::Bounded(range.clone())),
+            ..GetOptions::default()
+        };
+        let c = &self.counters;
+        let r = match self
+            .conn
+            .client
+            .get_opts(&self.conn.group_key(g), opts)
+            .await
+        {
+            Ok(r) => r,
+            // Never written: zeros, unless this store saw it (deleted since).
+            Err(object_store::Error::NotFound { .. }) if !matches!(ver, Version::Tag(_)) => {
+                return Ok((None, Version::Absent));
+            }
+            Err(
+                object_store::Error::NotFound { .. } | object_store::Error::Precondition { .. },
+            ) => {
+                c.conflicts.fetch_add(1, Relaxed);
+                return Err(ReqError::Changed);
+            }
+            Err(e) => {
+                c.get_errors.fetch_add(1, Relaxed);
+                return Err(ReqError::Client(e));
+            }
+        };
+        let tag = r.meta.e_tag.clone();
+        match (ver, &tag) {
+            (Version::Tag(want), Some(got)) if want != got => {
+                c.conflicts.fetch_add(1, Relaxed);
+                return Err(ReqError::Changed);
+            }
+            (Version::Absent, _) => {
+                // It exists now: another writer made it.
+                c.conflicts.fetch_add(1, Relaxed);
+                return Err(ReqError::Changed);
+            }
+            _ => {}
+        }
+        let body = r.bytes().await.map_err(|e| {
+            c.get_errors.fetch_add(1, Relaxed);
+            ReqError::Client(e)
+        })?;
+        c.gets.fetch_add(1, Relaxed);
+        c.received.fetch_add(body.len() as u64, Relaxed);
+        let seen = tag.map_or(Version::Unknown, Version::Tag);
+        Ok((Some(body), seen))
+    }
+
+    /// The error the engine gets (and logs) for a failed request on
+    /// group `g`.
+    fn io_error(&self, e: ReqError, g: u64, what: &str) -> io::Error {
+        let gs = self.manifest.group;
+        let span = format!("bytes {}-{}", g * gs, g * gs + self.group_len(g));
+        match e {
+            ReqError::Changed => {
+                let msg = format!(
+                    "{}: group {g} ({span}) was changed by another writer since this process read or wrote it: the {what} was refused rather than mix or overwrite that writer's data (one writer per dataset at a time; map the dataset again to see the new data)",
+                    self.conn.url
+                );
+                if !self.changed_logged.swap(true, Relaxed) {
+                    log::error!("{msg}");
+                }
+                io::Error::other(msg)
+            }
+            ReqError::Timeout => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{}: no answer from {} within {} s for the {what} of group {g} ({span})",
+                    self.conn.url,
+                    self.endpoint,
+                    self.conn.guard.as_secs()
+                ),
+            ),
+            ReqError::Client(e) => io::Error::other(format!(
+                "{}: the {what} of group {g} ({span}) at {} failed after the client's retries: {}",
+                self.conn.url,
+                self.endpoint,
+                store::error_chain(&e)
+            )),
+        }
+    }
+
+    /// Reads `[offset, offset + buf.len())` (inside the dataset).
+    fn read_range(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let gs = self.manifest.group;
+        let first = offset / gs;
+        let last = (offset + buf.len() as u64 - 1) / gs;
+        let _locks = self.lock(first..=last);
+        // The pieces: (group, range in the group, buffer).
+        let mut pieces = Vec::new();
+        let mut rest = buf;
+        let mut at = offset;
+        while !rest.is_empty() {
+            let g = at / gs;
+            let in_g = at - g * gs;
+            let n = (gs - in_g).min(self.part).min(rest.len() as u64) as usize;
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            pieces.push((g, in_g..in_g + n as u64, head, self.version(g)));
+            rest = tail;
+            at += n as u64;
+        }
+        let futs: Vec<_> = pieces
+            .iter()
+            .map(|(g, r, _, v)| self.get(*g, r.clone(), v))
+            .collect();
+        let all = async {
+            stream::iter(futs)
+                .buffered(self.in_flight)
+                .collect::<Vec<_>>()
+                .await
+        };
+        let Some(results) = store::run(self.conn.rt(), self.conn.guard, all) else {
+            return Err(self.io_error(ReqError::Timeout, first, "read"));
+        };
+        for ((g, _, dst, ver), res) in pieces.into_iter().zip(results) {
+            let (body, seen) = res.map_err(|e| self.io_error(e, g, "read"))?;
+            match body {
+                Some(b) if b.len() == dst.len() => dst.copy_from_slice(&b),
+                Some(b) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "{}: a GET of group {g} returned {} of {} bytes",
+                            self.conn.url,
+                            b.len(),
+                            dst.len()
+                        ),
+                    ))
+                }
+                None => dst.fill(0),
+            }
+            if ver == Version::Unknown {
+                // The first piece read of a group sets its version; another
+                // piece of it read at another version is a change.
+                match self.version(g) {
+                    Version::Unknown => self.set_version(g, seen),
+                    cur if cur != seen => return Err(self.io_error(ReqError::Changed, g, "read")),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The error for a prefix with no manifest: an incomplete dataset, or none.
+fn missing(conn: &Conn) -> Result<DatasetError, DatasetError> {
+    let url = conn.url.to_string();
+    Ok(if conn.keys()?.is_empty() {
+        DatasetError::NoDataset {
+            url,
+            key: conn.key(MANIFEST).to_string(),
+        }
+    } else {
+        DatasetError::Incomplete { url }
+    })
+}
+
+impl upager::Store for S3Dataset {
+    fn len(&self) -> u64 {
+        self.manifest.len
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let len = self.manifest.len;
+        if offset >= len {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(len - offset) as usize;
+        self.read_range(&mut buf[..n], offset)?;
+        Ok(n)
+    }
+
+    fn write_from(&self, src: upager::Src<'_>, offset: u64) -> io::Result<()> {
+        let w = [upager::Write { src, offset }];
+        self.write_batch(&w).results.pop().expect("one result")
+    }
+
+    fn write_batch(&self, batch: &[upager::Write<'_>]) -> upager::Written {
+        let gs = self.manifest.group;
+        let len = self.manifest.len;
+        if !self.writable {
+            let results = batch
+                .iter()
+                .map(|w| {
+                    Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "{}: opened read-only: the write at byte {} was refused",
+                            self.conn.url, w.offset
+                        ),
+                    ))
+                })
+                .collect();
+            return upager::Written::new(results, 0);
+        }
+        // Writes by group: (index of the write, its slice of the group).
+        // A write that crosses a group end is split.
+        let mut by_group: BTreeMap<u64, Vec<(usize, Range<u64>, usize)>> = BTreeMap::new();
+        let mut early: Vec<Option<io::Error>> = (0..batch.len()).map(|_| None).collect();
+        for (i, w) in batch.iter().enumerate() {
+            let end = w.offset + w.src.len() as u64;
+            if end > len {
+                early[i] = Some(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: a write at byte {} passes the dataset's end ({len})",
+                        self.conn.url, w.offset
+                    ),
+                ));
+                continue;
+            }
+            let mut at = w.offset;
+            while at < end {
+                let g = at / gs;
+                let n = (gs * (g + 1)).min(end) - at;
+                by_group.entry(g).or_default().push((
+                    i,
+                    at - g * gs..at - g * gs + n,
+                    (at - w.offset) as usize,
+                ));
+                at += n;
+            }
+        }
+        let _locks = self.lock(by_group.keys().copied());
+        // Step 1: every group's base, all GETs in flight together: a group
+        // the batch covers whole needs only its version (known, or a HEAD).
+        let plans: Vec<(u64, bool, Version)> = by_group
+            .iter()
+            .map(|(&g, ws)| {
+                let covered: u64 = ws.iter().map(|(_, r, _)| r.end - r.start).sum();
+                (g, covered == self.group_len(g), self.version(g))
+            })
+            .collect();
+        let bases = plans.iter().map(|(g, whole, ver)| async move {
+            let glen = self.group_len(*g);
+            if *whole {
+                if *ver != Version::Unknown {
+                    return Ok((None, ver.clone()));
+                }
+                return match self.conn.client.head(&self.conn.group_key(*g)).await {
+                    Ok(m) => Ok((None, m.e_tag.map_or(Version::Unknown, Version::Tag))),
+                    Err(object_store::Error::NotFound { .. }) => Ok((None, Version::Absent)),
+                    Err(e) => Err(ReqError::Client(e)),
+                };
+            }
+            self.counters.rmw.fetch_add(1, Relaxed);
+            self.get(*g, 0..glen, ver).await
+        });
+        // Collected first: a closure inside the stream's type trips the
+        // Send check (as in store.rs).
+        let bases: Vec<_> = bases.collect();
+        let all = async {
+            stream::iter(bases)
+                .buffered(self.in_flight)
+                .collect::<Vec<_>>()
+                .await
+        };
+        let bases = store::run(self.conn.rt(), self.conn.guard, all);
+        // Step 2 (this thread): each group's new bytes.
+        let mut group_err: HashMap<u64, io::Error> = HashMap::new();
+        let mut puts = Vec::new();
+        match bases {
+            None => {
+                for (g, _, _) in &plans {
+                    group_err.insert(*g, self.io_error(ReqError::Timeout, *g, "write-back"));
+                }
+            }
+            Some(bases) => {
+                for ((g, _, _), base) in plans.iter().zip(bases) {
+                    match base {
+                        Err(e) => {
+                            group_err.insert(*g, self.io_error(e, *g, "write-back"));
+                        }
+                        Ok((body, seen)) => {
+                            let glen = self.group_len(*g) as usize;
+                            let mut data = match body {
+                                Some(b) if b.len() == glen => b.to_vec(),
+                                _ => vec![0u8; glen],
+                            };
+                            for (i, r, from) in &by_group[g] {
+                                let src = &batch[*i].src;
+                                let n = (r.end - r.start) as usize;
+                                let mut tmp = vec![0u8; src.len()];
+                                src.copy_to(&mut tmp);
+                                data[r.start as usize..r.start as usize + n]
+                                    .copy_from_slice(&tmp[*from..*from + n]);
+                            }
+                            puts.push((*g, data, seen));
+                        }
+                    }
+                }
+            }
+        }
+        // Step 3: every PUT in flight together, each conditional on the
+        // version its base was.
+        let sent: u64 = puts.iter().map(|(_, d, _)| d.len() as u64).sum();
+        let futs = puts.into_iter().map(|(g, data, seen)| async move {
+            let mode = match &seen {
+                Version::Tag(t) => PutMode::Update(UpdateVersion {
+                    e_tag: Some(t.clone()),
+                    version: None,
+                }),
+                Version::Absent => PutMode::Create,
+                Version::Unknown => PutMode::Overwrite,
+            };
+            let opts = PutOptions {
+                mode,
+                ..PutOptions::default()
+            };
+            let r = self
+                .conn
+                .client
+                .put_opts(&self.conn.group_key(g), PutPayload::from(data), opts)
+                .await;
+            (g, r)
+        });
+        let futs: Vec<_> = futs.collect();
+        let all = async {
+            stream::iter(futs)
+                .buffer_unordered(self.in_flight)
+                .collect::<Vec<_>>()
+                .await
+        };
+        match store::run(self.conn.rt(), self.conn.guard, all) {
+            None => {
+                for g in by_group.keys() {
+                    group_err
+                        .entry(*g)
+                        .or_insert_with(|| self.io_error(ReqError::Timeout, *g, "write-back"));
+                }
+            }
+            Some(done) => {
+                let c = &self.counters;
+                c.sent.fetch_add(sent, Relaxed);
+                for (g, r) in done {
+                    match r {
+                        Ok(p) => {
+                            c.puts.fetch_add(1, Relaxed);
+                            self.set_version(g, p.e_tag.map_or(Version::Unknown, Version::Tag));
+                        }
+                        Err(
+                            object_store::Error::Precondition { .. }
+                            | object_store::Error::AlreadyExists { .. },
+                        ) => {
+                            c.conflicts.fetch_add(1, Relaxed);
+                            group_err.insert(g, self.io_error(ReqError::Changed, g, "write-back"));
+                        }
+                        Err(e) => {
+                            c.put_errors.fetch_add(1, Relaxed);
+                            group_err
+                                .insert(g, self.io_error(ReqError::Client(e), g, "write-back"));
+                        }
+                    }
+                }
+            }
+        }
+        // One result per write: its first group's error, if any.
+        let mut results: Vec<io::Result<()>> = early
+            .into_iter()
+            .map(|e| match e {
+                Some(e) => Err(e),
+                None => Ok(()),
+            })
+            .collect();
+        for (g, ws) in &by_group {
+            if let Some(e) = group_err.get(g) {
+                for (i, _, _) in ws {
+                    if results[*i].is_ok() {
+                        results[*i] = Err(io::Error::new(e.kind(), e.to_string()));
+                    }
+                }
+            }
+        }
+        let submissions = by_group.len() as u64;
+        upager::Written::new(results, submissions)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "S3 dataset {} at {} ({} bytes in groups of {})",
+            self.conn.url, self.endpoint, self.manifest.len, self.manifest.group
+        )
+    }
+}
+
+fn check_group(url: &S3Url, group: u64) -> Result<(), DatasetError> {
+    if group.is_power_of_two() && GROUP_RANGE.contains(&group) {
+        Ok(())
+    } else {
+        Err(DatasetError::Group {
+            url: url.to_string(),
+            group,
+        })
+    }
+}
+
+/// Makes an empty dataset of `len` bytes (it reads as zeros): one PUT of
+/// its manifest with If-None-Match: * ([`DatasetError::Exists`] if there
+/// is one).
+pub fn create(
+    url: &S3Url,
+    len: u64,
+    group: u64,
+    opts: &S3Options,
+    env: &dyn config::Env,
+) -> Result<(), DatasetError> {
+    check_group(url, group)?;
+    let conn = Conn::new(url, opts, env)?;
+    put_manifest(&conn, Manifest { len, group })
+}
+
+fn put_manifest(conn: &Conn, m: Manifest) -> Result<(), DatasetError> {
+    let key = conn.key(MANIFEST);
+    let put = PutOptions {
+        mode: PutMode::Create,
+        ..PutOptions::default()
+    };
+    let payload = PutPayload::from(m.encode().into_bytes());
+    match store::run(
+        conn.rt(),
+        conn.guard,
+        conn.client.put_opts(&key, payload, put),
+    ) {
+        Some(Err(object_store::Error::AlreadyExists { .. })) => Err(DatasetError::Exists {
+            url: conn.url.to_string(),
+        }),
+        None => Err(DatasetError::Timeout {
+            url: conn.url.to_string(),
+            what: "PUT of the manifest".into(),
+            secs: conn.guard.as_secs(),
+        }),
+        Some(Err(e)) => Err(DatasetError::Request {
+            url: conn.url.to_string(),
+            what: "PUT of the manifest".into(),
+            detail: store::error_chain(&e),
+        }),
+        Some(Ok(_)) => Ok(()),
+    }
+}
+
+/// Uploads the file at `path` as the dataset `url`, in groups of `group`
+/// bytes (groups of zeros are not stored), many PUTs in flight, then its
+/// manifest. The name is claimed first ([`DatasetError::Busy`] if another
+/// upload holds it, [`DatasetError::Exists`] if a dataset is there); on an
+/// error, or when `cancel` is set, what was written is removed. `progress`
+/// gets (bytes done, bytes in all) after each step.
+pub fn load(
+    url: &S3Url,
+    path: &Path,
+    group: u64,
+    opts: &S3Options,
+    env: &dyn config::Env,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Manifest, DatasetError> {
+    check_group(url, group)?;
+    let mut file = std::fs::File::open(path).map_err(|source| DatasetError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let len = file
+        .metadata()
+        .map_err(|source| DatasetError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .len();
+    let conn = Conn::new(url, opts, env)?;
+    let claim = conn.key(CLAIM);
+    let put = PutOptions {
+        mode: PutMode::Create,
+        ..PutOptions::default()
+    };
+    let payload = PutPayload::from(
+        format!("upload of {len} bytes from pid {}\n", std::process::id()).into_bytes(),
+    );
+    match store::run(
+        conn.rt(),
+        conn.guard,
+        conn.client.put_opts(&claim, payload, put),
+    ) {
+        Some(Ok(_)) => {}
+        Some(Err(object_store::Error::AlreadyExists { .. })) => {
+            return Err(if conn.manifest()?.is_some() {
+                DatasetError::Exists {
+                    url: url.to_string(),
+                }
+            } else {
+                DatasetError::Busy {
+                    url: url.to_string(),
+                }
+            })
+        }
+        Some(Err(e)) => {
+            return Err(DatasetError::Request {
+                url: url.to_string(),
+                what: "PUT of the upload claim".into(),
+                detail: store::error_chain(&e),
+            })
+        }
+        None => {
+            return Err(DatasetError::Timeout {
+                url: url.to_string(),
+                what: "PUT of the upload claim".into(),
+                secs: conn.guard.as_secs(),
+            })
+        }
+    }
+    if conn.manifest()?.is_some() {
+        let _ = conn.delete_keys(vec![claim]);
+        return Err(DatasetError::Exists {
+            url: url.to_string(),
+        });
+    }
+    let m = Manifest { len, group };
+    let res = (|| {
+        use std::io::Read;
+        let groups = len.div_ceil(group);
+        let step = opts.in_flight.max(1) as u64;
+        let mut g = 0;
+        while g < groups {
+            if cancel.load(Relaxed) {
+                return Err(DatasetError::Cancelled {
+                    url: url.to_string(),
+                });
+            }
+            let mut batch = Vec::new();
+            for k in g..(g + step).min(groups) {
+                let n = group.min(len - k * group) as usize;
+                let mut buf = vec![0u8; n];
+                file.read_exact(&mut buf)
+                    .map_err(|source| DatasetError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
+                if buf.iter().any(|&b| b != 0) {
+                    batch.push((conn.group_key(k), buf));
+                }
+            }
+            conn.run("PUT of a group", async {
+                stream::iter(batch)
+                    .map(|(k, b)| {
+                        let c = &conn.client;
+                        async move { c.put(&k, PutPayload::from(b)).await.map(drop) }
+                    })
+                    .buffer_unordered(opts.in_flight.max(1))
+                    .try_collect::<Vec<()>>()
+                    .await
+                    .map(drop)
+            })?;
+            g = (g + step).min(groups);
+            progress((g * group).min(len), len);
+        }
+        put_manifest(&conn, m)
+    })();
+    match res {
+        Ok(()) => {
+            let _ = conn.delete_keys(vec![claim]);
+            Ok(m)
+        }
+        Err(e) => {
+            // Remove the groups, then the claim.
+            if let Ok(mut keys) = conn.keys() {
+                keys.retain(|k| *k != claim && *k != conn.key(MANIFEST));
+                let _ = conn.delete_keys(keys);
+            }
+            let _ = conn.delete_keys(vec![claim]);
+            Err(e)
+        }
+    }
+}
+
+/// Removes the dataset `url`: its manifest first (it disappears at once),
+/// then its groups and any upload claim. An incomplete dataset is removed
+/// the same way; no dataset at all is [`DatasetError::NoDataset`].
+pub fn delete(url: &S3Url, opts: &S3Options, env: &dyn config::Env) -> Result<u64, DatasetError> {
+    let conn = Conn::new(url, opts, env)?;
+    let manifest = conn.key(MANIFEST);
+    let mut keys = conn.keys()?;
+    if keys.is_empty() {
+        return Err(DatasetError::NoDataset {
+            url: url.to_string(),
+            key: manifest.to_string(),
+        });
+    }
+    if keys.contains(&manifest) {
+        conn.delete_keys(vec![manifest.clone()])?;
+        keys.retain(|k| *k != manifest);
+    }
+    let n = keys.len() as u64;
+    conn.delete_keys(keys)?;
+    Ok(n)
+}
+
+/// A dataset found by [`list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatasetInfo {
+    /// Its URL's key (the prefix, ending in '/').
+    pub name: String,
+    /// Its size, None while incomplete.
+    pub len: Option<u64>,
+}
+
+/// The datasets of the bucket of `url` under its key (a prefix; "" for
+/// all), complete or not.
+pub fn list(
+    url: &S3Url,
+    opts: &S3Options,
+    env: &dyn config::Env,
+) -> Result<Vec<DatasetInfo>, DatasetError> {
+    let probe = url.with_key(&format!("{}x/", url.key));
+    let conn = Conn::new(&probe, opts, env)?;
+    let prefix = (!url.key.is_empty()).then(|| ObjPath::from(url.key.as_str()));
+    let metas: Vec<object_store::ObjectMeta> = conn.run("listing", async {
+        conn.client.list(prefix.as_ref()).try_collect().await
+    })?;
+    let mut found: BTreeMap<String, bool> = BTreeMap::new();
+    for m in &metas {
+        let k = m.location.to_string();
+        if let Some(name) = k.strip_suffix(&format!("/{MANIFEST}")) {
+            found.insert(format!("{name}/"), true);
+        } else if let Some(name) = k.strip_suffix(&format!("/{CLAIM}")) {
+            found.entry(format!("{name}/")).or_insert(false);
+        }
+    }
+    let mut out = Vec::new();
+    for (name, complete) in found {
+        let len = if complete {
+            let c = Conn::new(&url.with_key(&name), opts, env)?;
+            c.manifest()?.map(|(m, _)| m.len)
+        } else {
+            None
+        };
+        out.push(DatasetInfo { name, len });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_reads_back_and_a_foreign_one_is_refused() {
+        let m = Manifest {
+            len: 12345,
+            group: 1 << 20,
+        };
+        assert_eq!(Manifest::parse(&m.encode()), Ok(m));
+        assert!(Manifest::parse("{\"len\": 3}").is_err());
+        assert!(Manifest::parse(&format!("{FORMAT}\nlen 3\ngroup 1000\n")).is_err());
+        assert!(Manifest::parse(&format!("{FORMAT}\nlen 3\n")).is_err());
+    }
+
+    #[test]
+    fn a_dataset_is_a_prefix() {
+        let d: S3Url = "s3://bkt/models/w/".parse().unwrap();
+        assert!(is_dataset(&d));
+        let o: S3Url = "s3://bkt/models/w".parse().unwrap();
+        assert!(!is_dataset(&o));
+        let b: S3Url = "s3://bkt/".parse().unwrap();
+        assert!(!is_dataset(&b));
+    }
+}
