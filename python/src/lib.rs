@@ -1084,8 +1084,17 @@ fn create_dataset(
     size: &Bound<'_, PyAny>,
     chunk: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let url: StoreUrl = url.parse().map_err(engine_err)?;
     let size = size_arg(size, "size")?;
+    if upager_stores::AnyUrl::is_s3(url) {
+        // An S3 dataset (s3://BUCKET/NAME/): `chunk` is its group size.
+        let url: upager_s3::S3Url = url.parse().map_err(engine_err)?;
+        let group = opt_size(chunk, "chunk")?.unwrap_or(upager_s3::dataset::DEFAULT_GROUP);
+        let env = upager_s3::config::ProcessEnv;
+        upager_s3::dataset::create(&url, size, group, &upager_s3::S3Options::default(), &env)
+            .map_err(engine_err)?;
+        return Ok(());
+    }
+    let url: StoreUrl = url.parse().map_err(engine_err)?;
     let chunk = opt_size(chunk, "chunk")?.unwrap_or(upager_redis::DEFAULT_CHUNK);
     RedisStore::create(&url, size, chunk, &RedisOptions::default()).map_err(engine_err)?;
     Ok(())
@@ -1095,6 +1104,13 @@ fn create_dataset(
 /// not (an interrupted upload).
 #[pyfunction]
 fn delete_dataset(url: &str) -> PyResult<()> {
+    if upager_stores::AnyUrl::is_s3(url) {
+        let url: upager_s3::S3Url = url.parse().map_err(engine_err)?;
+        let env = upager_s3::config::ProcessEnv;
+        upager_s3::dataset::delete(&url, &upager_s3::S3Options::default(), &env)
+            .map_err(engine_err)?;
+        return Ok(());
+    }
     let url: StoreUrl = url.parse().map_err(engine_err)?;
     upager_redis::delete(&url, &RedisOptions::default(), &mut |_, _| {}).map_err(engine_err)?;
     Ok(())

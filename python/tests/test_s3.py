@@ -214,3 +214,42 @@ def test_the_c_face_maps_an_object(s3: Dict[str, str], tmp_path: pathlib.Path) -
                          timeout=120, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "store_s3: ok" in out.stdout
+
+
+def test_memmap_of_a_dataset_writes_back_under_the_budget(s3: Dict[str, str],
+                                                          tmp_path: pathlib.Path) -> None:
+    """A dataset (s3://BUCKET/NAME/, uploaded with `upager load`) maps
+    "r+" under a budget a quarter of its size: scattered writes go back
+    as conditional PUTs of their groups and read back from a fresh map;
+    "w+" creates one (zeros), and delete_dataset removes it."""
+    want = np.random.default_rng(5).random(2 * MIB)  # 16 MiB of float64
+    f = tmp_path / "d.f64"
+    want.tofile(f)
+    url = _upload(f, "sets/d/")
+    a = upager.memmap(url, np.float64, mode="r+", budget="4MiB")
+    assert a.flags.writeable and a.shape == want.shape
+    idx = np.unique(np.random.default_rng(6).integers(0, want.size, 3000))
+    a[idx] = -1.0
+    want[idx] = -1.0
+    a.flush()
+    st = a._mmap.stats()
+    assert st["resident_peak_bytes"] <= 4 * MIB, st
+    del a
+    b = upager.memmap(url, np.float64, mode="r", budget="4MiB")
+    assert np.array_equal(b, want)
+    del b
+    new = f"s3://{BUCKET}/sets/new/"
+    c = upager.memmap(new, np.int64, mode="w+", shape=(1000, 100), budget="4MiB")
+    assert not c.any()
+    c[::7] = 3
+    c.flush()
+    del c
+    d = upager.memmap(new, np.int64, mode="r", shape=(1000, 100))
+    assert int(d.sum()) == 3 * 100 * len(range(0, 1000, 7))
+    del d
+    with pytest.raises(FileExistsError):
+        upager.memmap(new, np.int64, mode="w+", shape=(10,))
+    upager.delete_dataset(new)
+    upager.delete_dataset(url)
+    with pytest.raises(FileNotFoundError):
+        upager.memmap(url, np.float64, mode="r")

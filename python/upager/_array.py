@@ -515,7 +515,11 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
     of an S3-compatible store, "s3://BUCKET/KEY" (credentials, region and
     endpoint from ``AWS_*`` variables or ``~/.aws``, as the AWS SDKs read
     them), read-only (mode "r"), in folios of 64 KiB unless one is given:
-    a fault is one ranged GET, readahead many in flight.
+    a fault is one ranged GET, readahead many in flight. Or a read-write
+    dataset on such a store, named by a prefix, "s3://BUCKET/NAME/"
+    ("r", "r+", or "w+" to create it; group objects of 4 MiB, each
+    write-back a conditional PUT, so a second writer of a group gets an
+    error instead of losing the first one's writes).
 
     The array keeps its region and pager alive; they are unmapped
     (flushing changes) when the last array using them goes.
@@ -663,11 +667,11 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
     if mode == "c":
         raise ValueError('mode "c" (copy-on-write) is for files; map a dataset with '
                          '"r", "r+" or "w+"')
-    if url.startswith("s3://") and mode != "r":
+    if url.startswith("s3://") and mode != "r" and not url.split("?")[0].endswith("/"):
         raise ValueError(
-            f'{redact_url(url)}: objects of an S3 store map read-only in this version: use '
-            f'mode "r", not {mode!r} (or copy the data to a file, or to a Redis Cluster '
-            "dataset, to change it)")
+            f'{redact_url(url)}: an object of an S3 store maps read-only: use mode "r", '
+            f'not {mode!r}; to change data on S3, make it a dataset, named by a prefix '
+            "ending in '/' (upager load FILE s3://BUCKET/NAME/), and map that with \"r+\"")
     if mode == "w+":
         assert dims is not None
         # the pager's folio if one was given, else the store's default chunk

@@ -88,7 +88,8 @@ pub struct DeleteArgs {
     /// The dataset: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME. An
     /// incomplete one (an interrupted or killed upload) is deleted too; a
     /// running upload of it stops at its next batch. Or an object:
-    /// s3://BUCKET/KEY.
+    /// s3://BUCKET/KEY, or an S3 dataset: s3://BUCKET/NAME/ (complete or
+    /// not).
     #[arg(value_parser = AnyUrlParser)]
     pub url: AnyUrl,
 }
@@ -98,13 +99,28 @@ pub fn list(a: &ListArgs) -> Result<(), Box<dyn std::error::Error>> {
     let url = match &a.url {
         AnyUrl::Redis(u) => u,
         AnyUrl::S3(u) => {
-            let o = upager_s3::Objects::open(u, &upager_s3::S3Options::default())?;
+            let opts = upager_s3::S3Options::default();
+            let o = upager_s3::Objects::open(u, &opts)?;
             let all = o.list(&u.key)?;
             if all.is_empty() {
                 println!("no objects under {u}");
             }
+            // Datasets first, one line each; then the other objects.
+            let sets = upager_s3::dataset::list(u, &opts, &upager_s3::config::ProcessEnv)?;
+            for d in &sets {
+                let (size, state) = match d.len {
+                    Some(n) => (format_size(n), "dataset".to_string()),
+                    None => (
+                        "-".to_string(),
+                        "incomplete dataset (an upload running, interrupted or killed: upager delete removes it)".to_string(),
+                    ),
+                };
+                println!("{size:>10}  s3://{}/{}  {state}", u.bucket, d.name);
+            }
             for (key, len) in all {
-                println!("{:>10}  s3://{}/{key}", format_size(len), u.bucket);
+                if !sets.iter().any(|d| key.starts_with(&d.name)) {
+                    println!("{:>10}  s3://{}/{key}", format_size(len), u.bucket);
+                }
             }
             return Ok(());
         }
@@ -140,6 +156,15 @@ pub fn delete(a: &DeleteArgs) -> Result<(), Box<dyn std::error::Error>> {
     let url = match &a.url {
         AnyUrl::Redis(u) => u,
         AnyUrl::S3(u) => {
+            if upager_s3::dataset::is_dataset(u) {
+                let n = upager_s3::dataset::delete(
+                    u,
+                    &upager_s3::S3Options::default(),
+                    &upager_s3::config::ProcessEnv,
+                )?;
+                println!("deleted the dataset {u} ({n} group objects)");
+                return Ok(());
+            }
             if u.key.is_empty() {
                 return Err(format!("{u} names no object: add /KEY").into());
             }

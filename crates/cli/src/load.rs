@@ -33,7 +33,9 @@ pub struct LoadArgs {
     /// Where: redis-cluster://HOST:PORT[,HOST:PORT...]/NAME (NAME must not
     /// exist yet; an incomplete upload of it is replaced once it made no
     /// progress for a minute), or s3://BUCKET/KEY (an object, replaced if
-    /// it exists; credentials from the environment or ~/.aws).
+    /// it exists; credentials from the environment or ~/.aws), or
+    /// s3://BUCKET/NAME/ (a read-write dataset: group objects and a
+    /// manifest written last; NAME/ must not hold one yet).
     #[arg(value_parser = crate::datasets::AnyUrlParser)]
     pub url: AnyUrl,
     /// Chunk size (one key each): regions that map the dataset use a folio
@@ -43,6 +45,34 @@ pub struct LoadArgs {
     /// Replicas that must acknowledge every batch (Redis WAIT).
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
+    /// Group size of an S3 dataset (s3://BUCKET/NAME/): one object each;
+    /// a write-back rewrites the groups it touches. 64K to 64M, a power
+    /// of two.
+    #[arg(long, default_value = "4M", value_parser = size_arg)]
+    pub group: u64,
+}
+
+/// SIGINT, SIGTERM, SIGHUP set the flag: an upload stops at its next
+/// batch, removes what it wrote, then fails.
+fn cancel_on_signals() -> Result<Arc<AtomicBool>, Box<dyn std::error::Error>> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let c = Arc::clone(&cancel);
+    ctrlc::set_handler(move || c.store(true, Ordering::SeqCst))
+        .map_err(|e| format!("cannot handle SIGINT/SIGTERM during the upload: {e}"))?;
+    Ok(cancel)
+}
+
+/// The upload's progress bar.
+fn upload_bar() -> ProgressBar {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "upload [{bar:40}] {percent:>3}% {binary_bytes_per_sec:>12} eta {eta}",
+        )
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    pb
 }
 
 /// Runs `upager load`.
@@ -58,22 +88,8 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
         replicas: a.replicas,
         ..RedisOptions::default()
     };
-    // SIGINT, SIGTERM, SIGHUP: stop at the next batch, remove what was
-    // written (upload_cancellable), then exit with an error.
-    let cancel = Arc::new(AtomicBool::new(false));
-    {
-        let cancel = Arc::clone(&cancel);
-        ctrlc::set_handler(move || cancel.store(true, Ordering::SeqCst))
-            .map_err(|e| format!("cannot handle SIGINT/SIGTERM during the upload: {e}"))?;
-    }
-    let pb = ProgressBar::new(0);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "upload [{bar:40}] {percent:>3}% {binary_bytes_per_sec:>12} eta {eta}",
-        )
-        .expect("template")
-        .progress_chars("=> "),
-    );
+    let cancel = cancel_on_signals()?;
+    let pb = upload_bar();
     let t0 = Instant::now();
     let n = upager_redis::upload_cancellable(
         &a.file,
@@ -111,6 +127,9 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// `upager load FILE s3://BUCKET/KEY`: a multipart upload (S3 publishes
 /// the object only once it is complete: an interrupted load leaves none).
 fn load_s3(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn std::error::Error>> {
+    if upager_s3::dataset::is_dataset(url) {
+        return load_s3_dataset(a, url);
+    }
     if url.key.is_empty() || url.key.ends_with('/') {
         return Err(format!("{url} names no object: add the key, s3://BUCKET/KEY").into());
     }
@@ -125,5 +144,40 @@ fn load_s3(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn std::erro
         n as f64 / el.max(1e-9) / 1e6,
     );
     println!("map it read-only: Rust upager_s3::map, upager demo --store {url}");
+    Ok(())
+}
+
+/// `upager load FILE s3://BUCKET/NAME/`: a read-write dataset, its groups
+/// many PUTs in flight, its manifest last (an interrupted load leaves no
+/// dataset; what it wrote is removed, or `upager delete` removes it).
+fn load_s3_dataset(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn std::error::Error>> {
+    let cancel = cancel_on_signals()?;
+    let pb = upload_bar();
+    let t0 = Instant::now();
+    let m = upager_s3::dataset::load(
+        url,
+        &a.file,
+        a.group,
+        &upager_s3::S3Options::default(),
+        &upager_s3::config::ProcessEnv,
+        &cancel,
+        &mut |done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        },
+    );
+    pb.finish_and_clear();
+    let m = m?;
+    let el = t0.elapsed().as_secs_f64();
+    println!(
+        "uploaded {} ({} bytes) to the dataset {url} in {el:.2} s ({:.0} MB/s), groups of {}",
+        a.file.display(),
+        m.len,
+        m.len as f64 / el.max(1e-9) / 1e6,
+        format_size(m.group)
+    );
+    println!(
+        "map it read-write: Rust upager_s3::map with MapOptions::writable, C upager_map_options.store = \"{url}\", Python upager.memmap(\"{url}\", dtype, mode=\"r+\")"
+    );
     Ok(())
 }

@@ -27,7 +27,8 @@ use upager_s3::{S3Options, S3Store, S3Url};
 pub enum AnyUrl {
     /// `redis-cluster://` or `rediss-cluster://`: a dataset on a Redis Cluster.
     Redis(StoreUrl),
-    /// `s3://BUCKET/KEY`: an object of an S3-compatible store (read-only).
+    /// `s3://BUCKET/KEY`: an object of an S3-compatible store (read-only),
+    /// or `s3://BUCKET/NAME/`: a read-write dataset there.
     S3(S3Url),
 }
 
@@ -59,6 +60,8 @@ pub enum OpenError {
     Redis(#[from] upager_redis::OpenError),
     /// {0}
     S3(#[from] upager_s3::OpenError),
+    /// {0}
+    S3Dataset(#[from] upager_s3::DatasetError),
 }
 
 impl AnyUrl {
@@ -91,9 +94,9 @@ impl fmt::Display for AnyUrl {
 }
 
 /// Maps the dataset or object `url` names, with its store's default
-/// options: a Redis dataset as `opts` asks (read-only or writable), an
-/// object read-only (a writable `opts` is refused:
-/// [`upager_s3::OpenError::Writable`]).
+/// options: a dataset (Redis, or S3 `s3://BUCKET/NAME/`) as `opts` asks
+/// (read-only or writable), an object read-only (a writable `opts` is
+/// refused: [`upager_s3::OpenError::Writable`]).
 pub fn map(
     pager: &upager::Pager,
     url: &AnyUrl,
@@ -111,6 +114,9 @@ pub fn open(url: &AnyUrl) -> Result<Arc<dyn upager::Store>, OpenError> {
     Ok(match url {
         AnyUrl::Redis(u) => {
             RedisStore::open(u, false, &RedisOptions::default())? as Arc<dyn upager::Store>
+        }
+        AnyUrl::S3(u) if upager_s3::dataset::is_dataset(u) => {
+            upager_s3::S3Dataset::open(u, false, &S3Options::default())? as Arc<dyn upager::Store>
         }
         AnyUrl::S3(u) => S3Store::open(u, &S3Options::default())? as Arc<dyn upager::Store>,
     })
@@ -139,6 +145,7 @@ impl ErrorCode for OpenError {
         match self {
             OpenError::Redis(e) => e.errno(),
             OpenError::S3(e) => e.errno(),
+            OpenError::S3Dataset(e) => e.errno(),
         }
     }
 }
