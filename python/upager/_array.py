@@ -517,7 +517,7 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
     them), read-only (mode "r"), in folios of 64 KiB unless one is given:
     a fault is one ranged GET, readahead many in flight. Or a read-write
     dataset on such a store, named by a prefix, "s3://BUCKET/NAME/"
-    ("r", "r+", or "w+" to create it; group objects of 4 MiB, each
+    ("r", "r+", or "w+" to create it; group objects of 256 KiB, each
     write-back a conditional PUT, so a second writer of a group gets an
     error instead of losing the first one's writes).
 

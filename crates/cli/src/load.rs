@@ -48,7 +48,7 @@ pub struct LoadArgs {
     /// Group size of an S3 dataset (s3://BUCKET/NAME/): one object each;
     /// a write-back rewrites the groups it touches. 64K to 64M, a power
     /// of two.
-    #[arg(long, default_value = "4M", value_parser = size_arg)]
+    #[arg(long, default_value = "256K", value_parser = size_arg)]
     pub group: u64,
 }
 
