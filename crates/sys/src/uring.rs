@@ -16,6 +16,16 @@
 //! eviction) therefore never has the kernel read it afterwards. The wait
 //! is not bounded by a timeout for that reason.
 //!
+//! A stall (no completion for [`STALL`], seen once here: a swap-file batch
+//! of 128 writes to tmpfs sat queued with no io-wq worker to run it, in a
+//! loaded in-thread test run) is not waited out for ever: the ring cancels
+//! what is still in flight (`IORING_OP_ASYNC_CANCEL`, any request; 5.19),
+//! waits for those completions too (a cancelled write did not happen, or
+//! completed: either way the kernel is done with its memory), hands the
+//! cancelled ops back as not submitted (`None`: the caller writes them with
+//! `pwrite`) and reports the ring broken, so it is not used again. Where
+//! the timeout or the cancel is not available, the wait stays unbounded.
+//!
 //! Minimum kernel 5.6 (`IORING_OP_WRITE`); `IORING_SETUP_SUBMIT_ALL` (5.18)
 //! is asked for, so one bad entry does not stop the rest of a submission.
 //! io_uring may be disabled (`kernel.io_uring_disabled`, seccomp, old
@@ -27,6 +37,14 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use io_uring::{opcode, types, IoUring};
+
+/// How long [`WriteRing::write_all`] waits without a completion before it
+/// cancels what is in flight (see the module doc). A batch of writes to a
+/// RAM disk completes in milliseconds; a slow disk's in seconds.
+pub const STALL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `user_data` of the cancel entry (op indices are below `ops.len()`).
+const CANCEL_TAG: u64 = u64::MAX;
 
 /// Largest write one entry asks for; the kernel caps a write at
 /// `MAX_RW_COUNT` (2 GiB − 4 KiB) anyway: a longer op completes short and
@@ -53,10 +71,12 @@ pub struct WriteOp<'a> {
 pub struct Submitted {
     /// `io_uring_enter` calls made (submissions to the kernel).
     pub enters: u64,
-    /// The ring refused a submission with nothing in flight: the ops left
-    /// `None` were not submitted, and the ring must be dropped (its queue
-    /// still holds them).
+    /// The ring refused a submission with nothing in flight, or stalled
+    /// and had its writes cancelled: the ops left `None` were not
+    /// submitted (or were cancelled), and the ring must be dropped.
     pub broken: bool,
+    /// The ring stalled for [`STALL`] and what was in flight was cancelled.
+    pub stalled: bool,
 }
 
 /// An io_uring instance used only for batches of writes, by one thread at
@@ -101,11 +121,23 @@ impl WriteRing {
         ops: &[WriteOp<'_>],
         out: &mut [Option<io::Result<u64>>],
     ) -> Submitted {
+        self.write_all_within(ops, out, STALL)
+    }
+
+    /// [`WriteRing::write_all`] with `stall` in place of [`STALL`].
+    pub fn write_all_within(
+        &mut self,
+        ops: &[WriteOp<'_>],
+        out: &mut [Option<io::Result<u64>>],
+        stall: std::time::Duration,
+    ) -> Submitted {
         assert_eq!(ops.len(), out.len(), "one result per op");
         out.iter_mut().for_each(|o| *o = None);
         let mut done = Submitted::default();
         let mut next = 0usize;
         let mut inflight = 0usize;
+        // A cancel entry is in flight (after a stall).
+        let mut cancelling = false;
         while next < ops.len() || inflight > 0 {
             {
                 let mut sq = self.ring.submission();
@@ -132,16 +164,43 @@ impl WriteRing {
                 }
             }
             let queued = self.ring.submission().len();
+            // The cancel entry, once pushed, is counted as any entry: queued,
+            // then in flight until its completion is reaped.
             let want = inflight + queued;
-            let res = self.ring.submit_and_wait(want);
+            let ts = types::Timespec::from(stall);
+            let bounded = !cancelling && self.ring.params().is_feature_ext_arg();
+            let res = if bounded {
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(want, &args)
+            } else {
+                self.ring.submit_and_wait(want)
+            };
             done.enters += 1;
             // Count what the kernel took from the queue, whatever the call
             // returned (it may submit and then be interrupted waiting).
             inflight += queued - self.ring.submission().len();
+            if let Err(e) = &res {
+                if e.raw_os_error() == Some(libc::ETIME)
+                    && self.ring.completion().is_empty()
+                    && inflight > 0
+                {
+                    // A stall: cancel what is in flight, then wait for it.
+                    let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                        .build()
+                        .user_data(CANCEL_TAG);
+                    // SAFETY: a cancel entry names no memory.
+                    let pushed = unsafe { self.ring.submission().push(&cancel) };
+                    if pushed.is_ok() {
+                        cancelling = true;
+                        done.stalled = true;
+                    }
+                    continue;
+                }
+            }
             if let Err(e) = res {
                 let retry = matches!(
                     e.raw_os_error(),
-                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY | libc::ETIME)
                 );
                 if inflight == 0 && !retry {
                     done.broken = true;
@@ -155,14 +214,25 @@ impl WriteRing {
                 }
             }
             for cqe in self.ring.completion() {
+                if cqe.user_data() == CANCEL_TAG {
+                    cancelling = false;
+                    inflight -= 1;
+                    continue;
+                }
                 let i = cqe.user_data() as usize;
                 let r = cqe.result();
-                out[i] = Some(if r < 0 {
-                    Err(io::Error::from_raw_os_error(-r))
-                } else {
-                    Ok(r as u64)
-                });
+                out[i] = match r {
+                    // Cancelled after a stall: not written, the caller does.
+                    _ if r == -libc::ECANCELED && done.stalled => None,
+                    _ if r < 0 => Some(Err(io::Error::from_raw_os_error(-r))),
+                    _ => Some(Ok(r as u64)),
+                };
                 inflight -= 1;
+            }
+            if done.stalled && inflight == 0 && !cancelling {
+                // The rest (if any) is not submitted: the caller writes it.
+                done.broken = true;
+                return done;
             }
         }
         done
@@ -187,6 +257,65 @@ mod tests {
                 None
             }
         }
+    }
+
+    /// A write that can never complete (to a full pipe nobody reads) is
+    /// cancelled after the stall time and handed back as not written; the
+    /// ring reports the stall and asks to be dropped; a write to a file in
+    /// the same batch keeps its result.
+    #[test]
+    fn a_stalled_batch_is_cancelled_and_handed_back() {
+        let Some(mut ring) = ring() else { return };
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK) };
+        assert_eq!(rc, 0);
+        // SAFETY: pipe2 returned these two new descriptors, owned here.
+        let (rd, wr) = unsafe {
+            use std::os::fd::FromRawFd;
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        // Fill the pipe, then make it blocking: a write now waits for a
+        // reader that never comes.
+        let mut w = std::fs::File::from(wr.try_clone().unwrap());
+        while std::io::Write::write(&mut w, &[7u8; 4096]).is_ok() {}
+        // SAFETY: F_SETFL on a descriptor owned here; no memory involved.
+        assert_eq!(unsafe { libc::fcntl(wr.as_raw_fd(), libc::F_SETFL, 0) }, 0);
+        let f = tempfile::tempfile().unwrap();
+        let buf = AlignedBuf::zeroed(8192);
+        let ops = [
+            WriteOp {
+                fd: f.as_fd(),
+                addr: buf.as_ptr() as u64,
+                len: 4096,
+                offset: 0,
+            },
+            WriteOp {
+                fd: wr.as_fd(),
+                addr: buf.as_ptr() as u64 + 4096,
+                len: 4096,
+                offset: 0,
+            },
+        ];
+        let mut out: Vec<Option<io::Result<u64>>> = vec![None, None];
+        let t = std::time::Instant::now();
+        let s = ring.write_all_within(&ops, &mut out, std::time::Duration::from_millis(200));
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(s.stalled && s.broken, "{s:?}");
+        assert!(matches!(out[0], Some(Ok(4096))), "{:?}", out[0]);
+        assert!(
+            out[1].is_none(),
+            "the stalled write is handed back: {:?}",
+            out[1]
+        );
+        drop(rd);
     }
 
     /// 20 scattered writes through an 8-entry ring: 3 enters, every byte

@@ -880,6 +880,13 @@ fn write_together(rings: &RingPool, fds: &Fds, batch: &[Write<'_>]) -> Written {
         .collect();
     let mut out: Vec<Option<io::Result<u64>>> = (0..batch.len()).map(|_| None).collect();
     let s = ring.write_all(&ops, &mut out);
+    if s.stalled {
+        log::warn!(
+            "io_uring write-back of {} writes made no progress for {} s: cancelled, written with pwrite instead, and that ring dropped",
+            batch.len(),
+            upager_sys::uring::STALL.as_secs()
+        );
+    }
     if !s.broken {
         rings.put(ring);
     }
