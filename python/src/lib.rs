@@ -462,16 +462,15 @@ impl PyPager {
         let size = size_arg_min(size, "size", 1)?;
         let opts = self.opts(folio)?;
         let pager = self.get()?;
-        let url: Option<StoreUrl> = store.map(str::parse).transpose().map_err(engine_err)?;
+        let url: Option<upager_stores::AnyUrl> =
+            store.map(str::parse).transpose().map_err(engine_err)?;
         let kind = match &url {
             Some(u) => format!("anonymous on {u}"),
             None => "anonymous".into(),
         };
         let region = py.allow_threads(move || match &url {
-            Some(u) => {
-                upager_redis::map_anonymous(&pager, u, size, &opts, &RedisOptions::default())
-                    .map_err(engine_err)
-            }
+            // Far memory: a Redis Cluster, or an S3 bucket or prefix.
+            Some(u) => upager_stores::map_anonymous(&pager, u, size, &opts).map_err(engine_err),
             None => pager.map_anonymous(size, &opts).map_err(engine_err),
         })?;
         Ok(PyRegion::new(region, kind, self.info.clone()))

@@ -253,3 +253,24 @@ def test_memmap_of_a_dataset_writes_back_under_the_budget(s3: Dict[str, str],
     upager.delete_dataset(url)
     with pytest.raises(FileNotFoundError):
         upager.memmap(url, np.float64, mode="r")
+
+
+def test_far_memory_swaps_to_an_s3_prefix(s3: Dict[str, str]) -> None:
+    """Anonymous memory with store="s3://BUCKET/PREFIX/": evicted folios go
+    to objects under a unique name there, and are removed at close; an
+    object URL is refused (anonymous memory swaps to a bucket or prefix)."""
+    with upager.Pager(budget="4MiB") as pager:
+        r = pager.anonymous("16MiB", store=f"s3://{BUCKET}/swap/")
+        x = np.frombuffer(r, dtype=np.uint64)
+        x[::512] = np.arange(len(x[::512]), dtype=np.uint64)
+        assert np.array_equal(x[::512], np.arange(len(x[::512]), dtype=np.uint64))
+        st = pager.stats()
+        assert st["writebacks"] > 0 and st["resident_peak_bytes"] <= 4 * MIB, st
+        del x
+        r.close()
+    out = subprocess.run([str(_cli()), "list", f"s3://{BUCKET}/swap/"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert "swap-" not in out, out
+    with upager.Pager(budget="4MiB") as pager:
+        with pytest.raises(ValueError, match="bucket or a prefix"):
+            pager.anonymous("1MiB", store=f"s3://{BUCKET}/an/object")

@@ -315,9 +315,18 @@ struct upager_map_options {
                         from AWS_* variables or ~/.aws, as the AWS SDKs read
                         them): upager_map_file(pager, NULL, opts, out) maps
                         it read-only (64 KiB folios unless set; a fault is
-                        one ranged GET). -EROFS with UPAGER_MAP_WRITE or for
-                        upager_map_anonymous(), -ENOENT (no such object or
-                        bucket), -EACCES (credentials refused). */
+                        one ranged GET). -EROFS with UPAGER_MAP_WRITE,
+                        -ENOENT (no such object or bucket), -EACCES
+                        (credentials refused). A prefix URL,
+                        "s3://BUCKET/NAME/", names a read-write dataset
+                        (made with `upager load FILE s3://BUCKET/NAME/`):
+                        mapped as the flags ask, each write-back a
+                        conditional PUT (a group another writer changed
+                        fails the write-back: -EIO from upager_flush, the
+                        data kept dirty). upager_map_anonymous() with
+                        "s3://BUCKET/" or "s3://BUCKET/PREFIX/" swaps to
+                        objects under it, removed at unmap; with an object
+                        URL it is -EINVAL. */
 };
 
 /* Fills *opts with the defaults (including opts->size). NULL is ignored. */

@@ -705,19 +705,8 @@ pub unsafe extern "C" fn upager_map_anonymous(
         }
         // SAFETY: `o` came from the caller's initialised options.
         let region = match unsafe { store_url(&o) }? {
-            Some(upager_stores::AnyUrl::Redis(url)) => upager_redis::map_anonymous(
-                &h.pager,
-                &url,
-                length,
-                &m,
-                &upager_redis::RedisOptions::default(),
-            )?,
-            Some(upager_stores::AnyUrl::S3(url)) => {
-                return Err(Failure::new(
-                    libc::EROFS,
-                    format!("{url}: an anonymous region swaps to a Redis Cluster (redis-cluster://...); an s3:// object is read-only: leave upager_map_options.store NULL for private swap"),
-                ))
-            }
+            // Far memory: a Redis Cluster, or an S3 bucket or prefix.
+            Some(url) => upager_stores::map_anonymous(&h.pager, &url, length, &m)?,
             None => h.pager.map_anonymous(length, &m)?,
         };
         // SAFETY: as above.

@@ -145,6 +145,11 @@ pub enum DatasetError {
         /// The manifest's key.
         key: String,
     },
+    /// {url}: anonymous memory swaps to a bucket or a prefix (s3://BUCKET/ or s3://BUCKET/PREFIX/), not to an object
+    SwapUrl {
+        /// The URL.
+        url: String,
+    },
     /// {url}: the dataset is incomplete (an upload is running or was interrupted): wait for it, or remove it with `upager delete {url}`
     Incomplete {
         /// The URL.
@@ -215,7 +220,9 @@ impl upager::ErrorCode for DatasetError {
             DatasetError::NoDataset { .. } => libc::ENOENT,
             DatasetError::Exists { .. } => libc::EEXIST,
             DatasetError::Busy { .. } | DatasetError::Incomplete { .. } => libc::EBUSY,
-            DatasetError::NotDataset { .. } | DatasetError::Group { .. } => libc::EINVAL,
+            DatasetError::NotDataset { .. }
+            | DatasetError::SwapUrl { .. }
+            | DatasetError::Group { .. } => libc::EINVAL,
             DatasetError::Cancelled { .. } => libc::ECANCELED,
             DatasetError::Timeout { .. } => libc::ETIMEDOUT,
             _ => libc::EIO,
@@ -291,6 +298,8 @@ struct Conn {
     url: S3Url,
     /// The key prefix, with its trailing '/'.
     prefix: String,
+    /// The endpoint, for messages.
+    endpoint: String,
     guard: std::time::Duration,
     /// Last: dropped after the client, without waiting (see `Drop`).
     rt: Option<tokio::runtime::Runtime>,
@@ -316,6 +325,10 @@ impl Conn {
             client: store::client(url, &res, opts)?,
             url: url.clone(),
             prefix: url.key.clone(),
+            endpoint: res
+                .endpoint
+                .clone()
+                .unwrap_or_else(|| format!("AWS S3 ({})", res.region)),
             guard: opts.timeout * 4 + opts.retry_for,
             rt: Some(store::runtime(url, opts.threads)?),
         })
@@ -422,6 +435,25 @@ pub struct S3Dataset {
     stripes: Vec<Mutex<()>>,
     counters: Counters,
     changed_logged: AtomicBool,
+    /// Swap space of anonymous regions ([`S3Dataset::swap`]): one writer
+    /// by construction (a unique name), so no versions and no manifest;
+    /// its objects are removed when the store is dropped.
+    swap: bool,
+}
+
+impl Drop for S3Dataset {
+    fn drop(&mut self) {
+        if self.swap {
+            let removed = self.conn.keys().and_then(|k| self.conn.delete_keys(k));
+            if let Err(e) = removed {
+                log::warn!(
+                    "could not remove the swap space {}: {e} (remove it with `upager delete {}`)",
+                    self.conn.url,
+                    self.conn.url
+                );
+            }
+        }
+    }
 }
 
 impl fmt::Debug for S3Dataset {
@@ -464,18 +496,23 @@ impl S3Dataset {
         env: &dyn config::Env,
     ) -> Result<Arc<S3Dataset>, DatasetError> {
         let conn = Conn::new(url, opts, env)?;
-        let res = config::resolve(url, env).map_err(OpenError::from)?;
-        let endpoint = res
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| format!("AWS S3 ({})", res.region));
         let manifest = match conn.manifest()? {
             Some((m, _)) => m,
             None => return Err(missing(&conn)?),
         };
-        Ok(Arc::new(S3Dataset {
+        Ok(Self::with(conn, manifest, writable, false, opts))
+    }
+
+    fn with(
+        conn: Conn,
+        manifest: Manifest,
+        writable: bool,
+        swap: bool,
+        opts: &S3Options,
+    ) -> Arc<S3Dataset> {
+        Arc::new(S3Dataset {
+            endpoint: conn.endpoint.clone(),
             conn,
-            endpoint,
             manifest,
             writable,
             part: opts.part,
@@ -484,7 +521,53 @@ impl S3Dataset {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             counters: Counters::default(),
             changed_logged: AtomicBool::new(false),
-        }))
+            swap,
+        })
+    }
+
+    /// Swap space for anonymous regions (far memory) under the prefix
+    /// `url` names (`s3://BUCKET/PREFIX/`): a dataset of a unique name
+    /// `PREFIX/swap-PID-TIME-N/` with no length limit and no manifest, in
+    /// groups of `folio` (a region's slot is one object: a write-back is a
+    /// PUT, never a read-modify-write), punched slots deleted, every
+    /// object removed when the store is dropped. Settings from `env`.
+    pub fn swap(
+        url: &S3Url,
+        folio: u64,
+        opts: &S3Options,
+        env: &dyn config::Env,
+    ) -> Result<Arc<S3Dataset>, DatasetError> {
+        check_group(url, folio)?;
+        if !(url.key.is_empty() || is_dataset(url)) {
+            return Err(DatasetError::SwapUrl {
+                url: url.to_string(),
+            });
+        }
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let prefix = if is_dataset(url) {
+            url.key.clone()
+        } else {
+            String::new()
+        };
+        let name = format!(
+            "{prefix}swap-{}-{nanos:x}-{}/",
+            std::process::id(),
+            N.fetch_add(1, Relaxed)
+        );
+        let url = url.with_key(&name);
+        let conn = Conn::new(&url, opts, env)?;
+        // The bucket must be there: one listing says (a missing one is a
+        // clear error now, not a SIGBUS at the first eviction).
+        conn.keys()?;
+        let manifest = Manifest {
+            len: u64::MAX,
+            group: folio,
+        };
+        Ok(Self::with(conn, manifest, true, true, opts))
     }
 
     /// Size and group.
@@ -682,7 +765,9 @@ impl S3Dataset {
                 }
                 None => dst.fill(0),
             }
-            if ver == Version::Unknown {
+            // A read-only store keeps no versions (it writes nothing back,
+            // and a writable one's table costs ~100 bytes per group seen).
+            if ver == Version::Unknown && self.writable && !self.swap {
                 // The first piece read of a group sets its version; another
                 // piece of it read at another version is a change.
                 match self.version(g) {
@@ -789,9 +874,21 @@ impl upager::Store for S3Dataset {
                 (g, covered == self.group_len(g), self.version(g))
             })
             .collect();
+        // Swap space has one writer: whole-group PUTs, no versions.
+        let plans: Vec<(u64, bool, Version)> = if self.swap {
+            plans
+                .into_iter()
+                .map(|(g, whole, _)| (g, whole, Version::Unknown))
+                .collect()
+        } else {
+            plans
+        };
         let bases = plans.iter().map(|(g, whole, ver)| async move {
             let glen = self.group_len(*g);
             if *whole {
+                if self.swap {
+                    return Ok((None, Version::Unknown));
+                }
                 if *ver != Version::Unknown {
                     return Ok((None, ver.clone()));
                 }
@@ -894,7 +991,9 @@ impl upager::Store for S3Dataset {
                     match r {
                         Ok(p) => {
                             c.puts.fetch_add(1, Relaxed);
-                            self.set_version(g, p.e_tag.map_or(Version::Unknown, Version::Tag));
+                            if !self.swap {
+                                self.set_version(g, p.e_tag.map_or(Version::Unknown, Version::Tag));
+                            }
                         }
                         Err(
                             object_store::Error::Precondition { .. }
@@ -937,7 +1036,24 @@ impl upager::Store for S3Dataset {
         Ok(())
     }
 
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        if !self.swap {
+            return Ok(()); // a dataset's groups are its data
+        }
+        let gs = self.manifest.group;
+        let keys: Vec<ObjPath> = (offset.div_ceil(gs)..(offset + len) / gs)
+            .map(|g| self.conn.group_key(g))
+            .collect();
+        let _locks = self.lock(offset.div_ceil(gs)..(offset + len) / gs);
+        self.conn
+            .delete_keys(keys)
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
     fn describe(&self) -> String {
+        if self.swap {
+            return format!("S3 swap space {} at {}", self.conn.url, self.endpoint);
+        }
         format!(
             "S3 dataset {} at {} ({} bytes in groups of {})",
             self.conn.url, self.endpoint, self.manifest.len, self.manifest.group
@@ -958,7 +1074,9 @@ fn check_group(url: &S3Url, group: u64) -> Result<(), DatasetError> {
 
 /// Makes an empty dataset of `len` bytes (it reads as zeros): one PUT of
 /// its manifest with If-None-Match: * ([`DatasetError::Exists`] if there
-/// is one).
+/// is one; [`DatasetError::Incomplete`] if objects of an unfinished upload
+/// or delete are under the prefix: `delete` removes them). Settings from
+/// `env` ([`config::ProcessEnv`]: the process's environment and profile).
 pub fn create(
     url: &S3Url,
     len: u64,
@@ -968,6 +1086,14 @@ pub fn create(
 ) -> Result<(), DatasetError> {
     check_group(url, group)?;
     let conn = Conn::new(url, opts, env)?;
+    // Objects under the prefix but no manifest: an upload or a delete that
+    // did not finish; its groups would show through the new dataset.
+    let keys = conn.keys()?;
+    if !keys.is_empty() && !keys.contains(&conn.key(MANIFEST)) {
+        return Err(DatasetError::Incomplete {
+            url: url.to_string(),
+        });
+    }
     put_manifest(&conn, Manifest { len, group })
 }
 
@@ -1004,8 +1130,10 @@ fn put_manifest(conn: &Conn, m: Manifest) -> Result<(), DatasetError> {
 /// bytes (groups of zeros are not stored), many PUTs in flight, then its
 /// manifest. The name is claimed first ([`DatasetError::Busy`] if another
 /// upload holds it, [`DatasetError::Exists`] if a dataset is there); on an
-/// error, or when `cancel` is set, what was written is removed. `progress`
-/// gets (bytes done, bytes in all) after each step.
+/// error, or when `cancel` is set, what was written is removed; objects
+/// an interrupted delete left under the prefix are removed first.
+/// `progress` gets (bytes done, bytes in all) after each step. Settings
+/// from `env` ([`config::ProcessEnv`] for the process's).
 pub fn load(
     url: &S3Url,
     path: &Path,
@@ -1074,6 +1202,10 @@ pub fn load(
             url: url.to_string(),
         });
     }
+    // A new upload starts clean: groups of zeros are not stored, so a
+    // group left by an interrupted delete would show through.
+    let stale: Vec<ObjPath> = conn.keys()?.into_iter().filter(|k| *k != claim).collect();
+    conn.delete_keys(stale)?;
     let m = Manifest { len, group };
     let res = (|| {
         use std::io::Read;
@@ -1182,6 +1314,9 @@ pub fn list(
         if let Some(name) = k.strip_suffix(&format!("/{MANIFEST}")) {
             found.insert(format!("{name}/"), true);
         } else if let Some(name) = k.strip_suffix(&format!("/{CLAIM}")) {
+            found.entry(format!("{name}/")).or_insert(false);
+        } else if let Some((name, _)) = k.rsplit_once("/g/") {
+            // Groups with neither: a delete that did not finish.
             found.entry(format!("{name}/")).or_insert(false);
         }
     }

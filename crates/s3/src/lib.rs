@@ -99,6 +99,23 @@ pub fn map(
     Ok(pager.map_store(st, &opts)?)
 }
 
+/// Maps `len` bytes of anonymous memory that swaps to an S3 store (far
+/// memory): objects of a unique dataset under the prefix `url` names
+/// (`s3://BUCKET/` or `s3://BUCKET/PREFIX/`), one per evicted folio
+/// ([`S3Dataset::swap`]), removed when the region's store goes. The folio
+/// is [`DEFAULT_FOLIO`] unless `opts` sets one (64 KiB-64 MiB).
+pub fn map_anonymous(
+    pager: &upager::Pager,
+    url: &S3Url,
+    len: u64,
+    opts: &upager::MapOptions,
+    s3: &S3Options,
+) -> Result<upager::Region, MapUrlError> {
+    let folio = opts.folio_set().unwrap_or(DEFAULT_FOLIO);
+    let st = S3Dataset::swap(url, folio, s3, &config::ProcessEnv)?;
+    Ok(pager.map_anonymous_on(st, len, &opts.clone().folio(folio))?)
+}
+
 /// An object could not be uploaded or deleted.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 #[non_exhaustive]

@@ -638,6 +638,10 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
     let file = dir.path().join("f");
     std::fs::write(&file, pattern(2 * MIB, 3)).unwrap();
     let url = s.url("datasets", "rw/cut/");
+    let load = |url: &upager_s3::S3Url, file: &std::path::Path| {
+        let go = std::sync::atomic::AtomicBool::new(false);
+        dataset::load(url, file, MIB, &opts, &env, &go, &mut |_, _| {})
+    };
     let e = dataset::load(
         &url,
         &file,
@@ -657,16 +661,7 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
     o.put("rw/cut/g/0000000000", pattern(MIB, 3)).unwrap();
     let e = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap_err();
     assert!(matches!(e, DatasetError::Incomplete { .. }), "{e}");
-    let e = dataset::load(
-        &url,
-        &file,
-        MIB,
-        &opts,
-        &env,
-        &std::sync::atomic::AtomicBool::new(false),
-        &mut |_, _| {},
-    )
-    .unwrap_err();
+    let e = load(&url, &file).unwrap_err();
     assert!(matches!(e, DatasetError::Busy { .. }), "{e}");
     let all = dataset::list(&s.url("datasets", "rw/"), &opts, &env).unwrap();
     assert!(
@@ -674,15 +669,25 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
         "{all:?}"
     );
     assert_eq!(dataset::delete(&url, &opts, &env).unwrap(), 2);
-    dataset::load(
-        &url,
-        &file,
-        MIB,
-        &opts,
-        &env,
-        &std::sync::atomic::AtomicBool::new(false),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    load(&url, &file).unwrap();
+    dataset::delete(&url, &opts, &env).unwrap();
+
+    // A delete that stopped half-way leaves a group and nothing else:
+    // listed as incomplete, create refused; a load starts clean (its
+    // zero group is not stored, and the old one does not show through).
+    o.put("rw/cut/g/0000000001", pattern(MIB, 9)).unwrap();
+    let all = dataset::list(&s.url("datasets", "rw/"), &opts, &env).unwrap();
+    assert!(
+        all.iter().any(|d| d.name == "rw/cut/" && d.len.is_none()),
+        "{all:?}"
+    );
+    let e = dataset::create(&url, MIB, MIB, &opts, &env).unwrap_err();
+    assert!(matches!(e, DatasetError::Incomplete { .. }), "{e}");
+    std::fs::write(&file, vec![0u8; 2 * MIB as usize]).unwrap();
+    load(&url, &file).unwrap();
+    let st = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap();
+    let mut buf = vec![1u8; MIB as usize];
+    st.read_at(&mut buf, MIB).unwrap();
+    assert!(buf.iter().all(|&b| b == 0), "the old group showed through");
     dataset::delete(&url, &opts, &env).unwrap();
 }

@@ -108,6 +108,24 @@ pub fn map(
     })
 }
 
+/// Maps `len` bytes of anonymous memory that swaps to the store `url`
+/// names (far memory), with its store's default options: a Redis Cluster
+/// ([`upager_redis::map_anonymous`]) or an S3 bucket or prefix
+/// ([`upager_s3::map_anonymous`]).
+pub fn map_anonymous(
+    pager: &upager::Pager,
+    url: &AnyUrl,
+    len: u64,
+    opts: &upager::MapOptions,
+) -> Result<upager::Region, MapError> {
+    Ok(match url {
+        AnyUrl::Redis(u) => {
+            upager_redis::map_anonymous(pager, u, len, opts, &RedisOptions::default())?
+        }
+        AnyUrl::S3(u) => upager_s3::map_anonymous(pager, u, len, opts, &S3Options::default())?,
+    })
+}
+
 /// Opens the dataset or object `url` names read-only, with its store's
 /// default options.
 pub fn open(url: &AnyUrl) -> Result<Arc<dyn upager::Store>, OpenError> {

@@ -1,8 +1,10 @@
 /* An object of an S3-compatible store from C (issue 31): with opts.store =
  * "s3://BUCKET/KEY", upager_map_file(pager, NULL, opts) maps the object
  * read-only under a budget a quarter of its size (every word right); a
- * writable map is -EROFS, an anonymous region swapping to it -EROFS, a
- * missing object -ENOENT, each with a message.
+ * writable map is -EROFS, an anonymous region swapping to an object
+ * -EINVAL (it swaps to a bucket or prefix: then every word written four
+ * budgets' worth reads back), a missing object -ENOENT, each with a
+ * message.
  *   store_s3 s3://BUCKET/KEY BYTES   (an object of BYTES bytes of pattern();
  *   credentials and endpoint from AWS_* as the AWS SDKs read them)
  * Run by python/tests/test_s3.py, which owns the server and the object. */
@@ -48,9 +50,29 @@ int main(int argc, char **argv) {
     CHECK(strstr(upager_last_error(), "read-only") != NULL, "%s",
           upager_last_error());
     mo.flags = 0;
-    check_rc(upager_map_anonymous(pg, MIB, &mo, &r), -EROFS, "anonymous");
-    CHECK(strstr(upager_last_error(), "read-only") != NULL, "%s",
+    check_rc(upager_map_anonymous(pg, MIB, &mo, &r), -EINVAL, "anonymous on an object");
+    CHECK(strstr(upager_last_error(), "prefix") != NULL, "%s",
           upager_last_error());
+
+    /* Anonymous memory swapping to the bucket's prefix swap/ (far memory):
+     * four budgets' worth written, every word back. */
+    char prefix[600];
+    const char *slash = strchr(url + strlen("s3://"), '/');
+    CHECK(slash != NULL, "no key in %s", url);
+    snprintf(prefix, sizeof prefix, "%.*sswap/", (int)(slash + 1 - url), url);
+    mo.store = prefix;
+    uint64_t alen = len;
+    check_rc(upager_map_anonymous(pg, alen, &mo, &r), 0, "anonymous on s3 swap");
+    uint64_t *a = upager_region_addr(r);
+    for (uint64_t i = 0; i < alen / 8; i += 512)
+        a[i] = pattern(i) ^ 0x5a5a;
+    for (uint64_t i = 0; i < alen / 8; i += 512)
+        CHECK(a[i] == (pattern(i) ^ 0x5a5a), "swapped word %" PRIu64, i);
+    uint64_t evicted = 0;
+    check_rc(upager_stat(pg, "evictions", &evicted), 0, "evictions");
+    CHECK(evicted > 0, "nothing was swapped out");
+    check_rc(upager_unmap(r, 0), 0, "upager_unmap(anonymous)");
+    mo.store = url;
 
     /* No such object. */
     char missing[600];
