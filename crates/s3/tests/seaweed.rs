@@ -459,6 +459,19 @@ fn a_server_killed_mid_scan_ends_the_access_in_sigbus_not_a_hang() {
     assert!(took < Duration::from_secs(20), "{took:?}");
 }
 
+/// `dataset::load` without progress; `cancelled`: with the cancel flag set.
+fn load_dataset(
+    url: &upager_s3::S3Url,
+    file: &std::path::Path,
+    group: u64,
+    env: &TestEnv,
+    cancelled: bool,
+) -> Result<upager_s3::dataset::Manifest, upager_s3::DatasetError> {
+    let cancel = std::sync::atomic::AtomicBool::new(cancelled);
+    let opts = S3Options::default();
+    upager_s3::dataset::load(url, file, group, &opts, env, &cancel, &mut |_, _| {})
+}
+
 /// A dataset (`s3://BUCKET/NAME/`) loaded from a file, mapped writable
 /// under a budget smaller than it: every byte reads back, scattered writes
 /// go back as read-modify-writes of their groups and whole-group PUTs, and
@@ -500,16 +513,7 @@ fn a_dataset_loads_maps_writable_and_keeps_every_write() {
         "manifest + 7 groups less the zero one: {keys:?}"
     );
     // A second load, or a create, of the name is refused; nothing changes.
-    let e = dataset::load(
-        &url,
-        &file,
-        group,
-        &opts,
-        &env,
-        &std::sync::atomic::AtomicBool::new(false),
-        &mut |_, _| {},
-    )
-    .unwrap_err();
+    let e = load_dataset(&url, &file, group, &env, false).unwrap_err();
     assert!(matches!(e, DatasetError::Exists { .. }), "{e}");
     assert_eq!(e.errno(), libc::EEXIST);
     let e = dataset::create(&url, MIB, group, &opts, &env).unwrap_err();
@@ -638,20 +642,7 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
     let file = dir.path().join("f");
     std::fs::write(&file, pattern(2 * MIB, 3)).unwrap();
     let url = s.url("datasets", "rw/cut/");
-    let load = |url: &upager_s3::S3Url, file: &std::path::Path| {
-        let go = std::sync::atomic::AtomicBool::new(false);
-        dataset::load(url, file, MIB, &opts, &env, &go, &mut |_, _| {})
-    };
-    let e = dataset::load(
-        &url,
-        &file,
-        MIB,
-        &opts,
-        &env,
-        &std::sync::atomic::AtomicBool::new(true),
-        &mut |_, _| {},
-    )
-    .unwrap_err();
+    let e = load_dataset(&url, &file, MIB, &env, true).unwrap_err();
     assert!(matches!(e, DatasetError::Cancelled { .. }), "{e}");
     assert!(s.objects("datasets").list("rw/cut").unwrap().is_empty());
     // A killed upload leaves its claim and groups: invisible, incomplete.
@@ -661,7 +652,7 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
     o.put("rw/cut/g/0000000000", pattern(MIB, 3)).unwrap();
     let e = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap_err();
     assert!(matches!(e, DatasetError::Incomplete { .. }), "{e}");
-    let e = load(&url, &file).unwrap_err();
+    let e = load_dataset(&url, &file, MIB, &env, false).unwrap_err();
     assert!(matches!(e, DatasetError::Busy { .. }), "{e}");
     let all = dataset::list(&s.url("datasets", "rw/"), &opts, &env).unwrap();
     assert!(
@@ -669,7 +660,7 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
         "{all:?}"
     );
     assert_eq!(dataset::delete(&url, &opts, &env).unwrap(), 2);
-    load(&url, &file).unwrap();
+    load_dataset(&url, &file, MIB, &env, false).unwrap();
     dataset::delete(&url, &opts, &env).unwrap();
 
     // A delete that stopped half-way leaves a group and nothing else:
@@ -684,7 +675,7 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
     let e = dataset::create(&url, MIB, MIB, &opts, &env).unwrap_err();
     assert!(matches!(e, DatasetError::Incomplete { .. }), "{e}");
     std::fs::write(&file, vec![0u8; 2 * MIB as usize]).unwrap();
-    load(&url, &file).unwrap();
+    load_dataset(&url, &file, MIB, &env, false).unwrap();
     let st = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap();
     let mut buf = vec![1u8; MIB as usize];
     st.read_at(&mut buf, MIB).unwrap();
