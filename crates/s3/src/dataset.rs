@@ -426,7 +426,6 @@ impl Conn {
 /// One dataset as a store. See the module doc for the contract.
 pub struct S3Dataset {
     conn: Conn,
-    endpoint: String,
     manifest: Manifest,
     writable: bool,
     part: u64,
@@ -461,7 +460,7 @@ impl fmt::Debug for S3Dataset {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("S3Dataset")
             .field("url", &self.conn.url.to_string())
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &self.conn.endpoint)
             .field("manifest", &self.manifest)
             .field("writable", &self.writable)
             .finish_non_exhaustive()
@@ -511,7 +510,6 @@ impl S3Dataset {
         opts: &S3Options,
     ) -> Arc<S3Dataset> {
         Arc::new(S3Dataset {
-            endpoint: conn.endpoint.clone(),
             conn,
             manifest,
             writable,
@@ -610,12 +608,21 @@ impl S3Dataset {
             .collect()
     }
 
+    /// What this store knows of group `g`'s version. Only a writable
+    /// dataset keeps versions: a read-only one writes nothing back (and the
+    /// table costs ~100 bytes per group seen), swap space has one writer.
     fn version(&self, g: u64) -> Version {
+        if !self.writable || self.swap {
+            return Version::Unknown;
+        }
         let v = self.versions.lock().unwrap_or_else(|p| p.into_inner());
         v.get(&g).cloned().unwrap_or(Version::Unknown)
     }
 
     fn set_version(&self, g: u64, ver: Version) {
+        if !self.writable || self.swap {
+            return;
+        }
         let mut v = self.versions.lock().unwrap_or_else(|p| p.into_inner());
         v.insert(g, ver);
     }
@@ -703,14 +710,14 @@ impl S3Dataset {
                 format!(
                     "{}: no answer from {} within {} s for the {what} of group {g} ({span})",
                     self.conn.url,
-                    self.endpoint,
+                    self.conn.endpoint,
                     self.conn.guard.as_secs()
                 ),
             ),
             ReqError::Client(e) => io::Error::other(format!(
                 "{}: the {what} of group {g} ({span}) at {} failed after the client's retries: {}",
                 self.conn.url,
-                self.endpoint,
+                self.conn.endpoint,
                 store::error_chain(&e)
             )),
         }
@@ -765,9 +772,7 @@ impl S3Dataset {
                 }
                 None => dst.fill(0),
             }
-            // A read-only store keeps no versions (it writes nothing back,
-            // and a writable one's table costs ~100 bytes per group seen).
-            if ver == Version::Unknown && self.writable && !self.swap {
+            if ver == Version::Unknown {
                 // The first piece read of a group sets its version; another
                 // piece of it read at another version is a change.
                 match self.version(g) {
@@ -874,22 +879,11 @@ impl upager::Store for S3Dataset {
                 (g, covered == self.group_len(g), self.version(g))
             })
             .collect();
-        // Swap space has one writer: whole-group PUTs, no versions.
-        let plans: Vec<(u64, bool, Version)> = if self.swap {
-            plans
-                .into_iter()
-                .map(|(g, whole, _)| (g, whole, Version::Unknown))
-                .collect()
-        } else {
-            plans
-        };
         let bases = plans.iter().map(|(g, whole, ver)| async move {
             let glen = self.group_len(*g);
             if *whole {
-                if self.swap {
-                    return Ok((None, Version::Unknown));
-                }
-                if *ver != Version::Unknown {
+                // Swap space has one writer: no HEAD, an unconditional PUT.
+                if self.swap || *ver != Version::Unknown {
                     return Ok((None, ver.clone()));
                 }
                 return match self.conn.client.head(&self.conn.group_key(*g)).await {
@@ -911,7 +905,16 @@ impl upager::Store for S3Dataset {
                 .await
         };
         let bases = store::run(self.conn.rt(), self.conn.guard, all);
-        // Step 2 (this thread): each group's new bytes.
+        // Step 2 (this thread): each group's new bytes, from one copy of
+        // each write.
+        let srcs: Vec<Vec<u8>> = batch
+            .iter()
+            .map(|w| {
+                let mut b = vec![0u8; w.src.len()];
+                w.src.copy_to(&mut b);
+                b
+            })
+            .collect();
         let mut group_err: HashMap<u64, io::Error> = HashMap::new();
         let mut puts = Vec::new();
         match bases {
@@ -933,12 +936,9 @@ impl upager::Store for S3Dataset {
                                 _ => vec![0u8; glen],
                             };
                             for (i, r, from) in &by_group[g] {
-                                let src = &batch[*i].src;
                                 let n = (r.end - r.start) as usize;
-                                let mut tmp = vec![0u8; src.len()];
-                                src.copy_to(&mut tmp);
                                 data[r.start as usize..r.start as usize + n]
-                                    .copy_from_slice(&tmp[*from..*from + n]);
+                                    .copy_from_slice(&srcs[*i][*from..*from + n]);
                             }
                             puts.push((*g, data, seen));
                         }
@@ -991,9 +991,7 @@ impl upager::Store for S3Dataset {
                     match r {
                         Ok(p) => {
                             c.puts.fetch_add(1, Relaxed);
-                            if !self.swap {
-                                self.set_version(g, p.e_tag.map_or(Version::Unknown, Version::Tag));
-                            }
+                            self.set_version(g, p.e_tag.map_or(Version::Unknown, Version::Tag));
                         }
                         Err(
                             object_store::Error::Precondition { .. }
@@ -1052,11 +1050,11 @@ impl upager::Store for S3Dataset {
 
     fn describe(&self) -> String {
         if self.swap {
-            return format!("S3 swap space {} at {}", self.conn.url, self.endpoint);
+            return format!("S3 swap space {} at {}", self.conn.url, self.conn.endpoint);
         }
         format!(
             "S3 dataset {} at {} ({} bytes in groups of {})",
-            self.conn.url, self.endpoint, self.manifest.len, self.manifest.group
+            self.conn.url, self.conn.endpoint, self.manifest.len, self.manifest.group
         )
     }
 }

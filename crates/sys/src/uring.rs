@@ -188,6 +188,9 @@ impl WriteRing {
                     && inflight > 0
                 {
                     // A stall: cancel what is in flight, then wait for it.
+                    // (An enter that submits returns its count, not ETIME, so
+                    // this is reached only once every op was submitted: the
+                    // cancel covers all that is left.)
                     let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
                         .build()
                         .user_data(CANCEL_TAG);
