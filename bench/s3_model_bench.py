@@ -59,8 +59,9 @@ import sys
 import time
 from typing import Any, Dict, List
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "seaweedfs.sh"
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from s3bench_common import Mount, Weed, cli, have_s3fs  # noqa: E402
+
 PORT = 22600
 BUCKET = "upager-bench"
 KEY = "models/model.safetensors"
@@ -126,67 +127,6 @@ print(json.dumps(dict(first=t_first, all=t_all, import_s=t_import, peak_rss=rss,
 '''
 
 
-def script(*args: str, timeout: float = 300) -> str:
-    env = dict(os.environ, UPAGER_WEED_PORT=str(PORT), UPAGER_WEED_TIMEOUT="90")
-    out = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True,
-                         text=True, timeout=timeout, check=False)
-    if out.returncode != 0:
-        sys.exit(f"seaweedfs.sh {' '.join(args)}: {out.stderr.strip()}")
-    return out.stdout
-
-
-def have_s3fs() -> bool:
-    """s3fs-fuse is there, or was installed now (as root, from Debian)."""
-    import shutil
-    if shutil.which("s3fs"):
-        return True
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "install", "-y", "-qq", "s3fs"], env=env,
-                       capture_output=True, timeout=600, check=False)
-    return shutil.which("s3fs") is not None
-
-
-class Mount:
-    """The bench bucket mounted read-only with s3fs-fuse at a fresh
-    directory (cold page cache), unmounted on exit."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.dir = pathlib.Path(f"/dev/shm/upager-s3fs-mnt-{os.getpid()}")
-        self.passwd = pathlib.Path(f"/dev/shm/upager-s3fs-passwd-{os.getpid()}")
-
-    def __enter__(self) -> pathlib.Path:
-        self.dir.mkdir(exist_ok=True)
-        self.passwd.write_text(
-            f"{os.environ['AWS_ACCESS_KEY_ID']}:{os.environ['AWS_SECRET_ACCESS_KEY']}\n")
-        self.passwd.chmod(0o600)
-        subprocess.run(["s3fs", BUCKET, str(self.dir), "-o", f"url={self.endpoint}",
-                        "-o", "use_path_request_style", "-o", f"passwd_file={self.passwd}",
-                        "-o", "ro", "-o", "endpoint=us-east-1"],
-                       check=True, timeout=60, capture_output=True)
-        deadline = time.monotonic() + 30
-        while not (self.dir / KEY).exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"s3fs mount at {self.dir} shows no {KEY}")
-            time.sleep(0.1)
-        return self.dir / KEY
-
-    def __exit__(self, *exc: Any) -> None:
-        subprocess.run(["fusermount", "-u", str(self.dir)], timeout=60, check=False,
-                       capture_output=True)
-        self.passwd.unlink(missing_ok=True)
-        try:
-            self.dir.rmdir()
-        except OSError:
-            pass
-
-
-def cli() -> pathlib.Path:
-    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    return pathlib.Path(os.environ.get("UPAGER_CLI", target / "release" / "upager"))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,15 +148,7 @@ def main() -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    script("build", timeout=3600)
-    os.environ["UPAGER_WEED_OWNER"] = str(os.getpid())
-    script("start", timeout=600)
-    del os.environ["UPAGER_WEED_OWNER"]
-    try:
-        for part in script("env").replace("export ", "").split():
-            k, _, v = part.partition("=")
-            os.environ[k] = v
-        script("mb", BUCKET)
+    with Weed(PORT, BUCKET):
         rng = np.random.default_rng(5)
         cols = 1024
         rows = a.tensor_mib * (1 << 20) // 4 // cols
@@ -242,7 +174,8 @@ def main() -> None:
         for r in range(a.rounds):
             for side in sides:
                 tmp = f"/dev/shm/upager-s3-model-dl-{os.getpid()}"
-                mount = Mount(os.environ["AWS_ENDPOINT_URL"]) if side == "s3fs-fuse" else None
+                mount = (Mount(os.environ["AWS_ENDPOINT_URL"], BUCKET, KEY)
+                         if side == "s3fs-fuse" else None)
                 if mount is not None:
                     tmp = str(mount.__enter__())
                 try:
@@ -262,8 +195,6 @@ def main() -> None:
                 print(f"[{r + 1}/{a.rounds}] {side:9} first {res['first']:.3f} s  all "
                       f"{res['all']:.3f} s  peak RSS {res['peak_rss'] / (1 << 20):.0f} MiB"
                       f"  bad {bad}", flush=True)
-    finally:
-        script("stop")
     summary = {}
     for side in sides:
         rs = [x for x in runs if x["side"] == side]

@@ -170,6 +170,11 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 /// "record": always record anew. Counters `replay_reads`, `replay_hits`,
 /// `replay_wasted`; `upager trace FILE` shows a file's trace.
 ///
+/// `readahead` (default None): the largest readahead window of a
+/// sequential stream, 2 MiB, or what a region's store asks for (an S3
+/// object's regions 16 MiB: many GETs in flight); set, it holds for every
+/// region; 0 turns readahead off.
+///
 /// `readahead_async` (default True): once a sequential stream's readahead
 /// window has grown to its largest, the prefetch thread reads the next
 /// window on another CPU while the stream's own fault reads this one
@@ -846,6 +851,23 @@ impl PyRegion {
             }
         }
         Ok(())
+    }
+
+    /// Reads the folios holding the bytes at `offsets` (a buffer of uint64,
+    /// e.g. a numpy array, or a sequence of ints) in now, in this thread,
+    /// in batches whose reads go to the store together (an object store's
+    /// GETs in flight at once, where faults one at a time would each wait
+    /// a round trip). Resident folios are skipped; any order, repeats
+    /// allowed; stops early rather than evict more than a batch per batch,
+    /// so keep a call's folios well under the budget. Returns the folios
+    /// read. PagedArray's fancy indexing calls it for large index arrays.
+    fn fetch(&self, py: Python<'_>, offsets: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let offs: Vec<u64> = match pyo3::buffer::PyBuffer::<u64>::get(offsets) {
+            Ok(b) => b.to_vec(py)?,
+            Err(_) => offsets.extract()?,
+        };
+        let r = self.get()?;
+        py.allow_threads(move || r.fetch(&offs)).map_err(engine_err)
     }
 
     /// Makes [offset, offset+length) resident now, in the calling thread, as

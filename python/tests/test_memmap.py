@@ -312,3 +312,34 @@ def test_the_migration_page_example_runs(scratch):
     r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", example], cwd=scratch,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_large_gather_reads_its_folios_first_and_equals_numpys(data64):
+    """Fancy indexing with a large index array reads the folios it needs in
+    batches (Region.fetch) before gathering, so the gather itself faults
+    little (only where the fetch stopped for room, or reclaim took a
+    fetched folio first; numpy's own gather faults ~5000 times); the result equals numpy's for every kind of index (negative,
+    repeated, a list, rows of a 2-D array), and a bad index raises numpy's
+    IndexError."""
+    path, words = data64
+    rng = np.random.default_rng(3)
+    idx = rng.integers(-len(words), len(words), 5000)
+    with upager.memmap(path, np.uint64, mode="r", budget="8MiB") as a:
+        before = a.pager_stats()
+        got = a[idx]
+        after = a.pager_stats()
+        assert type(got) is np.ndarray
+        assert np.array_equal(got, words[idx])
+        faults = after["faults_missing"] - before["faults_missing"]
+        assert faults < len(idx) // 20, f"the gather faulted {faults} times"
+        assert after["fills"] - before["fills"] >= 4000  # ~5000 folios of 16384
+        assert after["resident_peak_bytes"] <= 8 * MIB
+        small = [int(i) for i in idx[:100]]
+        assert np.array_equal(a[small], words[small])
+        with pytest.raises(IndexError):
+            a[np.append(idx, len(words))]
+    rows = words.reshape(-1, 64)  # 512-byte rows
+    ridx = rng.integers(0, len(rows), 3000)
+    with upager.memmap(path, np.uint64, mode="r", shape=rows.shape, budget="8MiB") as b:
+        assert np.array_equal(b[ridx], rows[ridx])
+        assert np.array_equal(b[::-1][ridx], rows[::-1][ridx])

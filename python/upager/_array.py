@@ -31,6 +31,12 @@ DEFAULT_BUDGET = "256MiB"
 
 _NUMPY2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
 
+# Fancy indexing with at least this many indices reads the folios it needs
+# first (Region.fetch: batches whose reads go to the store together), then
+# gathers from resident memory (_gather). 0 turns it off; the environment
+# variable UPAGER_GATHER_FETCH_MIN sets it (benchmarks compare both ways).
+GATHER_FETCH_MIN = int(os.environ.get("UPAGER_GATHER_FETCH_MIN", "64"))
+
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 ShapeArg = Union[int, Tuple[int, ...], None]
 SizeArg = Union[int, str]
@@ -200,6 +206,9 @@ class PagedArray(np.memmap):  # type: ignore[type-arg,unused-ignore]
         return arr.view(np.ndarray)
 
     def __getitem__(self, index: Any) -> Any:
+        gathered = _gather(self, index)
+        if gathered is not None:
+            return gathered
         res = np.ndarray.__getitem__(self, index)
         if type(res) is PagedArray and res._mapping is None:
             return res.view(np.ndarray)  # fancy indexing: a copy
@@ -310,6 +319,47 @@ def _byte_bounds(a: np.ndarray) -> Tuple[int, int]:  # type: ignore[type-arg,unu
         byte_bounds = np.byte_bounds  # type: ignore[attr-defined,unused-ignore]
     lo, hi = byte_bounds(a)
     return int(lo), int(hi)
+
+
+def _gather(a: "PagedArray", index: Any) -> Optional[np.ndarray]:  # type: ignore[type-arg,unused-ignore]
+    """``a[index]`` for a 1-D integer index array of at least
+    GATHER_FETCH_MIN entries on the first axis of a region-backed array
+    whose rows each fit in a folio: in chunks of a quarter of the budget,
+    the chunk's folios are read in with Region.fetch (an object store's
+    GETs in flight together, where numpy's gather would fault them in one
+    at a time, a round trip each), then gathered from memory. None where
+    it does not apply (numpy indexes as usual, errors included)."""
+    if GATHER_FETCH_MIN <= 0 or a.ndim < 1 or isinstance(index, tuple):
+        return None
+    if isinstance(index, list):
+        if len(index) < GATHER_FETCH_MIN or not all(type(i) is int for i in index):
+            return None
+        index = np.asarray(index, dtype=np.intp)
+    if (not isinstance(index, np.ndarray) or index.ndim != 1
+            or index.dtype.kind not in "iu" or index.size < GATHER_FETCH_MIN):
+        return None
+    region = a.region
+    if region is None:
+        return None
+    n = a.shape[0]
+    row = a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+    if row == 0 or row > region.folio or (a.ndim > 1 and not a[0:1].flags.c_contiguous):
+        return None
+    idx = index.astype(np.int64, copy=False)
+    if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
+        return None  # numpy raises its IndexError
+    idx = np.where(idx < 0, idx + n, idx)
+    start = a.__array_interface__["data"][0] - region.address
+    stats = region.stats()
+    chunk = max(16, int(stats["budget_bytes"]) // (4 * region.folio))
+    out = np.empty((idx.size,) + a.shape[1:], dtype=a.dtype)
+    plain = a.view(np.ndarray)
+    for c in range(0, idx.size, chunk):
+        part = idx[c:c + chunk]
+        first = start + part * a.strides[0]
+        region.fetch(np.concatenate((first, first + (row - 1))).astype(np.uint64))
+        out[c:c + chunk] = plain[part]
+    return out
 
 
 def _spec(a: PagedArray) -> Optional[Dict[str, Any]]:

@@ -12,7 +12,9 @@
 //!    folios), one thread, against the same reads as single 4 KiB GETs
 //!    one at a time (the limit of a reader that waits for each);
 //!
-//! and prints time, MiB/s, peak resident bytes and bytes fetched. The
+//! and prints time, MiB/s, peak resident bytes and bytes fetched
+//! (`UPAGER_S3_BENCH_ONLY=limit`: the limit alone, the side
+//! bench/s3_array_bench.py compares with). The
 //! process is the only reader; run it in a memory cgroup to bound page
 //! cache (none here: the store has no page cache, the budget is upager's).
 use std::sync::atomic::Ordering::Relaxed;
@@ -55,6 +57,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             st.len() as f64 / el / 1048576.0,
             st.counters().gets
         );
+    }
+
+    if std::env::var("UPAGER_S3_BENCH_ONLY").is_ok_and(|v| v == "limit") {
+        return Ok(());
     }
 
     // 2. A pass through upager (part size and readahead from

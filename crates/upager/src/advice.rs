@@ -267,6 +267,38 @@ impl Region {
         Ok(())
     }
 
+    /// Reads the folios holding the bytes at `offsets` in now, in the
+    /// calling thread, in batches of up to 1 MiB of folios, each batch one
+    /// [`Store::read_batch`](crate::Store::read_batch): a network store
+    /// has a batch's reads in flight together, where faults one at a time
+    /// would each wait a round trip (a GET of an object store: milliseconds).
+    /// For a gather whose index set is known before it runs (numpy fancy
+    /// indexing: `upager.memmap` arrays do this for large index arrays).
+    /// Folios already resident are skipped; offsets may repeat and come in
+    /// any order (they are read in address order). Like
+    /// [`Region::prefetch`], it stops early rather than evict more than one
+    /// batch per batch to make room: keep one call's folios well under the
+    /// budget (what it did not read, the accesses fault in). Returns the
+    /// folios read.
+    pub fn fetch(&self, offsets: &[u64]) -> Result<u64, RangeError> {
+        if let Some(h) = self.heir() {
+            return h.fetch(offsets);
+        }
+        let r = &self.inner;
+        let mut folios = Vec::with_capacity(offsets.len());
+        for &offset in offsets {
+            folios.push(r.folio_range(offset, 1, 1)?.start);
+        }
+        folios.sort_unstable();
+        folios.dedup();
+        let Some(r) = crate::area::Inflight::enter(r) else {
+            return Ok(0); // being unmapped
+        };
+        let sh = &self.owner.shared;
+        let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
+        Ok(sh.prefetch_folios(&mut ctx, &r, folios, &mut |_| {}))
+    }
+
     /// Makes the range resident now, in the calling thread, as faults
     /// there would (`write`: as write faults: the folios become dirty, as
     /// the system call that follows will make them), without touching the

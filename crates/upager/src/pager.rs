@@ -664,6 +664,7 @@ impl Pager {
             len,
             folio,
             shift: folio.trailing_zeros(),
+            readahead: sh.cfg.readahead_for(&*store),
             store,
             store_off,
             slots,

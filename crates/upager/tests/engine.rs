@@ -185,8 +185,12 @@ fn clean_folios_are_never_written() {
     r.words()[12345].store(7, Relaxed);
     r.flush().unwrap();
     let s2 = pager.stats();
-    assert_eq!(s2.writebacks, 1);
-    assert_eq!(s2.bytes_written, upager::DEFAULT_FOLIO);
+    assert_eq!(
+        (s2.writebacks, s2.bytes_written),
+        (1, upager::DEFAULT_FOLIO),
+        "{s2:?}\n{}",
+        r.folio_trace(12345 * 8, 2)
+    );
 }
 
 #[test]
