@@ -31,8 +31,10 @@ is a fresh Python process in a fresh memory cgroup, rounds interleaved:
 
 Workloads: ``pass`` = the sum of the whole array in 8 MiB slices;
 ``random`` = element reads at a fixed random index set (up to --reads,
-default 100,000, in chunks of 1,000 fancy-indexed), stopped after
---cap seconds (default 40): the rate is reads done / time. Timed from
+default 100,000): fancy indexing ``a[idx]`` in calls of 25,000 indices
+(the memmap sides and upager), or ``seek`` + ``read`` per element
+(fsspec), stopped after --cap seconds (default 40; checked between
+calls): the rate is reads done / time. Timed from
 after the imports (a download's time is in its run). Every sum is
 checked against the one computed when the array was written.
 
@@ -89,6 +91,7 @@ side, work, url, path, n, reads, cap, seed = sys.argv[1:9]
 n, reads, cap, seed = int(n), int(reads), float(cap), int(seed)
 import numpy as np
 SLICE = 1 << 20  # elements: 8 MiB
+GATHER = 25_000  # indices per fancy-indexing call
 stats = {}
 def opened():
     """The array as the side sees it (after its download, if any)."""
@@ -149,9 +152,9 @@ else:
             stats["client_bytes"] = getattr(f.cache, "total_requested_bytes", None)
     else:
         a = opened()
-        for c in range(0, reads, 1000):
-            total += float(a[idx[c:c + 1000]].sum())
-            done = min(reads, c + 1000)
+        for c in range(0, reads, GATHER):
+            total += float(a[idx[c:c + GATHER]].sum())
+            done = min(reads, c + GATHER)
             if time.perf_counter() - t0 > cap:
                 break
         if side == "upager":

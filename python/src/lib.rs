@@ -170,11 +170,6 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 /// "record": always record anew. Counters `replay_reads`, `replay_hits`,
 /// `replay_wasted`; `upager trace FILE` shows a file's trace.
 ///
-/// `readahead` (default None): the largest readahead window of a
-/// sequential stream, 2 MiB, or what a region's store asks for (an S3
-/// object's regions 16 MiB: many GETs in flight); set, it holds for every
-/// region; 0 turns readahead off.
-///
 /// `readahead_async` (default True): once a sequential stream's readahead
 /// window has grown to its largest, the prefetch thread reads the next
 /// window on another CPU while the stream's own fault reads this one

@@ -324,11 +324,13 @@ def _byte_bounds(a: np.ndarray) -> Tuple[int, int]:  # type: ignore[type-arg,unu
 def _gather(a: "PagedArray", index: Any) -> Optional[np.ndarray]:  # type: ignore[type-arg,unused-ignore]
     """``a[index]`` for a 1-D integer index array of at least
     GATHER_FETCH_MIN entries on the first axis of a region-backed array
-    whose rows each fit in a folio: in chunks of a quarter of the budget,
-    the chunk's folios are read in with Region.fetch (an object store's
-    GETs in flight together, where numpy's gather would fault them in one
-    at a time, a round trip each), then gathered from memory. None where
-    it does not apply (numpy indexes as usual, errors included)."""
+    whose rows each fit in a folio: the indices in address order, in
+    chunks of a quarter of the budget, each chunk's folios read in with
+    Region.fetch (neighbouring folios as one read, a batch's reads in
+    flight together: an object store's GETs, where numpy's gather would
+    fault the folios in one at a time in index order, a round trip each),
+    then gathered from memory into their places. None where it does not
+    apply (numpy indexes as usual, errors included)."""
     if GATHER_FETCH_MIN <= 0 or a.ndim < 1 or isinstance(index, tuple):
         return None
     if isinstance(index, list):
@@ -354,11 +356,13 @@ def _gather(a: "PagedArray", index: Any) -> Optional[np.ndarray]:  # type: ignor
     chunk = max(16, int(stats["budget_bytes"]) // (4 * region.folio))
     out = np.empty((idx.size,) + a.shape[1:], dtype=a.dtype)
     plain = a.view(np.ndarray)
+    order = np.argsort(idx if a.strides[0] >= 0 else -idx, kind="stable")
     for c in range(0, idx.size, chunk):
-        part = idx[c:c + chunk]
+        at = order[c:c + chunk]
+        part = idx[at]
         first = start + part * a.strides[0]
         region.fetch(np.concatenate((first, first + (row - 1))).astype(np.uint64))
-        out[c:c + chunk] = plain[part]
+        out[at] = plain[part]
     return out
 
 

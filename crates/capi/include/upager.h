@@ -123,10 +123,7 @@ struct upager_options {
     uint32_t handler_threads; /* fault-handler threads, 1..64. 0 = default:
                                  the number of CPUs, at most 4. */
     int64_t readahead;        /* largest readahead in bytes on sequential
-                                 faults. -1 = default (2 MiB, or what a
-                                 region's store asks for: an S3 object's
-                                 regions 16 MiB); 0 = off. Set, it holds
-                                 for every region. */
+                                 faults. -1 = default (2 MiB); 0 = off. */
     const char *swap_dir;     /* directory for anonymous regions' private
                                  swap files (created 0600, unlinked at once).
                                  NULL = default (TMPDIR or /tmp). Copied. */

@@ -837,16 +837,6 @@ impl upager::Store for S3Store {
         self.len
     }
 
-    /// Half the GETs it may have in flight, of `part` bytes each (16 MiB
-    /// with the defaults): a stream's fault reads one window while async
-    /// readahead reads the next, so both halves are in flight together.
-    /// Measured on SeaweedFS (docs/benchmarks.md): a pass with 2 MiB
-    /// windows reached 0.66x a parallel GET client's rate, 16 MiB ones
-    /// 0.84-0.90x.
-    fn readahead_hint(&self) -> Option<u64> {
-        Some(self.opts.part * (self.opts.in_flight as u64 / 2).max(1))
-    }
-
     fn writable(&self) -> bool {
         false
     }

@@ -268,7 +268,7 @@ impl Region {
     }
 
     /// Reads the folios holding the bytes at `offsets` in now, in the
-    /// calling thread, in batches of up to 1 MiB of folios, each batch one
+    /// calling thread, in batches of up to 8 MiB of folios, each batch one
     /// [`Store::read_batch`](crate::Store::read_batch): a network store
     /// has a batch's reads in flight together, where faults one at a time
     /// would each wait a round trip (a GET of an object store: milliseconds).
@@ -296,7 +296,8 @@ impl Region {
         };
         let sh = &self.owner.shared;
         let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
-        Ok(sh.prefetch_folios(&mut ctx, &r, folios, &mut |_| {}))
+        let batch = crate::prefetch::FETCH_BATCH_BYTES;
+        Ok(sh.prefetch_folios(&mut ctx, &r, folios, batch, &mut |_| {}))
     }
 
     /// Makes the range resident now, in the calling thread, as faults

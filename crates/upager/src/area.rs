@@ -36,9 +36,6 @@ pub(crate) struct Area {
     pub store: Arc<dyn Store>,
     /// Store offset of the region's first byte (file regions).
     pub store_off: u64,
-    /// Largest readahead window of this region, bytes (the pager's, or
-    /// its store's: `PagerBuilder::readahead_for`).
-    pub readahead: u64,
     /// Swap slots (anonymous regions only; shared by the pager's anonymous
     /// regions of this folio size, like their swap file).
     pub slots: Option<Arc<Slots>>,

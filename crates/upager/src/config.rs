@@ -9,13 +9,6 @@ pub const MAX_FOLIO: u64 = 2 << 20;
 /// Largest readahead a pager accepts (each handler thread keeps a fill
 /// buffer this large).
 pub const MAX_READAHEAD: u64 = 64 << 20;
-/// Largest readahead window a store may ask for
-/// ([`Store::readahead_hint`](crate::Store::readahead_hint)) in a pager
-/// whose readahead was not set: an object store needs many GETs of a
-/// stream in flight to reach its bandwidth (docs/benchmarks.md: on
-/// SeaweedFS a pass with 2 MiB windows reached 0.66x a parallel GET
-/// client's rate, with 16 MiB windows 0.84-0.90x).
-pub const STORE_READAHEAD_MAX: u64 = 16 << 20;
 /// Default folio of a file or store region: one base page. A random fault
 /// fills 4 KiB; a sequential stream fills its readahead window (up to 2 MiB)
 /// as one read and one copy, so streams keep large I/O without large folios
@@ -221,9 +214,6 @@ pub struct PagerBuilder {
     pub(crate) lookup: Lookup,
     pub(crate) batched_removal: bool,
     pub(crate) readahead: u64,
-    /// `readahead` was set ([`PagerBuilder::readahead`]): it holds for
-    /// every region, whatever its store asks for.
-    pub(crate) readahead_set: bool,
     pub(crate) swap_dir: PathBuf,
     pub(crate) direct_io: bool,
     pub(crate) batched_writeback: bool,
@@ -253,7 +243,6 @@ impl Default for PagerBuilder {
             lookup: Lookup::LockFree,
             batched_removal: true,
             readahead: 2 << 20,
-            readahead_set: false,
             swap_dir: std::env::temp_dir(),
             direct_io: true,
             batched_writeback: true,
@@ -319,23 +308,11 @@ impl PagerBuilder {
         self
     }
     /// Largest readahead on sequential faults, in bytes (the window doubles
-    /// from two folios up to this). Default 2 MiB, or what a region's store
-    /// asks for ([`Store::readahead_hint`](crate::Store::readahead_hint),
-    /// up to [`STORE_READAHEAD_MAX`]: an object store's 16 MiB); set, it
-    /// holds for every region. 0 disables readahead; at most 64 MiB.
+    /// from two folios up to this). Default 2 MiB; 0 disables readahead; at
+    /// most 64 MiB.
     pub fn readahead(mut self, bytes: u64) -> Self {
         self.readahead = bytes;
-        self.readahead_set = true;
         self
-    }
-    /// The readahead window of a region on `store`: the pager's, or, if
-    /// that was not set, the larger of the default and what the store asks
-    /// for (at most [`STORE_READAHEAD_MAX`]).
-    pub(crate) fn readahead_for(&self, store: &dyn crate::Store) -> u64 {
-        match store.readahead_hint() {
-            Some(want) if !self.readahead_set => self.readahead.max(want.min(STORE_READAHEAD_MAX)),
-            _ => self.readahead,
-        }
     }
     /// Async readahead (issue 23): once a sequential stream's readahead
     /// window has grown to its largest, the fault that fills a window asks

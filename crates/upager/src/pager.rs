@@ -664,7 +664,6 @@ impl Pager {
             len,
             folio,
             shift: folio.trailing_zeros(),
-            readahead: sh.cfg.readahead_for(&*store),
             store,
             store_off,
             slots,

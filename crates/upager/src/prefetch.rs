@@ -11,7 +11,8 @@
 //! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs) and
 //!   warm-start replay windows (warm.rs): [`Shared::prefetch_folios`]
 //!   claims up to [`PREFETCH_BATCH_BYTES`] of non-resident folios at a
-//!   time, reads them with one
+//!   time (`Region::fetch` runs it in the caller's thread, batches of
+//!   [`FETCH_BATCH_BYTES`]), reads them with one
 //!   [`Store::read_batch`](crate::Store::read_batch) (a network store sends
 //!   them together: one round trip per server; folios whose store bytes
 //!   are adjacent are one read, `read_runs`) and installs each run of
@@ -51,7 +52,15 @@ use crate::shared::{Ctx, Shared, IDLE};
 /// Bytes of folios a prefetch request reads with one `Store::read_batch`
 /// (1 MiB: 16 folios of 64 KiB; a guess that bounds the prefetch thread's
 /// extra buffer while giving a network store a batch worth a round trip).
-const PREFETCH_BATCH_BYTES: u64 = 1 << 20;
+pub(crate) const PREFETCH_BATCH_BYTES: u64 = 1 << 20;
+
+/// Bytes of folios one `Store::read_batch` of [`Region::fetch`] reads: a
+/// gather's caller waits for its reads, so a batch is larger than a
+/// background prefetch's (8 MiB: 128 GETs of 64 KiB folios for an object
+/// store, 16 at a time), a buffer freed when the call returns.
+///
+/// [`Region::fetch`]: crate::Region::fetch
+pub(crate) const FETCH_BATCH_BYTES: u64 = 8 << 20;
 
 impl Shared {
     /// Body of the prefetch thread: fills the readahead windows faults ask
@@ -162,7 +171,7 @@ impl Shared {
         let Some(r) = crate::area::Inflight::enter(&req.region) else {
             return;
         };
-        self.prefetch_folios(ctx, &r, req.folios, &mut |_| {});
+        self.prefetch_folios(ctx, &r, req.folios, PREFETCH_BATCH_BYTES, &mut |_| {});
     }
 
     /// Warm-start replay (warm.rs): reads the next window of the trace of
@@ -179,14 +188,15 @@ impl Shared {
         let Some(runs) = rp.next_window() else {
             return;
         };
-        let read = self.prefetch_folios(ctx, &r, runs.into_iter().flatten(), &mut |idx| {
+        let flat = runs.into_iter().flatten();
+        let read = self.prefetch_folios(ctx, &r, flat, PREFETCH_BATCH_BYTES, &mut |idx| {
             rp.read_one(idx)
         });
         self.counters.replay_reads.add(read);
     }
 
     /// Fills `folios` of `r` (in flight) that are not resident, in their
-    /// order, a batch at a time: claim up to [`PREFETCH_BATCH_BYTES`] of
+    /// order, a batch at a time: claim up to `batch_bytes` of
     /// them (budget charged without reclaim), read them with one
     /// [`Store::read_batch`] (a network store sends them together: one
     /// round trip per server), then install each. A folio whose read
@@ -201,12 +211,13 @@ impl Shared {
         ctx: &mut Ctx,
         r: &Arc<Area>,
         folios: impl IntoIterator<Item = usize>,
+        batch_bytes: u64,
         on_read: &mut dyn FnMut(usize),
     ) -> u64 {
         let per_batch = if r.folio >= crate::thp::HUGE {
             1 // staged huge pages read into their own buffers
         } else {
-            (PREFETCH_BATCH_BYTES / r.folio).max(1) as usize
+            (batch_bytes / r.folio).max(1) as usize
         };
         let nfolios = r.nfolios();
         let mut folios = folios.into_iter().filter(|&i| i < nfolios).peekable();

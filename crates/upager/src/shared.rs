@@ -578,17 +578,9 @@ impl Shared {
     }
 }
 
-/// Fill buffer per fault-resolving thread: the largest readahead window
-/// (a store's, up to `STORE_READAHEAD_MAX`, where the pager's readahead
-/// was not set) or folio. Only what fills touch becomes resident, and an
-/// idle thread gives back all but [`CTX_KEEP`].
+/// Fill buffer per fault-resolving thread: the largest readahead or folio.
 fn fill_buf_bytes(cfg: &PagerBuilder) -> usize {
-    let window = if cfg.readahead_set {
-        cfg.readahead
-    } else {
-        cfg.readahead.max(crate::config::STORE_READAHEAD_MAX)
-    };
-    window.max(MAX_FOLIO) as usize + MAX_FOLIO as usize
+    cfg.readahead.max(MAX_FOLIO) as usize + MAX_FOLIO as usize
 }
 
 /// A prefetch request for the prefetch thread.

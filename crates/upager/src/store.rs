@@ -229,17 +229,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn takes_pages(&self) -> bool {
         false
     }
-    /// The readahead window a sequential stream over this store needs
-    /// (bytes): a store whose reads cost a round trip each, such as an
-    /// object store, reaches its bandwidth only with many reads of a
-    /// stream in flight, so with larger windows than a local file. Used
-    /// where the pager's readahead was not set
-    /// ([`PagerBuilder::readahead`](crate::PagerBuilder::readahead)), up
-    /// to [`STORE_READAHEAD_MAX`](crate::config::STORE_READAHEAD_MAX).
-    /// Default `None`: the pager's.
-    fn readahead_hint(&self) -> Option<u64> {
-        None
-    }
     /// The smallest run of bytes this store reads and writes whole, a
     /// power of two of at least 4 KiB: a Redis dataset's chunk. A region
     /// of the store has folios of this size unless its options set a

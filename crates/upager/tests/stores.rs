@@ -168,7 +168,7 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
 }
 
 /// `Region::fetch` reads the folios of scattered offsets (unsorted, some
-/// repeated) in the calling thread, a batch of them per `read_batch` and
+/// repeated) in the calling thread, batches of them per `read_batch` and
 /// none alone, each once; reading the words there then faults nothing. An
 /// offset beyond the region is refused with nothing read.
 #[test]
@@ -191,7 +191,7 @@ fn fetch_reads_the_folios_of_scattered_offsets_in_batches() {
     let read = r.fetch(&offsets).unwrap();
     assert_eq!(read, 300, "each folio once");
     let batches = store.batches.lock().unwrap().clone();
-    assert_eq!(batches, vec![256, 44], "batches of up to 1 MiB of folios");
+    assert_eq!(batches, vec![300], "one batch: up to 8 MiB of folios");
     assert_eq!(store.reads.load(Relaxed), 0, "no folio read on its own");
     let faults = pager.stats().faults_missing;
     for &o in &offsets {
@@ -385,90 +385,4 @@ fn a_store_s_unit_is_the_least_folio_of_its_regions() {
         );
         assert!(e.to_string().contains("65536 bytes"), "{e}");
     }
-}
-
-/// A store that asks for `hint` bytes of readahead and records its largest
-/// read (a readahead window is one `read_at`, or one `read_batch` when the
-/// prefetch thread reads it ahead).
-#[derive(Debug)]
-struct Hinting {
-    inner: upager::FileStore,
-    hint: u64,
-    largest: AtomicU64,
-}
-
-impl Store for Hinting {
-    fn len(&self) -> u64 {
-        self.inner.len()
-    }
-    fn writable(&self) -> bool {
-        false
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.largest.fetch_max(buf.len() as u64, Relaxed);
-        self.inner.read_at(buf, offset)
-    }
-    fn read_batch(&self, reads: &mut [ReadReq<'_>]) -> Vec<io::Result<usize>> {
-        let total: usize = reads.iter().map(|r| r.buf.len()).sum();
-        self.largest.fetch_max(total as u64, Relaxed);
-        reads
-            .iter_mut()
-            .map(|r| self.inner.read_at(r.buf, r.offset))
-            .collect()
-    }
-    fn write_from(&self, _: Src<'_>, _: u64) -> io::Result<()> {
-        unreachable!("read-only")
-    }
-    fn sync(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn readahead_hint(&self) -> Option<u64> {
-        Some(self.hint)
-    }
-}
-
-/// A store's readahead hint sets its regions' window where the pager's
-/// readahead was not set (an object store wants 16 MiB), up to
-/// `STORE_READAHEAD_MAX`; a readahead the program set holds for every
-/// store; a file store keeps the default 2 MiB. Every byte read is right.
-#[test]
-fn a_store_s_readahead_hint_sets_its_window_unless_the_pager_s_was_set() {
-    let dir = ram_dir();
-    let len = 48 * MIB;
-    let path = pattern_file(dir.path(), "stream", len, 9);
-    let largest_read = |pager: &Pager, hint: u64| {
-        let store = Arc::new(Hinting {
-            inner: upager::FileStore::open(&path, false, true).unwrap(),
-            hint,
-            largest: AtomicU64::new(0),
-        });
-        let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
-        for (w, v) in r.words().iter().enumerate().step_by(512) {
-            assert_eq!(v.load(Relaxed), word(w as u64 * 8, 9), "word {w}");
-        }
-        drop(r);
-        store.largest.load(Relaxed)
-    };
-    let defaults = Pager::new(64 * MIB).unwrap();
-    assert_eq!(
-        largest_read(&defaults, 8 * MIB),
-        8 * MIB,
-        "the store's window"
-    );
-    assert_eq!(
-        largest_read(&defaults, 1 << 30),
-        upager::STORE_READAHEAD_MAX,
-        "a hint above the most a store may ask for"
-    );
-    assert_eq!(
-        largest_read(&defaults, 0),
-        2 * MIB,
-        "a hint below the default"
-    );
-    let set = Pager::builder()
-        .budget(64 * MIB)
-        .readahead(2 * MIB)
-        .build()
-        .unwrap();
-    assert_eq!(largest_read(&set, 8 * MIB), 2 * MIB, "the pager's, set");
 }
