@@ -275,11 +275,12 @@ impl Region {
     /// For a gather whose index set is known before it runs (numpy fancy
     /// indexing: `upager.memmap` arrays do this for large index arrays).
     /// Folios already resident are skipped; offsets may repeat and come in
-    /// any order (they are read in address order). Like
-    /// [`Region::prefetch`], it stops early rather than evict more than one
-    /// batch per batch to make room: keep one call's folios well under the
-    /// budget (what it did not read, the accesses fault in). Returns the
-    /// folios read.
+    /// any order (they are read in address order). It first makes room for
+    /// its folios (up to half the budget) by reclaim, as faults would;
+    /// beyond that, like [`Region::prefetch`], it stops early rather than
+    /// evict more than one batch per batch: keep one call's folios well
+    /// under the budget (what it did not read, the accesses fault in).
+    /// Returns the folios read.
     pub fn fetch(&self, offsets: &[u64]) -> Result<u64, RangeError> {
         if let Some(h) = self.heir() {
             return h.fetch(offsets);
@@ -295,6 +296,13 @@ impl Region {
             return Ok(0); // being unmapped
         };
         let sh = &self.owner.shared;
+        // Room first, reclaiming as a fault would (up to half the budget),
+        // so a budget full of older pages does not cut the fetch short
+        // (prefetch_folios evicts at most a batch per batch).
+        let room = (folios.len() as u64 * r.folio).min(sh.budget.limit() / 2);
+        if sh.reserve(room) {
+            sh.budget.uncharge(room);
+        }
         let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
         let batch = crate::prefetch::FETCH_BATCH_BYTES;
         Ok(sh.prefetch_folios(&mut ctx, &r, folios, batch, &mut |_| {}))
