@@ -76,7 +76,8 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from s3bench_common import Cgroup, Mount, Weed, cli, have_s3fs, loopback_bytes  # noqa: E402
+from s3bench_common import (Cgroup, Mount, Weed, add_output_args, cli,  # noqa: E402
+                            have_s3fs, loopback_bytes, require_cli)
 
 PORT = 22640
 BUCKET = "upager-array-bench"
@@ -214,7 +215,7 @@ def run_one(side: str, work: str, url: str, n: int, a: argparse.Namespace) -> Di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    add_output_args(ap)
     ap.add_argument("--size-mib", type=int, default=2048, help="array size (default 2048)")
     ap.add_argument("--reads", type=int, default=100_000, help="random reads (default 100,000)")
     ap.add_argument("--cap", type=float, default=40.0,
@@ -222,9 +223,6 @@ def main() -> None:
     ap.add_argument("--cgroup-mib", type=int, default=256, help="memory cgroup (default 256)")
     ap.add_argument("--kinds", default=",".join(KINDS), help="data kinds (default random,ramp)")
     ap.add_argument("--tiny", action="store_true", help="64 MiB, 2,000 reads, 1 round")
-    ap.add_argument("--json", type=pathlib.Path, help="write the results here")
-    ap.add_argument("--plot", nargs=2, type=pathlib.Path, metavar=("JSON", "PNG"),
-                    help="only plot the results of an earlier run (matplotlib)")
     a = ap.parse_args()
     if a.plot:
         plot(*a.plot)
@@ -233,8 +231,7 @@ def main() -> None:
         a.size_mib, a.reads, a.rounds = 64, 2000, 1
     if os.geteuid() != 0:
         sys.exit("run as root: each run gets its own memory cgroup (and s3fs-fuse a mount)")
-    if not cli().exists():
-        sys.exit(f"the CLI is not built ({cli()}): cargo build --release -p upager-cli")
+    require_cli()
     s3bench = cli().parent / "examples" / "s3bench"
     if not s3bench.exists():
         sys.exit(f"s3bench is not built ({s3bench}): "

@@ -60,7 +60,8 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from s3bench_common import Mount, Weed, cli, have_s3fs  # noqa: E402
+from s3bench_common import (Mount, Weed, add_output_args, cli, have_s3fs,  # noqa: E402
+                            require_cli)
 
 PORT = 22600
 BUCKET = "upager-bench"
@@ -130,21 +131,17 @@ print(json.dumps(dict(first=t_first, all=t_all, import_s=t_import, peak_rss=rss,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    add_output_args(ap)
     ap.add_argument("--tensors", type=int, default=64, help="tensors (default 64)")
     ap.add_argument("--tensor-mib", type=int, default=16, help="MiB per tensor (default 16)")
     ap.add_argument("--tiny", action="store_true", help="16 tensors of 4 MiB, 1 round")
-    ap.add_argument("--json", type=pathlib.Path, help="write the results here")
-    ap.add_argument("--plot", nargs=2, type=pathlib.Path, metavar=("JSON", "PNG"),
-                    help="only plot the results of an earlier run (matplotlib)")
     a = ap.parse_args()
     if a.plot:
         plot(*a.plot)
         return
     if a.tiny:
         a.tensors, a.tensor_mib, a.rounds = 16, 4, 1
-    if not cli().exists():
-        sys.exit(f"the CLI is not built ({cli()}): cargo build --release -p upager-cli")
+    require_cli()
     import numpy as np
     from safetensors.numpy import save_file
 

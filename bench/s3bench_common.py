@@ -27,6 +27,19 @@ def cli() -> pathlib.Path:
     return pathlib.Path(os.environ.get("UPAGER_CLI", target / "release" / "upager"))
 
 
+def require_cli() -> None:
+    if not cli().exists():
+        sys.exit(f"the CLI is not built ({cli()}): cargo build --release -p upager-cli")
+
+
+def add_output_args(ap: Any) -> None:
+    """--rounds, --json and --plot, as every S3 benchmark takes them."""
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--json", type=pathlib.Path, help="write the results here")
+    ap.add_argument("--plot", nargs=2, type=pathlib.Path, metavar=("JSON", "PNG"),
+                    help="only plot the results of an earlier run (matplotlib)")
+
+
 class Weed:
     """A SeaweedFS of this benchmark's own on ports `port`.. (built if
     needed, started, its credentials and endpoint exported into this
