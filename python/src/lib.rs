@@ -853,9 +853,10 @@ impl PyRegion {
     /// in batches whose reads go to the store together (an object store's
     /// GETs in flight at once, where faults one at a time would each wait
     /// a round trip). Resident folios are skipped; any order, repeats
-    /// allowed; stops early rather than evict more than a batch per batch,
-    /// so keep a call's folios well under the budget. Returns the folios
-    /// read. PagedArray's fancy indexing calls it for large index arrays.
+    /// allowed; makes room for them first (up to half the budget), then
+    /// stops early rather than evict more than a batch per batch, so keep
+    /// a call's folios well under the budget. Returns the folios read.
+    /// PagedArray's fancy indexing calls it for large index arrays.
     fn fetch(&self, py: Python<'_>, offsets: &Bound<'_, PyAny>) -> PyResult<u64> {
         let offs: Vec<u64> = match pyo3::buffer::PyBuffer::<u64>::get(offsets) {
             Ok(b) => b.to_vec(py)?,
