@@ -76,8 +76,8 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from s3bench_common import (Cgroup, Mount, Weed, add_output_args, cli,  # noqa: E402
-                            have_s3fs, loopback_bytes, require_cli)
+from s3bench_common import (Cgroup, Mount, Weed, add_output_args, bars, cli,  # noqa: E402
+                            have_s3fs, loopback_bytes, require_cli, save_plot)
 
 PORT = 22640
 BUCKET = "upager-array-bench"
@@ -352,23 +352,18 @@ def plot(src: pathlib.Path, png: pathlib.Path) -> None:
                   ("pass", "peak", "peak memory (pass), MiB", 1 / MIB))
         for ax, (work, key, label, scale) in zip(row, panels):
             order = PASS_SIDES if work == "pass" else RANDOM_SIDES
-            sides = [s for s in order if s in r["summary"][kind].get(work, {})]
-            for i, side in enumerate(sides):
-                ax.bar(i, r["summary"][kind][work][side][key] * scale, color=f"C{i}")
-                vals = [(x["done"] / x["seconds"] if key == "rate" else x[key]) * scale
-                        for x in r["runs"] if x["side"] == side and x["work"] == work
-                        and x["kind"] == kind and "error" not in x]
-                ax.plot([i] * len(vals), vals, "k.", ms=4)
-            ax.set_xticks(range(len(sides)), sides, fontsize=7)
+            med = r["summary"][kind].get(work, {})
+            bars(ax, [s for s in order if s in med],
+                 lambda side: med[side][key] * scale,
+                 lambda side: [(x["done"] / x["seconds"] if key == "rate" else x[key]) * scale
+                               for x in r["runs"] if x["side"] == side and x["work"] == work
+                               and x["kind"] == kind and "error" not in x],
+                 fontsize=7)
             if key == "rate":
                 ax.set_yscale("log")
             ax.set_title(f"{kind}: {label}", fontsize=9)
-    fig.suptitle(f"{r['array_bytes'] / (1 << 30):.0f} GiB float64 on SeaweedFS (loopback), "
-                 f"{r['cgroup_mib']} MiB cgroups, medians of {r['rounds']}; {r['date'][:10]}, "
-                 f"{r['machine']['cpus']} CPUs, Linux {r['machine']['kernel']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    print(f"wrote {png}")
+    save_plot(fig, f"{r['array_bytes'] / (1 << 30):.0f} GiB float64 on SeaweedFS (loopback), "
+              f"{r['cgroup_mib']} MiB cgroups, medians of {r['rounds']}", r, png)
 
 
 if __name__ == "__main__":

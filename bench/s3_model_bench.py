@@ -60,8 +60,8 @@ import time
 from typing import Any, Dict, List
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from s3bench_common import (Mount, Weed, add_output_args, cli, have_s3fs,  # noqa: E402
-                            require_cli)
+from s3bench_common import (Mount, Weed, add_output_args, bars, cli,  # noqa: E402
+                            have_s3fs, require_cli, save_plot)
 
 PORT = 22600
 BUCKET = "upager-bench"
@@ -228,19 +228,12 @@ def plot(src: pathlib.Path, png: pathlib.Path) -> None:
     for ax, (key, label, scale) in zip(axes, (("first", "first tensor, s", 1.0),
                                               ("all", "all tensors, s", 1.0),
                                               ("peak_rss", "peak RSS, MiB", 1 / (1 << 20)))):
-        sides = [s for s in SIDES if s in r["summary"]]
-        for i, side in enumerate(sides):
-            ax.bar(i, r["summary"][side][key] * scale, color=f"C{i}")
-            vals = [x[key] * scale for x in r["runs"] if x["side"] == side]
-            ax.plot([i] * len(vals), vals, "k.", ms=4)
-        ax.set_xticks(range(len(sides)), sides, fontsize=8)
+        bars(ax, [s for s in SIDES if s in r["summary"]],
+             lambda side: r["summary"][side][key] * scale,
+             lambda side: [x[key] * scale for x in r["runs"] if x["side"] == side])
         ax.set_title(label)
-    fig.suptitle(f"{r['model_bytes'] / (1 << 30):.0f} GiB safetensors model on SeaweedFS "
-                 f"(loopback), medians of {r['rounds']}; {r['date'][:10]}, "
-                 f"{r['machine']['cpus']} CPUs, Linux {r['machine']['kernel']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    print(f"wrote {png}")
+    save_plot(fig, f"{r['model_bytes'] / (1 << 30):.0f} GiB safetensors model on SeaweedFS "
+              f"(loopback), medians of {r['rounds']}", r, png)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "seaweedfs.sh"
@@ -119,6 +119,26 @@ class Mount:
             self.dir.rmdir()
         except OSError:
             pass
+
+
+def bars(ax: Any, sides: List[str], median: Callable[[str], float],
+         runs: Callable[[str], List[float]], fontsize: int = 8) -> None:
+    """One bar per side (its median), each run's value as a dot over it."""
+    for i, side in enumerate(sides):
+        ax.bar(i, median(side), color=f"C{i}")
+        vals = runs(side)
+        ax.plot([i] * len(vals), vals, "k.", ms=4)
+    ax.set_xticks(range(len(sides)), sides, fontsize=fontsize)
+
+
+def save_plot(fig: Any, title: str, r: Dict[str, Any], png: pathlib.Path) -> None:
+    """Titles `fig` with what was measured and on which machine (report
+    `r`), lays it out and writes it to `png`."""
+    fig.suptitle(f"{title}; {r['date'][:10]}, {r['machine']['cpus']} CPUs, "
+                 f"Linux {r['machine']['kernel']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"wrote {png}")
 
 
 def memory_hierarchy() -> tuple[str, str]:
