@@ -857,13 +857,24 @@ impl PyRegion {
     /// stops early rather than evict more than a batch per batch, so keep
     /// a call's folios well under the budget. Returns the folios read.
     /// PagedArray's fancy indexing calls it for large index arrays.
-    fn fetch(&self, py: Python<'_>, offsets: &Bound<'_, PyAny>) -> PyResult<u64> {
+    /// write=True: the caller is about to write the bytes at every offset
+    /// (a scatter, `a[idx] = v`): the folios go in writable and dirty, as
+    /// write faults' would, so the writes fault no more (under the dirty
+    /// limit, as write faults are; a folio named but not written is
+    /// written back unchanged).
+    #[pyo3(signature = (offsets, *, write=false))]
+    fn fetch(&self, py: Python<'_>, offsets: &Bound<'_, PyAny>, write: bool) -> PyResult<u64> {
         let offs: Vec<u64> = match pyo3::buffer::PyBuffer::<u64>::get(offsets) {
             Ok(b) => b.to_vec(py)?,
             Err(_) => offsets.extract()?,
         };
         let r = self.get()?;
-        py.allow_threads(move || r.fetch(&offs)).map_err(engine_err)
+        if write {
+            py.allow_threads(move || r.fetch_for_write(&offs))
+                .map_err(engine_err)
+        } else {
+            py.allow_threads(move || r.fetch(&offs)).map_err(engine_err)
+        }
     }
 
     /// Makes [offset, offset+length) resident now, in the calling thread, as

@@ -344,3 +344,54 @@ def test_a_large_gather_reads_its_folios_first_and_equals_numpys(data64):
     with upager.memmap(path, np.uint64, mode="r", shape=rows.shape, budget="8MiB") as b:
         assert np.array_equal(b[ridx], rows[ridx])
         assert np.array_equal(b[::-1][ridx], rows[::-1][ridx])
+
+
+def test_a_large_scatter_reads_its_folios_dirty_and_equals_numpys(data64):
+    """``a[idx] = v`` with a large index array reads the folios it writes in
+    batches, writable and dirty (Region.fetch(write=True)), so its stores
+    fault little (numpy's own scatter would fault ~5000 times); what lands in
+    the file equals numpy's assignment for every kind of index and value
+    (negative and repeated indices: the last value wins; a scalar, an
+    array, a row broadcast over 2-D rows, a value of another dtype, a list
+    index, a reversed view); a bad index raises numpy's IndexError and a
+    read-only array numpy's ValueError, with nothing written."""
+    path, words = data64
+    ref = words.copy()
+    rng = np.random.default_rng(5)
+    n = len(words)
+    idx = rng.integers(-n, n, 5000)
+    vals = rng.integers(0, 1 << 63, 5000, dtype=np.uint64)
+    with upager.memmap(path, np.uint64, mode="r", budget="8MiB") as r:
+        with pytest.raises(ValueError):
+            r[idx] = vals
+    with upager.memmap(path, np.uint64, mode="r+", budget="8MiB") as a:
+        before = a.pager_stats()
+        a[idx] = vals
+        ref[idx] = vals
+        after = a.pager_stats()
+        faults = (after["faults_missing"] + after["faults_wp"]
+                  - before["faults_missing"] - before["faults_wp"])
+        assert faults < len(idx) // 4, f"the scatter faulted {faults} times"
+        assert after["resident_peak_bytes"] <= 8 * MIB
+        a[idx[:3000]] = 7
+        ref[idx[:3000]] = 7
+        a[idx[:200]] = np.float32(3)  # another kind: numpy's own path
+        ref[idx[:200]] = np.float32(3)
+        small = [int(i) for i in idx[:100]]
+        a[small] = np.uint32(9)
+        ref[small] = np.uint32(9)
+        a[::-1][idx[:4000]] = vals[:4000]
+        ref[::-1][idx[:4000]] = vals[:4000]
+        with pytest.raises(IndexError):
+            a[np.append(idx, n)] = 1
+        a.flush()
+    assert np.array_equal(np.fromfile(path, dtype=np.uint64), ref)
+    rows = ref.reshape(-1, 64)  # 512-byte rows
+    ridx = rng.integers(0, len(rows), 3000)
+    with upager.memmap(path, np.uint64, mode="r+", shape=rows.shape, budget="8MiB") as b:
+        b[ridx] = rows[0] + 1
+        rows[ridx] = rows[0] + 1
+        b[ridx[:500]] = rows[ridx[500:1000]]
+        rows[ridx[:500]] = rows[ridx[500:1000]]
+        b.flush()
+    assert np.array_equal(np.fromfile(path, dtype=np.uint64), ref)

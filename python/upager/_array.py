@@ -205,6 +205,10 @@ class PagedArray(np.memmap):  # type: ignore[type-arg,unused-ignore]
             return arr[()]
         return arr.view(np.ndarray)
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if not _scatter(self, index, value):
+            np.ndarray.__setitem__(self, index, value)
+
     def __getitem__(self, index: Any) -> Any:
         gathered = _gather(self, index)
         if gathered is not None:
@@ -321,16 +325,13 @@ def _byte_bounds(a: np.ndarray) -> Tuple[int, int]:  # type: ignore[type-arg,unu
     return int(lo), int(hi)
 
 
-def _gather(a: "PagedArray", index: Any) -> Optional[np.ndarray]:  # type: ignore[type-arg,unused-ignore]
-    """``a[index]`` for a 1-D integer index array of at least
-    GATHER_FETCH_MIN entries on the first axis of a region-backed array
-    whose rows each fit in a folio: the indices in address order, in
-    chunks of a quarter of the budget, each chunk's folios read in with
-    Region.fetch (neighbouring folios as one read, a batch's reads in
-    flight together: an object store's GETs, where numpy's gather would
-    fault the folios in one at a time in index order, a round trip each),
-    then gathered from memory into their places. None where it does not
-    apply (numpy indexes as usual, errors included)."""
+def _fancy_rows(a: "PagedArray", index: Any) -> Optional[Tuple[Region, np.ndarray, np.ndarray, int, int]]:  # type: ignore[type-arg,unused-ignore]
+    """What a gather or a scatter through Region.fetch needs, for a 1-D
+    integer index array of at least GATHER_FETCH_MIN entries on the first
+    axis of a region-backed array whose rows each fit in a folio: the
+    region, the indices (int64, made non-negative), their address order,
+    the byte offset in the region of row 0 and the bytes of a row. None
+    where it does not apply (numpy indexes as usual, errors included)."""
     if GATHER_FETCH_MIN <= 0 or a.ndim < 1 or isinstance(index, tuple):
         return None
     if isinstance(index, list):
@@ -352,18 +353,73 @@ def _gather(a: "PagedArray", index: Any) -> Optional[np.ndarray]:  # type: ignor
         return None  # numpy raises its IndexError
     idx = np.where(idx < 0, idx + n, idx)
     start = a.__array_interface__["data"][0] - region.address
-    stats = region.stats()
-    chunk = max(16, int(stats["budget_bytes"]) // (4 * region.folio))
-    out = np.empty((idx.size,) + a.shape[1:], dtype=a.dtype)
-    plain = a.view(np.ndarray)
     order = np.argsort(idx if a.strides[0] >= 0 else -idx, kind="stable")
+    return region, idx, order, start, row
+
+
+def _fancy_chunks(a: "PagedArray", region: Region, idx: np.ndarray, order: np.ndarray,  # type: ignore[type-arg,unused-ignore]
+                  start: int, row: int, write: bool) -> Iterator[Tuple[np.ndarray, np.ndarray]]:  # type: ignore[type-arg,unused-ignore]
+    """The chunks of a gather or scatter, in address order, a quarter of
+    the budget each: (positions in the index array, their rows), each
+    chunk's folios read in with Region.fetch first (write: as writes)."""
+    chunk = max(16, int(region.stats()["budget_bytes"]) // (4 * region.folio))
     for c in range(0, idx.size, chunk):
         at = order[c:c + chunk]
         part = idx[at]
         first = start + part * a.strides[0]
-        region.fetch(np.concatenate((first, first + (row - 1))).astype(np.uint64))
+        region.fetch(np.concatenate((first, first + (row - 1))).astype(np.uint64), write=write)
+        yield at, part
+
+
+def _gather(a: "PagedArray", index: Any) -> Optional[np.ndarray]:  # type: ignore[type-arg,unused-ignore]
+    """``a[index]`` for a large integer index array (_fancy_rows says
+    which): the indices in address order, in chunks of a quarter of the
+    budget, each chunk's folios read in with Region.fetch (neighbouring
+    folios as one read, a batch's reads in flight together: an object
+    store's GETs, where numpy's gather would fault the folios in one at a
+    time in index order, a round trip each), then gathered from memory
+    into their places. None where it does not apply."""
+    rows = _fancy_rows(a, index)
+    if rows is None:
+        return None
+    region, idx, order, start, row = rows
+    out = np.empty((idx.size,) + a.shape[1:], dtype=a.dtype)
+    plain = a.view(np.ndarray)
+    for at, part in _fancy_chunks(a, region, idx, order, start, row, write=False):
         out[at] = plain[part]
     return out
+
+
+def _scatter(a: "PagedArray", index: Any, value: Any) -> bool:
+    """``a[index] = value`` for a large integer index array (_fancy_rows
+    says which) into a writable array, where the value broadcasts to the
+    rows as it is and casts to the array's dtype within its kind: as
+    _gather, chunk by chunk in address order, each chunk's folios read in
+    with Region.fetch(write=True) — writable and dirty, as write faults
+    would leave them, so the stores that follow fault no more — then the
+    chunk's rows stored. Repeated indices: the last value wins, as in
+    numpy (a stable sort keeps their order). False where it does not
+    apply (numpy assigns as usual, errors included)."""
+    rows = _fancy_rows(a, index)
+    if rows is None or not a.flags.writeable:
+        return False
+    region, idx, order, start, row = rows
+    if not region.writable:
+        return False
+    vals = np.asarray(value)
+    if not np.can_cast(vals.dtype, a.dtype, casting="same_kind"):
+        return False
+    if np.may_share_memory(vals, a):
+        vals = vals.copy()  # numpy reads all of it before it stores
+    try:
+        vals = np.broadcast_to(vals, (idx.size,) + a.shape[1:])
+    except ValueError:
+        return False
+    plain = a.view(np.ndarray)
+    same = vals.strides[0] == 0  # one row (or a scalar) for every index
+    for at, part in _fancy_chunks(a, region, idx, order, start, row, write=True):
+        plain[part] = vals[0] if same else vals[at]
+    return True
 
 
 def _spec(a: PagedArray) -> Optional[Dict[str, Any]]:

@@ -552,6 +552,32 @@ int64_t upager_pageout(const upager_region_t *region, uint64_t offset,
 int upager_prefetch(const upager_region_t *region, uint64_t offset,
                     uint64_t length);
 
+/* upager_fetch() flags. */
+#define UPAGER_FETCH_WRITE 1u /* the caller writes the bytes at every offset
+                                 next (a scatter): the folios go in writable
+                                 and dirty, as write faults would leave them
+                                 (a file region of folios above 4 KiB: only
+                                 the 4 KiB page the offsets fall in, when
+                                 they fall in one), so the writes fault no
+                                 more; under the dirty limit, as write
+                                 faults are; a folio named but not written
+                                 is written back unchanged (needs a
+                                 writable region) */
+
+/* Reads the folios holding the bytes at offsets[0..count) in now, in the
+ * calling thread, in batches of up to 8 MiB of folios whose reads go to the
+ * store together (an object store's GETs in flight at once, where faults
+ * one at a time would each wait a round trip): for a gather or scatter
+ * whose index set is known before it runs. Offsets in any order, repeats
+ * allowed (read in address order); resident folios are skipped. Makes room
+ * first (up to half the budget), then stops early rather than evict more
+ * than a batch per batch: keep a call's folios well under the budget.
+ * Returns the folios read, -EINVAL (an offset outside the region: nothing
+ * read; flags; offsets NULL with count > 0) or -EOPNOTSUPP
+ * (UPAGER_FETCH_WRITE on a read-only region). */
+int64_t upager_fetch(const upager_region_t *region, const uint64_t *offsets,
+                     size_t count, unsigned flags);
+
 /* upager_fault_in() flags. */
 #define UPAGER_FAULT_IN_WRITE 1u /* as write faults: the folios become dirty,
                                     as the system call that follows will make

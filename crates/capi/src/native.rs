@@ -1196,6 +1196,48 @@ pub unsafe extern "C" fn upager_invalidate(
     counted(|| Ok(unsafe { region(r) }?.invalidate(offset, length)?))
 }
 
+/// `UPAGER_FETCH_WRITE`: `upager_fetch` for a scatter (writable, dirty).
+pub const UPAGER_FETCH_WRITE: u32 = 1;
+
+/// `upager_fetch`: reads the folios holding the bytes at `offsets` in now,
+/// in batches; returns how many it read.
+///
+/// # Safety
+/// `r` is a live region handle; `offsets` points to `count` readable
+/// `u64`s (or is anything when `count` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn upager_fetch(
+    r: *const upager_region_t,
+    offsets: *const u64,
+    count: usize,
+    flags: u32,
+) -> i64 {
+    counted(|| {
+        // SAFETY: by this function's contract.
+        let r = unsafe { region(r) }?;
+        if flags & !UPAGER_FETCH_WRITE != 0 {
+            return Err(Failure::inval(format!(
+                "unknown fetch flags {:#x}",
+                flags & !UPAGER_FETCH_WRITE
+            )));
+        }
+        if count == 0 {
+            return Ok(0);
+        }
+        if offsets.is_null() {
+            return Err(Failure::inval("offsets is NULL"));
+        }
+        // SAFETY: by this function's contract, `count` u64s at `offsets`
+        // (not NULL, checked above), read only during this call.
+        let offs = unsafe { std::slice::from_raw_parts(offsets, count) };
+        Ok(if flags & UPAGER_FETCH_WRITE != 0 {
+            r.fetch_for_write(offs)?
+        } else {
+            r.fetch(offs)?
+        })
+    })
+}
+
 /// Runs `f` under [`guard`]: its count, or the negative errno of its error.
 fn counted(f: impl FnOnce() -> Result<u64, Failure>) -> i64 {
     let mut n = 0u64;

@@ -46,6 +46,7 @@ use crate::error::{AdviseError, RangeError};
 use crate::fill::Outcome;
 use crate::folio::{self, Kind, State};
 use crate::gather::{Gather, Mode};
+use crate::prefetch::Install;
 use crate::region::Region;
 use crate::shared::{Ctx, PrefetchRequest};
 
@@ -285,13 +286,56 @@ impl Region {
         if let Some(h) = self.heir() {
             return h.fetch(offsets);
         }
+        self.fetch_folios(offsets, false)
+    }
+
+    /// [`Region::fetch`] for a scatter: the caller is about to write the
+    /// bytes at every one of `offsets`, so the folios read go in as a write
+    /// fault's would — writable and DIRTY (in a file region of folios above
+    /// 4 KiB, only the 4 KiB page the offsets fall in, when they fall in
+    /// one) — and the writes that follow fault no more: a random
+    /// scatter's misses become batched reads (numpy's `a[idx] = v` on
+    /// `upager.memmap` arrays). Under the dirty limit, as write faults are
+    /// (it waits for write-back above it, and stops where the store
+    /// refuses writes). A folio named but not written is written back
+    /// unchanged. Where a write fault would fill for reading (a file that
+    /// several processes map writable keeps twins of clean folios; 2 MiB
+    /// folios) the folios are read as by [`Region::fetch`]. Resident
+    /// folios are left as they are (their first write faults as usual).
+    /// Returns the folios read.
+    pub fn fetch_for_write(&self, offsets: &[u64]) -> Result<u64, AdviseError> {
+        if let Some(h) = self.heir() {
+            return h.fetch_for_write(offsets);
+        }
+        if !self.inner.writable {
+            return Err(AdviseError::Unsupported(
+                "a write to a read-only region (map it writable)",
+            ));
+        }
+        Ok(self.fetch_folios(offsets, true)?)
+    }
+
+    /// The folios of `offsets` read in, in address order (`write`: as
+    /// write fills): [`Region::fetch`] and [`Region::fetch_for_write`].
+    fn fetch_folios(&self, offsets: &[u64], write: bool) -> Result<u64, RangeError> {
         let r = &self.inner;
-        let mut folios = Vec::with_capacity(offsets.len());
+        // Each folio with the 4 KiB page written in it (u64::MAX: more
+        // than one), in address order.
+        let mut folios: Vec<(usize, u64)> = Vec::with_capacity(offsets.len());
         for &offset in offsets {
-            folios.push(r.folio_range(offset, 1, 1)?.start);
+            let idx = r.folio_range(offset, 1, 1)?.start;
+            folios.push((idx, r.page_in_folio(idx, r.base() + offset)));
         }
         folios.sort_unstable();
-        folios.dedup();
+        folios.dedup_by(|b, a| {
+            if a.0 != b.0 {
+                return false;
+            }
+            if a.1 != b.1 {
+                a.1 = u64::MAX;
+            }
+            true
+        });
         let Some(r) = crate::area::Inflight::enter(r) else {
             return Ok(0); // being unmapped
         };
@@ -305,7 +349,17 @@ impl Region {
         }
         let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
         let batch = crate::prefetch::FETCH_BATCH_BYTES;
-        Ok(sh.prefetch_folios(&mut ctx, &r, folios, batch, &mut |_| {}))
+        let page = |idx: usize| {
+            let k = folios.partition_point(|f| f.0 < idx);
+            folios.get(k).filter(|f| f.0 == idx && f.1 != u64::MAX).map(|f| f.1)
+        };
+        let install = if write {
+            Install::Write(&page)
+        } else {
+            Install::Read
+        };
+        let idxs = folios.iter().map(|f| f.0);
+        Ok(sh.prefetch_folios(&mut ctx, &r, idxs, batch, install, &mut |_| {}))
     }
 
     /// Makes the range resident now, in the calling thread, as faults

@@ -11,14 +11,17 @@
 //! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs) and
 //!   warm-start replay windows (warm.rs): [`Shared::prefetch_folios`]
 //!   claims up to [`PREFETCH_BATCH_BYTES`] of non-resident folios at a
-//!   time (`Region::fetch` runs it in the caller's thread, batches of
-//!   [`FETCH_BATCH_BYTES`]), reads them with one
+//!   time (`Region::fetch` and `fetch_for_write` run it in the caller's
+//!   thread, batches of [`FETCH_BATCH_BYTES`]), reads them with one
 //!   [`Store::read_batch`](crate::Store::read_batch) (a network store sends
 //!   them together: one round trip per server; folios whose store bytes
 //!   are adjacent are one read, `read_runs`) and installs each run of
 //!   adjacent folios with the fill's own steps (fill.rs, `fill_claimed`:
 //!   one `UFFDIO_COPY` per run, `install_run`). A merged read that fails
-//!   is read again folio by folio, so a bad folio costs only itself. A
+//!   is read again folio by folio, so a bad folio costs only itself.
+//!   `fetch_for_write`'s folios go in as write fills ([`Install::Write`]):
+//!   one at a time, writable and DIRTY, claimed only while the dirty limit
+//!   has room (else `balance_dirty` first, as a write fault). A
 //!   request in progress is
 //!   finished before the next window (a stream reaching a window not read
 //!   yet reads it itself).
@@ -61,6 +64,23 @@ pub(crate) const PREFETCH_BATCH_BYTES: u64 = 1 << 20;
 ///
 /// [`Region::fetch`]: crate::Region::fetch
 pub(crate) const FETCH_BATCH_BYTES: u64 = 8 << 20;
+
+/// How [`Shared::prefetch_folios`] installs the folios it reads.
+#[derive(Clone, Copy)]
+pub(crate) enum Install<'a> {
+    /// CLEAN, write-protected, in runs of adjacent folios (prefetch,
+    /// replay, a gather): a later write faults as on any clean folio.
+    Read,
+    /// DIRTY and writable, one folio at a time, as a write fault's fill,
+    /// for a caller about to write every folio it names (a scatter): its
+    /// writes then fault no more. The function gives the one 4 KiB page
+    /// of folio `idx` to be written (`None`: more than one), which a region
+    /// that dirties pages makes writable alone (DIRTY|PARTIAL, dirty.rs).
+    /// Under the dirty limit as a write fault is (`balance_dirty`). Where a
+    /// write fault would fill for reading (a file with several writers
+    /// keeps twins; 2 MiB folios), the folios go in as `Read`.
+    Write(&'a dyn Fn(usize) -> Option<u64>),
+}
 
 impl Shared {
     /// Body of the prefetch thread: fills the readahead windows faults ask
@@ -171,7 +191,14 @@ impl Shared {
         let Some(r) = crate::area::Inflight::enter(&req.region) else {
             return;
         };
-        self.prefetch_folios(ctx, &r, req.folios, PREFETCH_BATCH_BYTES, &mut |_| {});
+        self.prefetch_folios(
+            ctx,
+            &r,
+            req.folios,
+            PREFETCH_BATCH_BYTES,
+            Install::Read,
+            &mut |_| {},
+        );
     }
 
     /// Warm-start replay (warm.rs): reads the next window of the trace of
@@ -189,7 +216,7 @@ impl Shared {
             return;
         };
         let flat = runs.into_iter().flatten();
-        let read = self.prefetch_folios(ctx, &r, flat, PREFETCH_BATCH_BYTES, &mut |idx| {
+        let read = self.prefetch_folios(ctx, &r, flat, PREFETCH_BATCH_BYTES, Install::Read, &mut |idx| {
             rp.read_one(idx)
         });
         self.counters.replay_reads.add(read);
@@ -202,8 +229,9 @@ impl Shared {
     /// round trip per server), then install each. A folio whose read
     /// failed goes back to its old state (a later fault reads it again and
     /// gets the error itself). When the budget has no room, one folio goes
-    /// the way of a fault (fill reserves, reclaiming). `on_read(idx)` for
-    /// each folio filled; returns how many.
+    /// the way of a fault (fill reserves, reclaiming). `install`: how the
+    /// folios go in ([`Install`]). `on_read(idx)` for each folio filled;
+    /// returns how many.
     ///
     /// [`Store::read_batch`]: crate::Store::read_batch
     pub(crate) fn prefetch_folios(
@@ -212,6 +240,7 @@ impl Shared {
         r: &Arc<Area>,
         folios: impl IntoIterator<Item = usize>,
         batch_bytes: u64,
+        install: Install<'_>,
         on_read: &mut dyn FnMut(usize),
     ) -> u64 {
         let per_batch = if r.folio >= crate::thp::HUGE {
@@ -219,6 +248,14 @@ impl Shared {
         } else {
             (batch_bytes / r.folio).max(1) as usize
         };
+        // Write installs: writable regions below 2 MiB folios whose writes
+        // keep no twins (a twin is made by the write-protect fault).
+        let pages = match install {
+            Install::Write(pages) if r.writable && per_batch > 1 && !r.twinning() => Some(pages),
+            _ => None,
+        };
+        // The dirty limit, as a write fault keeps it (a file's folios).
+        let limited = pages.is_some() && !r.is_anon();
         let nfolios = r.nfolios();
         let mut folios = folios.into_iter().filter(|&i| i < nfolios).peekable();
         let mut claimed: Vec<(usize, State)> = Vec::with_capacity(per_batch);
@@ -242,6 +279,14 @@ impl Shared {
                 let Some(&next) = folios.peek() else {
                     break;
                 };
+                if limited && !self.budget.dirty_fits((claimed.len() as u64 + 1) * r.folio) {
+                    if !claimed.is_empty() {
+                        break; // this batch first: its write-back frees room
+                    }
+                    if !self.balance_dirty(r) {
+                        return read; // the store refuses writes: the writes fault
+                    }
+                }
                 if !self.budget.try_charge(r.folio) {
                     break;
                 }
@@ -280,8 +325,9 @@ impl Shared {
                     continue;
                 }
                 // Adjacent folios of the batch, read fine, go in as one
-                // run (one UFFDIO_COPY), as a readahead window does.
-                let n = if per_batch > 1 {
+                // run (one UFFDIO_COPY), as a readahead window does; a
+                // write install is one folio at a time, as a write fill.
+                let n = if per_batch > 1 && pages.is_none() {
                     install_run(r, &claimed[k..], &ok[k..])
                 } else {
                     1
@@ -296,8 +342,8 @@ impl Shared {
                     idx,
                     old,
                     extras: &run_olds,
-                    write: false,
-                    page: None,
+                    write: pages.is_some(),
+                    page: pages.and_then(|p| p(idx)).filter(|_| r.dirties_pages()),
                     prefetch: true,
                 };
                 if self.fill_claimed(ctx, &c) == Outcome::Done {

@@ -76,6 +76,9 @@ impl<S: Store> Store for Recorder<S> {
         self.punched.fetch_add(len, Relaxed);
         self.inner.punch(offset, len)
     }
+    fn takes_pages(&self) -> bool {
+        self.inner.takes_pages()
+    }
 }
 
 /// An anonymous region on a store of the caller's: zero on first touch,
@@ -204,6 +207,87 @@ fn fetch_reads_the_folios_of_scattered_offsets_in_batches() {
     }
     assert_eq!(pager.stats().faults_missing, faults, "no fault after fetch");
     assert_eq!(r.fetch(&offsets).unwrap(), 0, "resident folios are skipped");
+}
+
+/// `Region::fetch_for_write` reads the folios of scattered offsets in
+/// batches as `fetch` does, but writable and dirty: the writes that follow
+/// fault neither for the data nor on a protection, and a flush writes back
+/// exactly those folios — in folios of 64 KiB, only the 4 KiB page the
+/// offsets fall in (a folio with two pages named: all of it). A resident
+/// clean folio is left clean (its write faults as usual); a read-only
+/// region is refused with nothing read.
+#[test]
+fn fetch_for_write_installs_dirty_folios_the_writes_do_not_fault_on() {
+    let dir = ram_dir();
+    for folio in [4096u64, 64 << 10] {
+        let path = pattern_file(dir.path(), &format!("w{folio}"), 24 * MIB, 7);
+        let ro = Pager::new(32 * MIB).unwrap();
+        let rr = ro
+            .map_store(
+                Arc::new(upager::FileStore::open(&path, false, true).unwrap()),
+                &MapOptions::new(),
+            )
+            .unwrap();
+        assert!(matches!(
+            rr.fetch_for_write(&[0]),
+            Err(upager::AdviseError::Unsupported(_))
+        ));
+        assert_eq!(ro.stats().fills, 0, "nothing read");
+        drop(rr);
+        let store = Arc::new(Recorder::new(
+            upager::FileStore::open(&path, true, true).unwrap(),
+        ));
+        // No readahead: folio 0's read fault fills folio 0 alone.
+        let pager = Pager::builder()
+            .budget(32 * MIB)
+            .readahead(0)
+            .build()
+            .unwrap();
+        let r = pager
+            .map_store(
+                store.clone(),
+                &MapOptions::new().folio(folio).writable(true),
+            )
+            .unwrap();
+        // Folio 0 resident and clean before: skipped, its write faults.
+        assert_eq!(r.words()[0].load(Relaxed), word(0, 7));
+        // 100 folios 3 apart, out of order, each named twice on one page;
+        // folio 3 also on a second page (64 KiB folios: dirty whole).
+        let mut offsets: Vec<u64> = (0..200u64)
+            .map(|i| (99 - i % 100) * 3 * folio + 8 * (i % 2))
+            .collect();
+        offsets.push(3 * folio + folio / 2);
+        let faults = pager.stats().faults_missing;
+        assert_eq!(r.fetch_for_write(&offsets).unwrap(), 99, "folio 0 was resident");
+        assert_eq!(store.batches.lock().unwrap().clone(), vec![99]);
+        let s = pager.stats();
+        assert_eq!(s.faults_missing, faults, "read by the call, not faults");
+        let wp = s.faults_wp;
+        for &o in &offsets {
+            r.words()[(o / 8) as usize].store(!word(o, 7), Relaxed);
+        }
+        let s = pager.stats();
+        assert_eq!(s.faults_missing, faults, "the writes did not fault");
+        assert_eq!(s.faults_wp - wp, 1, "one write-protect fault: folio 0's");
+        let written = s.bytes_written;
+        r.flush().unwrap();
+        let s = pager.stats();
+        let whole = if folio > 4096 { 1 } else { 100 };
+        assert_eq!(
+            s.bytes_written - written,
+            whole * folio + (100 - whole) * 4096,
+            "the pages named, written back; whole folios where two were"
+        );
+        drop(r);
+        let data = std::fs::read(&path).unwrap();
+        let named: std::collections::HashSet<u64> = offsets.iter().copied().collect();
+        for w in 0..(24 * MIB / 8) {
+            let o = w * 8;
+            let got = u64::from_ne_bytes(data[o as usize..o as usize + 8].try_into().unwrap());
+            let want = if named.contains(&o) { !word(o, 7) } else { word(o, 7) };
+            assert_eq!(got, want, "folio {folio}: word at {o}");
+        }
+    }
 }
 
 /// A file store whose `read_batch` fails any read covering one offset (its

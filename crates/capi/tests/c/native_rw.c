@@ -122,6 +122,36 @@ int main(void) {
     TRY(upager_prefetch_wait(r, 10000));
     TRY(upager_mincore(r, 0, 1 * MIB, vec));
     for (int i = 0; i < 256; i++) CHECK(vec[i] == 1, "prefetched page %d", i);
+    {   /* upager_fetch: scattered offsets read in batches, resident
+         * folios skipped; UPAGER_FETCH_WRITE: writable and dirty, so the
+         * writes fault no more, and they are written back. */
+        CHECK(upager_pageout(r, 0, 4 * MIB) >= 0, "pageout before fetch");
+        uint64_t offs[3] = {3 * MIB + 8, 1 * MIB + 70000, 3 * MIB + 16};
+        CHECK(upager_fetch(r, offs, 3, 0) == 2, "fetch read two folios");
+        CHECK(upager_fetch(r, offs, 3, 0) == 0, "resident folios skipped");
+        uint64_t wo[2] = {2 * MIB + 512 * 1024, 2 * MIB + 640 * 1024};
+        uint64_t wp = counter(pg, "faults_wp");
+        uint64_t miss = counter(pg, "faults_missing");
+        CHECK(upager_fetch(r, wo, 2, UPAGER_FETCH_WRITE) == 2,
+              "fetch for write read two folios");
+        w[wo[0] / 8] = 5;
+        w[wo[1] / 8] = 6;
+        CHECK(counter(pg, "faults_wp") == wp &&
+              counter(pg, "faults_missing") == miss,
+              "the writes after a fetch for write faulted");
+        uint64_t bad = 4 * MIB;
+        CHECK(upager_fetch(r, &bad, 1, 0) == -EINVAL, "offset past the end");
+        CHECK(upager_fetch(r, offs, 3, 2) == -EINVAL, "unknown flag");
+        CHECK(upager_fetch(r, NULL, 1, 0) == -EINVAL, "NULL offsets");
+        CHECK(upager_fetch(r, NULL, 0, 0) == 0, "no offsets");
+        TRY(upager_flush(r));
+        int f = open(path, O_RDONLY);
+        uint64_t v[2] = {0, 0};
+        CHECK(pread(f, &v[0], 8, (off_t)wo[0]) == 8 &&
+              pread(f, &v[1], 8, (off_t)wo[1]) == 8 && v[0] == 5 && v[1] == 6,
+              "fetched-for-write words written back");
+        close(f);
+    }
     CHECK(upager_pageout(r, 1000, 4096) == -EINVAL, "unaligned pageout");
     CHECK(upager_residency(r, 0, 8 * MIB, ext, 64) == -EINVAL, "out of range");
     TRY(upager_unmap(r, 0));
