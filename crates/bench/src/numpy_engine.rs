@@ -94,6 +94,10 @@ pub struct NumpyEngine {
     mode: &'static str,
     /// Run by this user and group id (root switches to them).
     user: Option<(u32, u32)>,
+    /// Without the batched gather and scatter (`UPAGER_GATHER_FETCH_MIN=0`):
+    /// every miss of `a[idx]` and `a[idx] = v` is a fault, as in a loop
+    /// over elements (the ablation `fault-path`).
+    fault_path: bool,
 }
 
 impl NumpyEngine {
@@ -119,6 +123,7 @@ impl NumpyEngine {
             readahead_async: None,
             mode: "r+",
             user: None,
+            fault_path: false,
         }
     }
 
@@ -174,7 +179,8 @@ impl NumpyEngine {
     /// default folio size in each of `modes`, then with 4 KiB and 64 KiB
     /// folios in each; issue 23's ablations (4 KiB folios with mixed
     /// folio sizes, `huge-runs`, and without async readahead,
-    /// `sync-readahead`); and both sides opened read-only (` r`).
+    /// `sync-readahead`); the defaults with every miss a fault
+    /// (`fault-path`); and both sides opened read-only (` r`).
     pub fn for_modes(modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
         let mut v: Vec<Box<dyn Engine>> =
             vec![Box::new(Self::memmap()), Box::new(Self::defaults())];
@@ -196,6 +202,10 @@ impl NumpyEngine {
                 ..Self::upager(4, m).named("sync-readahead")
             }));
         }
+        v.push(Box::new(NumpyEngine {
+            fault_path: true,
+            ..Self::defaults().named("fault-path")
+        }));
         v.push(Box::new(NumpyEngine {
             mode: "r",
             ..Self::memmap().named("r")
@@ -275,7 +285,11 @@ impl Engine for NumpyEngine {
             trace_tlb: p.trace_tlb,
             timeout: Duration::from_secs_f64(p.timeout_s.max(1.0)),
             user: self.user,
-            env: Vec::new(),
+            env: if self.fault_path {
+                vec![("UPAGER_GATHER_FETCH_MIN".into(), "0".into())]
+            } else {
+                Vec::new()
+            },
         };
         let run = run_worker(&exe, &w, &opts);
         let _ = std::fs::remove_file(&script);

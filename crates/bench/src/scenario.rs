@@ -655,7 +655,7 @@ static NUMPY: ScenarioSpec = ScenarioSpec {
           defaults`: no folio size, no fault mode), the default folio in each fault mode \
           (`upager handlers`, `upager in-thread`), 4 KiB and 64 KiB folios in each mode, issue \
           23's ablations (4 KiB folios with mixed folio sizes: huge-runs; without async \
-          readahead: sync-readahead) and both opened read-only (engines ending in ` r`: no write \
+          readahead: sync-readahead), the defaults without the batched gather and scatter (every miss of a[idx] and a[idx] = v a fault, as in a loop over elements: upager defaults fault-path) and both opened read-only (engines ending in ` r`: no write \
           phase). Phases: a sequential pass (sum over 8 MiB slices), N random element reads \
           (a[idx].sum()), N random element writes (a[idx] = 1.5) and flush(). Time and rate per \
           phase, each vs numpy.memmap (r+): what a numpy user sees first. Once per kind of data \
