@@ -351,7 +351,10 @@ impl Region {
         let batch = crate::prefetch::FETCH_BATCH_BYTES;
         let page = |idx: usize| {
             let k = folios.partition_point(|f| f.0 < idx);
-            folios.get(k).filter(|f| f.0 == idx && f.1 != u64::MAX).map(|f| f.1)
+            folios
+                .get(k)
+                .filter(|f| f.0 == idx && f.1 != u64::MAX)
+                .map(|f| f.1)
         };
         let install = if write {
             Install::Write(&page)

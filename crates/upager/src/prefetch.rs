@@ -216,9 +216,14 @@ impl Shared {
             return;
         };
         let flat = runs.into_iter().flatten();
-        let read = self.prefetch_folios(ctx, &r, flat, PREFETCH_BATCH_BYTES, Install::Read, &mut |idx| {
-            rp.read_one(idx)
-        });
+        let read = self.prefetch_folios(
+            ctx,
+            &r,
+            flat,
+            PREFETCH_BATCH_BYTES,
+            Install::Read,
+            &mut |idx| rp.read_one(idx),
+        );
         self.counters.replay_reads.add(read);
     }
 

@@ -258,7 +258,11 @@ fn fetch_for_write_installs_dirty_folios_the_writes_do_not_fault_on() {
             .collect();
         offsets.push(3 * folio + folio / 2);
         let faults = pager.stats().faults_missing;
-        assert_eq!(r.fetch_for_write(&offsets).unwrap(), 99, "folio 0 was resident");
+        assert_eq!(
+            r.fetch_for_write(&offsets).unwrap(),
+            99,
+            "folio 0 was resident"
+        );
         assert_eq!(store.batches.lock().unwrap().clone(), vec![99]);
         let s = pager.stats();
         assert_eq!(s.faults_missing, faults, "read by the call, not faults");
@@ -284,7 +288,11 @@ fn fetch_for_write_installs_dirty_folios_the_writes_do_not_fault_on() {
         for w in 0..(24 * MIB / 8) {
             let o = w * 8;
             let got = u64::from_ne_bytes(data[o as usize..o as usize + 8].try_into().unwrap());
-            let want = if named.contains(&o) { !word(o, 7) } else { word(o, 7) };
+            let want = if named.contains(&o) {
+                !word(o, 7)
+            } else {
+                word(o, 7)
+            };
             assert_eq!(got, want, "folio {folio}: word at {o}");
         }
     }
