@@ -28,8 +28,16 @@ def cli() -> pathlib.Path:
 
 
 def require_cli() -> None:
+    """Exits with what to do when the release CLI or the Python packages
+    the comparisons run (numpy, s3fs: bench/requirements-s3.txt) are
+    missing, before anything is uploaded."""
     if not cli().exists():
         sys.exit(f"the CLI is not built ({cli()}): cargo build --release -p upager-cli")
+    import importlib.util
+    missing = [m for m in ("numpy", "s3fs") if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"{', '.join(missing)} not installed: "
+                 "python3 -m pip install -r bench/requirements-s3.txt")
 
 
 def add_output_args(ap: Any) -> None:

@@ -13,7 +13,9 @@
 //!    one at a time (the limit of a reader that waits for each);
 //!
 //! and prints time, MiB/s, peak resident bytes and bytes fetched
-//! (`UPAGER_S3_BENCH_ONLY=limit`: the limit alone, the side
+//! (`UPAGER_S3_BENCH_GETS=16,64,16:256K`: also the request-rate limit,
+//! 25,000 random 4 KiB folios as one `read_batch` at each depth and gap,
+//! as a gather's fetch sends them; `UPAGER_S3_BENCH_ONLY=limit`: the limits alone, the side
 //! bench/s3_array_bench.py compares with). The
 //! process is the only reader; run it in a memory cgroup to bound page
 //! cache (none here: the store has no page cache, the budget is upager's).
@@ -57,6 +59,51 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             st.len() as f64 / el / 1048576.0,
             st.counters().gets
         );
+    }
+
+    // 1b. The request-rate limit (UPAGER_S3_BENCH_GETS="DEPTH[:GAP],..."):
+    // 25,000 random 4 KiB folios of the object in address order as ONE
+    // read_batch at each depth and S3Options::gap (default 0: a GET per
+    // folio), as a gather's Region::fetch sends them.
+    if let Ok(depths) = std::env::var("UPAGER_S3_BENCH_GETS") {
+        let mut x = 0x9E37_79B9u64;
+        let st0 = S3Store::open(&url, &S3Options::default())?;
+        let nfolios = st0.len() / 4096;
+        let mut offs: Vec<u64> = (0..25_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % nfolios) * 4096
+            })
+            .collect();
+        offs.sort_unstable();
+        offs.dedup();
+        for g in depths.split(',') {
+            let (d, gap) = g.split_once(':').unwrap_or((g, "0"));
+            let o = S3Options::default().in_flight(d.parse()?).gap(size(gap));
+            let st = S3Store::open(&url, &o)?;
+            let mut bufs = vec![0u8; offs.len() * 4096];
+            let mut reqs: Vec<upager::ReadReq<'_>> = bufs
+                .chunks_mut(4096)
+                .zip(&offs)
+                .map(|(buf, &offset)| upager::ReadReq { buf, offset })
+                .collect();
+            let t = Instant::now();
+            let res = st.read_batch(&mut reqs);
+            let el = t.elapsed().as_secs_f64();
+            let bad = res.iter().filter(|r| r.is_err()).count();
+            let c = st.counters();
+            println!(
+                "gets   {} random 4 KiB folios, depth {d:<3} gap {gap:>5} {:>8.2} s {:>8.0} folios/s  gets {} ({:.0}/s)  received {} MiB  errors {bad}",
+                offs.len(),
+                el,
+                offs.len() as f64 / el,
+                c.gets,
+                c.gets as f64 / el,
+                c.bytes_received >> 20,
+            );
+        }
     }
 
     if std::env::var("UPAGER_S3_BENCH_ONLY").is_ok_and(|v| v == "limit") {

@@ -52,7 +52,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 pub use config::{ConfigError, Secret};
 pub use dataset::{DatasetCounters, DatasetError, S3Dataset};
-pub use store::{OpenError, S3Counters, S3Options, S3Store};
+pub use store::{OpenError, S3Counters, S3Options, S3Store, GAP_DEFAULT};
 pub use url::{S3Url, UrlError};
 
 /// Default folio of a region of an object when its options set none: a

@@ -12,7 +12,9 @@
 //!             in parts of at most `part` (2 MiB) bytes: ONE ranged GET per part, all
 //!             parts in flight together (at most `in_flight`); a fault's run of
 //!             up to `part` bytes is one GET
-//! read_batch  adjacent reads merged up to `part` bytes, then as read_at: every
+//! read_batch  reads in order merged up to `part` bytes, adjacent ones and
+//!             ones at most `gap` bytes apart (the gap read and dropped, in
+//!             waves of at most 16 MiB of gaps), then as read_at: every
 //!             GET in flight together (at most `in_flight`), one result per read
 //! every GET   If-Match: the ETag of open; 412 (or another ETag in the answer)
 //!             = the object was replaced: an error (the access gets SIGBUS,
@@ -45,7 +47,8 @@
 //!
 //! Counters ([`S3Counters`], snake_case, `store_` prefix as the Redis
 //! store's): `store_gets`, `store_bytes_received`, `store_get_errors`,
-//! `store_etag_mismatches`, `store_gets_in_flight_peak`, `store_get_ns`.
+//! `store_etag_mismatches`, `store_gets_in_flight_peak`, `store_get_ns`,
+//! `store_gap_bytes`.
 
 use std::fmt;
 use std::io;
@@ -76,6 +79,13 @@ pub struct S3Options {
     pub part: u64,
     /// Most GETs in flight per call. Default 16.
     pub in_flight: usize,
+    /// Largest gap between two reads of a batch (a prefetch, a gather's
+    /// fetch, a warm start's replay) that one GET reads through, dropping
+    /// the gap's bytes, rather than send a GET more: where a request costs
+    /// more than reading the bytes between (an object store's GET rate
+    /// bounds a scattered batch long before its bandwidth does). 0: only
+    /// adjacent reads share a GET. Default [`GAP_DEFAULT`].
+    pub gap: u64,
     /// Worker threads of the store's runtime. Default 1.
     pub threads: usize,
     /// Time to connect. Default 2 s.
@@ -93,6 +103,7 @@ impl Default for S3Options {
         S3Options {
             part: 2 << 20,
             in_flight: 16,
+            gap: GAP_DEFAULT,
             threads: 1,
             connect_timeout: Duration::from_secs(2),
             timeout: Duration::from_secs(30),
@@ -111,6 +122,11 @@ impl S3Options {
     /// Sets [`S3Options::in_flight`] (at least 1).
     pub fn in_flight(mut self, n: usize) -> Self {
         self.in_flight = n.max(1);
+        self
+    }
+    /// Sets [`S3Options::gap`].
+    pub fn gap(mut self, bytes: u64) -> Self {
+        self.gap = bytes;
         self
     }
     /// Sets [`S3Options::threads`] (at least 1).
@@ -256,6 +272,9 @@ pub struct S3Counters {
     /// Wall time of the GETs, summed (ns): divided by `gets`, the mean
     /// latency of a GET.
     pub get_ns: u64,
+    /// Bytes GETs read between two folios of a batch and dropped
+    /// ([`S3Options::gap`]; counted in `bytes_received` too).
+    pub gap_bytes: u64,
 }
 
 impl S3Counters {
@@ -268,6 +287,7 @@ impl S3Counters {
             ("store_etag_mismatches", self.etag_mismatches),
             ("store_gets_in_flight_peak", self.gets_in_flight_peak),
             ("store_get_ns", self.get_ns),
+            ("store_gap_bytes", self.gap_bytes),
         ]
         .into_iter()
     }
@@ -282,6 +302,31 @@ struct Counters {
     in_flight: AtomicU64,
     peak: AtomicU64,
     ns: AtomicU64,
+    gap_bytes: AtomicU64,
+}
+
+/// The default [`S3Options::gap`], 512 KiB: about what one GET costs in
+/// bytes on SeaweedFS here — its bandwidth over its GET rate, 476 MiB/s
+/// over ~1,150 GETs/s (which 16 or 64 in flight do not raise) ≈ 420 KiB.
+/// 25,000 random 4 KiB folios of a 2 GiB object as one batch
+/// (`s3bench`, `UPAGER_S3_BENCH_GETS`): gap 0 1,174-1,261 folios/s,
+/// 64 KiB 2,307, 256 KiB 5,311-5,554, 512 KiB 6,330-6,908, 1 MiB
+/// 5,917-6,596 (docs/benchmarks.md, "An array on S3").
+pub const GAP_DEFAULT: u64 = 512 << 10;
+
+/// Most bytes of gaps one wave of a `read_batch` reads through (and
+/// drops): its scratch buffer, reused by the next wave (16 MiB: beside a
+/// fetch's 8 MiB batch, within what a 256 MiB cgroup over a 192 MiB
+/// budget leaves).
+const GAP_SCRATCH_BYTES: usize = 16 << 20;
+
+/// How one read of a `read_batch` is served (`S3Store::plan_wave`): its
+/// bytes (clipped at the object's end; 0: none), and whether it goes into
+/// the previous read's GET, after `gap` bytes read and dropped.
+struct Step {
+    n: u64,
+    join: bool,
+    gap: usize,
 }
 
 /// Why one GET failed (becomes the `io::Error` the engine logs).
@@ -626,6 +671,7 @@ impl S3Store {
             etag_mismatches: c.mismatches.load(Relaxed),
             gets_in_flight_peak: c.peak.load(Relaxed),
             get_ns: c.ns.load(Relaxed),
+            gap_bytes: c.gap_bytes.load(Relaxed),
         }
     }
 
@@ -799,6 +845,98 @@ impl S3Store {
             .collect()
     }
 
+    /// The next wave of a batch of reads (a prefix of `reads`): how each
+    /// is served, and the gap bytes it reads through. A read goes into the
+    /// previous read's GET while the GET stays within `part` bytes and
+    /// the read starts at or after the GET's end, at most `gap` bytes
+    /// after it; the wave ends before a gap its scratch
+    /// ([`GAP_SCRATCH_BYTES`]) cannot take.
+    fn plan_wave(&self, reads: &[upager::ReadReq<'_>]) -> (Vec<Step>, usize) {
+        let mut steps = Vec::with_capacity(reads.len());
+        let mut gaps = 0usize;
+        let mut get: Option<Range<u64>> = None;
+        for r in reads {
+            let n = if r.offset >= self.len {
+                0
+            } else {
+                (r.buf.len() as u64).min(self.len - r.offset)
+            };
+            let mut step = Step {
+                n,
+                join: false,
+                gap: 0,
+            };
+            if n > 0 {
+                match &mut get {
+                    Some(g)
+                        if r.offset >= g.end
+                            && r.offset - g.end <= self.opts.gap
+                            && r.offset + n - g.start <= self.opts.part =>
+                    {
+                        let gap = (r.offset - g.end) as usize;
+                        if gaps + gap > GAP_SCRATCH_BYTES {
+                            break;
+                        }
+                        gaps += gap;
+                        step.join = true;
+                        step.gap = gap;
+                        g.end = r.offset + n;
+                    }
+                    _ => get = Some(r.offset..r.offset + n),
+                }
+            }
+            steps.push(step);
+        }
+        (steps, gaps)
+    }
+
+    /// Serves one wave of reads as `plan_wave` planned it, the gaps read
+    /// into `scratch`: every GET in flight together (at most
+    /// `in_flight`), one result per read.
+    fn read_wave(
+        &self,
+        wave: &mut [upager::ReadReq<'_>],
+        steps: &[Step],
+        mut scratch: &mut [u8],
+    ) -> Vec<io::Result<usize>> {
+        let mut gets: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
+        // For each read, the GET that serves it (None: nothing to read).
+        let mut which = Vec::with_capacity(wave.len());
+        for (r, st) in wave.iter_mut().zip(steps) {
+            if st.n == 0 {
+                which.push(None);
+                continue;
+            }
+            let buf = &mut r.buf[..st.n as usize];
+            match gets.last_mut() {
+                Some((range, bufs)) if st.join => {
+                    if st.gap > 0 {
+                        let (gap, tail) = std::mem::take(&mut scratch).split_at_mut(st.gap);
+                        bufs.push(gap);
+                        scratch = tail;
+                        self.counters.gap_bytes.fetch_add(st.gap as u64, Relaxed);
+                    }
+                    range.end = r.offset + st.n;
+                    bufs.push(buf);
+                }
+                _ => gets.push((r.offset..r.offset + st.n, vec![buf])),
+            }
+            which.push(Some(gets.len() - 1));
+        }
+        let results = self.run_gets(gets);
+        which
+            .into_iter()
+            .zip(steps)
+            .map(|(w, st)| match w {
+                None => Ok(0),
+                Some(g) => match &results[g] {
+                    Ok(()) => Ok(st.n as usize),
+                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                },
+            })
+            .collect()
+    }
+
     /// Runs `gets` with at most `in_flight` in flight; the first error, by
     /// order of the GETs, with its offset.
     fn run_gets(&self, gets: Vec<(Range<u64>, Vec<&mut [u8]>)>) -> Vec<Result<(), io::Error>> {
@@ -854,47 +992,19 @@ impl upager::Store for S3Store {
     }
 
     fn read_batch(&self, reads: &mut [upager::ReadReq<'_>]) -> Vec<io::Result<usize>> {
-        // Clip each read at the object's end; merge reads that continue one
-        // another into one GET of at most `part` bytes.
-        let mut sizes = Vec::with_capacity(reads.len());
-        let mut gets: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
-        // For each read, the GET that serves it (None: nothing to read).
-        let mut which = Vec::with_capacity(reads.len());
-        for r in reads.iter_mut() {
-            let n = if r.offset >= self.len {
-                0
-            } else {
-                (r.buf.len() as u64).min(self.len - r.offset)
-            };
-            sizes.push(n as usize);
-            if n == 0 {
-                which.push(None);
-                continue;
-            }
-            let buf = &mut r.buf[..n as usize];
-            match gets.last_mut() {
-                Some((range, bufs))
-                    if range.end == r.offset && range.end - range.start + n <= self.opts.part =>
-                {
-                    range.end += n;
-                    bufs.push(buf);
-                }
-                _ => gets.push((r.offset..r.offset + n, vec![buf])),
-            }
-            which.push(Some(gets.len() - 1));
+        // In waves whose gaps (bytes read through and dropped) fit the
+        // scratch buffer, which the waves reuse.
+        let mut out = Vec::with_capacity(reads.len());
+        let mut scratch = Vec::new();
+        let mut rest = reads;
+        while !rest.is_empty() {
+            let (steps, gaps) = self.plan_wave(rest);
+            let (wave, tail) = std::mem::take(&mut rest).split_at_mut(steps.len());
+            scratch.resize(gaps, 0);
+            out.extend(self.read_wave(wave, &steps, &mut scratch[..gaps]));
+            rest = tail;
         }
-        let results = self.run_gets(gets);
-        which
-            .into_iter()
-            .zip(sizes)
-            .map(|(w, n)| match w {
-                None => Ok(0),
-                Some(g) => match &results[g] {
-                    Ok(()) => Ok(n),
-                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-                },
-            })
-            .collect()
+        out
     }
 
     fn write_from(&self, _src: upager::Src<'_>, offset: u64) -> io::Result<()> {

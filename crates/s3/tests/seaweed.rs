@@ -131,6 +131,68 @@ fn read_at_splits_long_reads_and_read_batch_merges_adjacent_ones() {
     }
 }
 
+/// A batch's reads at most `gap` apart go in one GET that reads the gap
+/// and drops it (counted in `store_gap_bytes`); a wider gap, a read that
+/// goes back, or a GET that would pass `part` starts another GET; with a
+/// gap of 0 only adjacent reads share one. Every read gets its own bytes.
+#[test]
+fn read_batch_reads_through_small_gaps() {
+    let Some(s) = shared("gaps") else { return };
+    let len = 4 * MIB;
+    let data = pattern(len, 9);
+    s.objects("gaps").put("g.bin", data.clone()).unwrap();
+    const K: u64 = 1024;
+    // With a gap of 128K and parts of 256K: 0 and 128K, a 64K gap (one
+    // GET); 1M, 832K on (another); 1M+192K, a gap of 128K, the limit (the
+    // same GET, 256K long: part's size); 512K goes back (another); 3M
+    // (another) and 3M+192K (the same); 3M+320K, 64K on, would make that
+    // GET 384K long (another).
+    let offs = [
+        0,
+        128 * K,
+        MIB,
+        MIB + 192 * K,
+        512 * K,
+        3 * MIB,
+        3 * MIB + 64 * K + 128 * K,
+        3 * MIB + 320 * K,
+    ];
+    let read = |gap: u64| {
+        let opts = S3Options::default().part(256 * K).gap(gap);
+        let st = S3Store::open_with(&s.url("gaps", "g.bin"), &opts, &s.env()).unwrap();
+        let mut bufs: Vec<Vec<u8>> = vec![vec![0; 65536]; offs.len()];
+        let mut reqs: Vec<ReadReq<'_>> = bufs
+            .iter_mut()
+            .zip(offs)
+            .map(|(b, offset)| ReadReq {
+                buf: b.as_mut_slice(),
+                offset,
+            })
+            .collect();
+        let got: Vec<usize> = st
+            .read_batch(&mut reqs)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(got, vec![65536; offs.len()]);
+        for (b, off) in bufs.iter().zip(offs) {
+            assert_eq!(
+                &b[..],
+                &data[off as usize..off as usize + 65536],
+                "at {off}"
+            );
+        }
+        st.counters()
+    };
+    let c = read(128 * K);
+    assert_eq!(c.gets, 5, "{c:?}");
+    assert_eq!(c.gap_bytes, 64 * K + 128 * K + 128 * K, "{c:?}");
+    assert_eq!(c.bytes_received, 8 * 64 * K + c.gap_bytes);
+    let c = read(0);
+    assert_eq!(c.gets, 8, "no two reads adjacent: {c:?}");
+    assert_eq!(c.gap_bytes, 0);
+}
+
 #[test]
 fn missing_object_bucket_bad_credentials_and_no_server_are_clear_errors() {
     let Some(s) = shared("errs") else { return };
