@@ -86,6 +86,26 @@ fn an_object_reads_back_whole_under_a_budget_smaller_than_it() {
     assert!(c.gets_in_flight_peak >= 2, "{c:?}");
 }
 
+/// One `read_batch` of 64 KiB reads at `offs`: the buffers and how many
+/// bytes each read got (every read must succeed).
+fn read_batch_64k(st: &S3Store, offs: &[u64]) -> (Vec<Vec<u8>>, Vec<usize>) {
+    let mut bufs: Vec<Vec<u8>> = vec![vec![0; 65536]; offs.len()];
+    let mut reqs: Vec<ReadReq<'_>> = bufs
+        .iter_mut()
+        .zip(offs)
+        .map(|(b, &offset)| ReadReq {
+            buf: b.as_mut_slice(),
+            offset,
+        })
+        .collect();
+    let got = st
+        .read_batch(&mut reqs)
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    (bufs, got)
+}
+
 #[test]
 fn read_at_splits_long_reads_and_read_batch_merges_adjacent_ones() {
     let Some(s) = shared("parts") else { return };
@@ -107,19 +127,9 @@ fn read_at_splits_long_reads_and_read_batch_merges_adjacent_ones() {
     assert_eq!(st.read_at(&mut buf[..4096], len).unwrap(), 0);
     // A batch: two adjacent reads (one GET), one apart, one past the end,
     // one clipped.
-    let mut bufs: Vec<Vec<u8>> = vec![vec![0; 65536]; 5];
     let offs = [0u64, 65536, MIB, len + 8192, len - 100];
     let before = st.counters().gets;
-    let mut reqs: Vec<ReadReq<'_>> = bufs
-        .iter_mut()
-        .zip(offs)
-        .map(|(b, offset)| ReadReq {
-            buf: b.as_mut_slice(),
-            offset,
-        })
-        .collect();
-    let res = st.read_batch(&mut reqs);
-    let got: Vec<usize> = res.into_iter().map(|r| r.unwrap()).collect();
+    let (bufs, got) = read_batch_64k(&st, &offs);
     assert_eq!(got, [65536, 65536, 65536, 0, 100]);
     assert_eq!(st.counters().gets - before, 3, "adjacent reads merged");
     for (b, off) in bufs.iter().zip(offs) {
@@ -160,20 +170,7 @@ fn read_batch_reads_through_small_gaps() {
     let read = |gap: u64| {
         let opts = S3Options::default().part(256 * K).gap(gap);
         let st = S3Store::open_with(&s.url("gaps", "g.bin"), &opts, &s.env()).unwrap();
-        let mut bufs: Vec<Vec<u8>> = vec![vec![0; 65536]; offs.len()];
-        let mut reqs: Vec<ReadReq<'_>> = bufs
-            .iter_mut()
-            .zip(offs)
-            .map(|(b, offset)| ReadReq {
-                buf: b.as_mut_slice(),
-                offset,
-            })
-            .collect();
-        let got: Vec<usize> = st
-            .read_batch(&mut reqs)
-            .into_iter()
-            .map(|r| r.unwrap())
-            .collect();
+        let (bufs, got) = read_batch_64k(&st, &offs);
         assert_eq!(got, vec![65536; offs.len()]);
         for (b, off) in bufs.iter().zip(offs) {
             assert_eq!(
