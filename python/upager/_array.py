@@ -205,14 +205,18 @@ class PagedArray(np.memmap):  # type: ignore[type-arg,unused-ignore]
             return arr[()]
         return arr.view(np.ndarray)
 
+    # An int, slice or tuple index is never a gather or scatter
+    # (_fancy_rows): straight to numpy, so element and slice accesses pay
+    # one isinstance more than numpy.memmap's.
     def __setitem__(self, index: Any, value: Any) -> None:
-        if not _scatter(self, index, value):
+        if isinstance(index, (int, slice, tuple)) or not _scatter(self, index, value):
             np.ndarray.__setitem__(self, index, value)
 
     def __getitem__(self, index: Any) -> Any:
-        gathered = _gather(self, index)
-        if gathered is not None:
-            return gathered
+        if not isinstance(index, (int, slice, tuple)):
+            gathered = _gather(self, index)
+            if gathered is not None:
+                return gathered
         res = np.ndarray.__getitem__(self, index)
         if type(res) is PagedArray and res._mapping is None:
             return res.view(np.ndarray)  # fancy indexing: a copy
