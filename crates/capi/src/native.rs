@@ -1215,12 +1215,7 @@ pub unsafe extern "C" fn upager_fetch(
     counted(|| {
         // SAFETY: by this function's contract.
         let r = unsafe { region(r) }?;
-        if flags & !UPAGER_FETCH_WRITE != 0 {
-            return Err(Failure::inval(format!(
-                "unknown fetch flags {:#x}",
-                flags & !UPAGER_FETCH_WRITE
-            )));
-        }
+        check_flags(flags, UPAGER_FETCH_WRITE, "fetch")?;
         if count == 0 {
             return Ok(0);
         }
@@ -1236,6 +1231,17 @@ pub unsafe extern "C" fn upager_fetch(
             r.fetch(offs)?
         })
     })
+}
+
+/// EINVAL for any of `flags` outside `known` (of the call `what`).
+fn check_flags(flags: u32, known: u32, what: &str) -> Result<(), Failure> {
+    if flags & !known != 0 {
+        return Err(Failure::inval(format!(
+            "unknown {what} flags {:#x}",
+            flags & !known
+        )));
+    }
+    Ok(())
 }
 
 /// Runs `f` under [`guard`]: its count, or the negative errno of its error.
@@ -1327,12 +1333,7 @@ unsafe fn with_write_flag(
     guard(|| {
         // SAFETY: by this function's contract.
         let r = unsafe { region(r) }?;
-        if flags & !write_flag != 0 {
-            return Err(Failure::inval(format!(
-                "unknown {what} flags {:#x}",
-                flags & !write_flag
-            )));
-        }
+        check_flags(flags, write_flag, what)?;
         call(r, flags & write_flag != 0)?;
         Ok(0)
     })

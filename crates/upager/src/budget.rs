@@ -178,6 +178,18 @@ impl Budget {
         let dirty = self.dirty();
         dirty == 0 || dirty + bytes <= self.dirty_limit
     }
+    /// Whether `bytes` more may become dirty beside `claimed` bytes
+    /// already claimed to become dirty (a batch of write installs, dirty
+    /// once published): the first as [`dirty_fits`](Self::dirty_fits),
+    /// the rest only within the limit (the one-folio allowance is for one
+    /// folio, not a batch).
+    pub fn dirty_fits_beside(&self, claimed: u64, bytes: u64) -> bool {
+        if claimed == 0 {
+            self.dirty_fits(bytes)
+        } else {
+            self.dirty() + claimed + bytes <= self.dirty_limit
+        }
+    }
     /// Above half the dirty limit: the background reclaimer cleans.
     pub fn dirty_above_background(&self) -> bool {
         self.dirty() > self.dirty_limit / 2

@@ -256,7 +256,9 @@ impl Shared {
         // Write installs: writable regions below 2 MiB folios whose writes
         // keep no twins (a twin is made by the write-protect fault).
         let pages = match install {
-            Install::Write(pages) if r.writable && per_batch > 1 && !r.twinning() => Some(pages),
+            Install::Write(pages) if r.writable && r.folio < crate::thp::HUGE && !r.twinning() => {
+                Some(pages)
+            }
             _ => None,
         };
         // The dirty limit, as a write fault keeps it (a file's folios).
@@ -284,7 +286,11 @@ impl Shared {
                 let Some(&next) = folios.peek() else {
                     break;
                 };
-                if limited && !self.budget.dirty_fits((claimed.len() as u64 + 1) * r.folio) {
+                if limited
+                    && !self
+                        .budget
+                        .dirty_fits_beside(claimed.len() as u64 * r.folio, r.folio)
+                {
                     if !claimed.is_empty() {
                         break; // this batch first: its write-back frees room
                     }
