@@ -430,8 +430,11 @@ impl MapRange<'_> {
         self.map.range(self.off + off, len)
     }
     /// Changes the protection of this range of its mapping (`mprotect`;
-    /// the kernel splits the mapping's VMA and merges it again when the
-    /// protections match once more). Async-signal-safe (one system call).
+    /// the kernel splits the mapping's VMA, and merges the parts again when
+    /// the protections match once more — not always: anonymous parts that
+    /// got anon_vmas of their own while apart stay apart, and a
+    /// `UFFDIO_COPY` across them fails with ENOENT). Async-signal-safe (one
+    /// system call).
     pub fn protect(&self, access: Access) -> io::Result<()> {
         let prot = match access {
             Access::None => libc::PROT_NONE,

@@ -292,9 +292,26 @@ impl Shared {
                 Kind::Poisoned if in_thread => return Outcome::Sigbus,
                 Kind::Poisoned if !self.info.uffd_poison => {
                     // No UFFDIO_POISON (before 6.6), and the folio's
-                    // PROT_NONE was lifted (a region-wide mprotect): again.
+                    // PROT_NONE was lifted (a region-wide mprotect): again,
+                    // with the folio claimed. (Unclaimed, this raced the
+                    // reclaimer clearing the poison — it restores access,
+                    // then this took it away — and left a cleared folio
+                    // PROT_NONE for ever: its accesses got EFAULT, and a
+                    // neighbour's readahead run across it, two VMAs now,
+                    // failed UFFDIO_COPY with ENOENT. Test
+                    // read_errors_and_slow_reads_..., masked uffd_poison.)
+                    let Some(old) = folio::try_claim(w, |s| s.kind() == Kind::Poisoned) else {
+                        continue;
+                    };
                     self.counters.faults_stale.inc();
                     self.protect_poisoned(r, idx);
+                    let prev = folio::release(w, |_| old);
+                    self.wake_if_waiter(r, idx, prev);
+                    // The reclaimer may have taken the folio's poisoned
+                    // entry meanwhile and passed over it (BUSY): queue it
+                    // again (a second entry finds it cleared and is
+                    // dropped).
+                    self.lru.add_poisoned(r, idx);
                     let _ = self.uffd_of(r, idx).wake(r.folio_addr(idx), r.folio);
                     return Outcome::Done;
                 }

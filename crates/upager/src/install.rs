@@ -6,8 +6,9 @@
 //!   faulting thread once it has published the folios' states), retries a
 //!   partial copy (`EAGAIN`), and drops a leftover page it finds mapped in
 //!   a range its caller owns (`EEXIST`: an earlier fill interrupted
-//!   part-way) before copying again. It reports how much of the range's
-//!   start it filled when it gives up.
+//!   part-way) before copying again, and copies a folio at a time where the
+//!   range spans VMAs (`ENOENT`: an mprotect split the region). It reports
+//!   how much of the range's start it filled when it gives up.
 //! - A folio installed writable is never dropped once part of it is in:
 //!   other threads may store into it without a fault from the first page
 //!   copied on. [`Shared::settle_writable`] retries the rest for
@@ -56,28 +57,48 @@ impl Shared {
     ) -> Result<(), usize> {
         let mut done = 0usize;
         let len = src.len();
+        // Bytes per call: the whole range, until the kernel says it spans
+        // two VMAs (`ENOENT`), then one folio per call. (The region is one
+        // VMA when mapped; an mprotect of some of its folios — the user's,
+        // or a poisoned folio's PROT_NONE before 6.6, poison.rs — splits
+        // it, and the kernel does not always merge the parts again once
+        // their protections agree: anonymous parts that got anon_vmas of
+        // their own while apart stay apart. Every split is at a folio
+        // boundary. Test read_errors_and_slow_reads_... with uffd_poison
+        // masked.)
+        let mut step = len;
+        let folio = r.folio as usize;
         // Base pages (and their page table) under these folios from now on.
         let first = ((dst.addr() - r.base()) >> r.shift) as usize;
         r.note_table(first, (len as u64).div_ceil(r.folio) as usize);
         // Any userfaultfd of the pager may fill a registered range (the run
         // stays inside one shard's registration); the wake comes later.
         let uffd = self.uffd_of(r, ((dst.addr() - r.base()) >> r.shift) as usize);
-        for _attempt in 0..16 {
-            if done >= len {
-                return Ok(());
-            }
-            match uffd.copy(dst.sub(done, len - done), &src[done..], wp, false) {
-                Ok(Fill::Done) => return Ok(()),
-                Ok(Fill::Retry { done: d }) => done += d as usize,
+        // Calls that filled less than asked, before giving up.
+        let mut stalls = 0;
+        while done < len && stalls < 16 {
+            // (To the next folio boundary, once a folio at a time.)
+            let want = (step - done % step).min(len - done);
+            match uffd.copy(dst.sub(done, want), &src[done..done + want], wp, false) {
+                Ok(Fill::Done) => done += want,
+                Ok(Fill::Retry { done: d }) => {
+                    done += d as usize;
+                    stalls += 1;
+                }
                 Ok(Fill::Exists { done: d }) => {
                     // A page we own (BUSY) is mapped: a leftover (e.g. an
                     // earlier fill interrupted part-way). Drop the rest of
                     // the range we own and copy again. (Never a page this
                     // fill installed: those are before `done`.)
                     done += d as usize;
+                    stalls += 1;
                     if done < len {
                         self.zap(&[dst.sub(done, len - done)], "a leftover page", quiet);
                     }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && want > folio => {
+                    step = folio;
+                    stalls += 1;
                 }
                 Err(_) if quiet => return Err(done),
                 Err(e) => {
