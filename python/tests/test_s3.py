@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import time
 from typing import Dict, Iterator
 
 import numpy as np
@@ -175,6 +176,39 @@ def test_safe_open_reads_tensors_of_an_object(s3: Dict[str, str],
     burl = _upload(bad, "models/bad.safetensors")
     with pytest.raises(upager.safetensors.SafetensorError, match="not fully covered"):
         upager.safetensors.safe_open(burl, framework="np")
+
+
+def test_get_tensor_reads_the_tensor_ahead_and_the_header_through_the_region(
+        s3: Dict[str, str], tmp_path: pathlib.Path) -> None:
+    sn = pytest.importorskip("safetensors.numpy")
+    rng = np.random.default_rng(4)
+    # 4 tensors of 2 MiB: the third is read ahead whole when asked for.
+    tensors = {f"t{i}": rng.random((512, 1024)).astype(np.float32) for i in range(4)}
+    f = tmp_path / "m.safetensors"
+    sn.save_file(tensors, str(f))
+    url = _upload(f, "models/ahead.safetensors")
+    with upager.safetensors.safe_open(url, framework="np", budget="64MiB") as st:
+        # The header was read through the region: one fault, one folio.
+        opened = st.stats()
+        assert (opened["faults_missing"], opened["fills"]) == (1, 1), opened
+        t = st.get_tensor("t2")
+        folios = t.nbytes // (64 << 10)  # the default folio; the tensor spans one more
+        stats = st.stats()
+        deadline = time.monotonic() + 20
+        while stats["fills"] < 1 + folios and time.monotonic() < deadline:
+            time.sleep(0.01)
+            stats = st.stats()
+        # Read ahead before it was touched: touching it faults no more.
+        assert stats["fills"] >= 1 + folios, stats
+        assert np.array_equal(t, tensors["t2"])
+        after = st.stats()
+        assert after["faults_missing"] == stats["faults_missing"], (stats, after)
+    # An empty object is refused as safetensors refuses an empty file.
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    eurl = _upload(empty, "models/empty.safetensors")
+    with pytest.raises(upager.safetensors.SafetensorError, match="header too small"):
+        upager.safetensors.safe_open(eurl, framework="np")
 
 
 def test_a_wrong_secret_is_an_error_that_names_no_secret(s3: Dict[str, str],

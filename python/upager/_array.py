@@ -794,13 +794,22 @@ def _map_store(pager: Pager, url: str, dt: np.dtype, dims: Optional[Tuple[int, .
     smode = cast(Literal["r", "r+"], mode)
     whole = pager.map_store(url, mode=smode)
     size, folio = whole.size, whole.folio  # the dataset's chunk unless a folio was given
-    whole.close()
-    if dims is None:
-        dims = _size_from_file(size, dt, offset, redact_url(url))
-    elif offset > size:
-        raise ValueError(
-            f"offset {offset} is beyond the end of {redact_url(url)} ({size} bytes)")
-    nbytes = _check_nonempty(dims, dt)
+    try:
+        if dims is None:
+            dims = _size_from_file(size, dt, offset, redact_url(url))
+        elif offset > size:
+            raise ValueError(
+                f"offset {offset} is beyond the end of {redact_url(url)} ({size} bytes)")
+        nbytes = _check_nonempty(dims, dt)
+    except BaseException:
+        whole.close()
+        raise
     start = offset - offset % folio
-    region = pager.map_store(url, mode=smode, offset=start, length=offset - start + nbytes)
+    length = offset - start + nbytes
+    if start == 0 and length == size:
+        # The whole of it (the usual case): the region mapped already (a
+        # second map would open the store again: a connection and a HEAD).
+        return whole, dims
+    whole.close()
+    region = pager.map_store(url, mode=smode, offset=start, length=length)
     return region, dims

@@ -185,9 +185,17 @@ def _header_bytes(head: bytes, size: int) -> int:
     return n
 
 
-def _read_raw_header(name: str) -> Tuple[bytes, int]:
-    """The header's JSON bytes and the file's size, from a file or, by URL,
-    from a store (two ranged reads: the length, then the header)."""
+def _read_raw_header(name: str, mapped: Optional[PagedArray] = None) -> Tuple[bytes, int]:
+    """The header's JSON bytes and the file's size: from `mapped`, the
+    file's bytes mapped already (an object of a store: read through the
+    region, so the header and the tensors are one version of the object,
+    every read checked against its ETag, and no second connection); from
+    a store by URL (two ranged reads: the length, then the header); or
+    from the file."""
+    if mapped is not None:
+        size = len(mapped)
+        n = _header_bytes(bytes(mapped[:8]), size)
+        return bytes(mapped[8:8 + n]), size
     url = store_url(name)
     if url is not None:
         head, size = read_head(url, 8, "safetensors")
@@ -202,12 +210,12 @@ def _read_raw_header(name: str) -> Tuple[bytes, int]:
         return f.read(n), size
 
 
-def _parse_header(name: str) -> _Header:
-    """Reads and checks the header of file `name` (or a store URL) as
-    safetensors does (SafeTensors::read_metadata, then the Metadata checks
-    in their order): HeaderError for a file that breaks the format; OSError
-    from opening."""
-    raw, size = _read_raw_header(name)
+def _parse_header(name: str, mapped: Optional[PagedArray] = None) -> _Header:
+    """Reads and checks the header of file `name` (or a store URL; from
+    `mapped` if given, its bytes mapped) as safetensors does
+    (SafeTensors::read_metadata, then the Metadata checks in their order):
+    HeaderError for a file that breaks the format; OSError from opening."""
+    raw, size = _read_raw_header(name, mapped)
     n = len(raw)
     try:
         text = raw.decode("utf-8")
@@ -345,10 +353,52 @@ def _view(raw: PagedArray, header: _Header, name: str) -> np.ndarray:  # type: i
                 raw[start + e.begin:start + e.end].view(dtype).reshape(e.shape))
 
 
-def _map(name: str, size: int, mode: str, budget: SizeArg, folio: Optional[SizeArg],
+def _read_tensor_ahead(raw: PagedArray, header: _Header, name: str, filename: str) -> None:
+    """Starts reading tensor `name`'s bytes in the background (many reads
+    in flight, as the store allows), where the region is on a store: its
+    user is about to touch the whole tensor, and each miss of a network
+    store is a round trip that readahead only halves at each step. Up to
+    the budget (prefetch stops rather than evict its own reads)."""
+    region = raw.region
+    if region is None or store_url(filename) is None:
+        return
+    e = header.entries[name]
+    if e.end > e.begin:
+        # The folios the tensor's bytes lie in (the call takes whole ones).
+        f = region.folio
+        start = (header.data_start + e.begin) // f * f
+        end = min(-(-(header.data_start + e.end) // f) * f, len(region))
+        region.prefetch(start, end - start)
+
+
+def _map(name: str, size: Optional[int], mode: str, budget: SizeArg, folio: Optional[SizeArg],
          fault_mode: Optional[str], pager_options: Dict[str, Any]) -> PagedArray:
-    return PagedArray(name, np.uint8, mode, 0, (size,), budget=budget, folio=folio,
-                      fault_mode=fault_mode, **pager_options)
+    return PagedArray(name, np.uint8, mode, 0, None if size is None else (size,),
+                      budget=budget, folio=folio, fault_mode=fault_mode, **pager_options)
+
+
+def _open_file(name: str, mode: str, budget: SizeArg, folio: Optional[SizeArg],
+               fault_mode: Optional[str], pager_options: Dict[str, Any]
+               ) -> Tuple[_Header, PagedArray]:
+    """File `name`'s header, checked, and its bytes mapped. A file: the
+    header read first (a file that breaks the format maps nothing). An
+    object of a store: mapped first, its header read through the region
+    (one connection and one HEAD instead of three, and the header's reads
+    checked against the object's ETag like the tensors')."""
+    if store_url(name) is None:
+        header = _parse_header(name)
+        return header, _map(name, header.size, mode, budget, folio, fault_mode, pager_options)
+    try:
+        raw = _map(name, None, mode, budget, folio, fault_mode, pager_options)
+    except ValueError:
+        # An empty object maps nothing: say what safetensors says of it.
+        _parse_header(name)
+        raise
+    try:
+        return _parse_header(name, raw), raw
+    except BaseException:
+        raw.close()
+        raise
 
 
 # -- safe_open ---------------------------------------------------------------
@@ -454,9 +504,8 @@ class safe_open:  # noqa: N801 (safetensors' name)
             raise SafetensorError(f"Device {dev} is not supported for framework numpy")
         self.filename = name
         self.copy = bool(copy)
-        self._header = _parse_header(name)
-        self._raw = _map(name, self._header.size, "r", budget, folio, fault_mode,
-                         pager_options)
+        self._header, self._raw = _open_file(name, "r", budget, folio, fault_mode,
+                                             pager_options)
 
     def _open(self) -> Tuple[_Header, PagedArray]:
         raw = self._raw
@@ -489,6 +538,7 @@ class safe_open:  # noqa: N801 (safetensors' name)
         header, raw = self._open()
         self._entry(name)
         view = _view(raw, header, name)
+        _read_tensor_ahead(raw, header, name, self.filename)
         return np.array(view) if self.copy else view
 
     def get_tensors(self) -> Dict[str, np.ndarray]:  # type: ignore[type-arg,unused-ignore]
@@ -679,13 +729,12 @@ class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg,unused
                  **pager_options: Any) -> None:
         name = _path(path)
         self.filename = name
-        self._header = _parse_header(name)
-        self._metadata = self._header.metadata
-        self._entries = self._header.entries
         if mode not in ("r", "r+", "c"):
             raise ValueError(f'mode must be "r", "r+" or "c", got {mode!r}')
-        self._raw: PagedArray = _map(name, self._header.size, mode, budget, folio,
-                                     fault_mode, pager_options)
+        self._header, self._raw = _open_file(name, mode, budget, folio, fault_mode,
+                                             pager_options)
+        self._metadata = self._header.metadata
+        self._entries = self._header.entries
 
     # -- the Mapping ------------------------------------------------------
 
@@ -720,7 +769,9 @@ class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg,unused
         if name not in self._entries:
             raise KeyError(f"no tensor {name!r} in {self.filename} "
                            f"({len(self)} tensors; see keys())")
-        return _view(self._raw, self._header, name)
+        view = _view(self._raw, self._header, name)
+        _read_tensor_ahead(self._raw, self._header, name, self.filename)
+        return view
 
     def raw(self, name: str) -> np.ndarray:  # type: ignore[type-arg,unused-ignore]
         """Tensor `name`'s bytes (uint8 view), whatever its dtype: for the

@@ -517,3 +517,71 @@ fn a_store_s_unit_is_the_least_folio_of_its_regions() {
         assert!(e.to_string().contains("65536 bytes"), "{e}");
     }
 }
+
+/// A file store that asks for a readahead window and records the longest
+/// read it was asked for.
+#[derive(Debug)]
+struct Wide {
+    inner: upager::FileStore,
+    want: u64,
+    longest: AtomicU64,
+}
+
+impl Store for Wide {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn writable(&self) -> bool {
+        false
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.longest.fetch_max(buf.len() as u64, Relaxed);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_from(&self, _src: Src<'_>, _offset: u64) -> io::Result<()> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn readahead(&self) -> Option<u64> {
+        Some(self.want)
+    }
+}
+
+#[test]
+fn a_store_widens_the_readahead_of_a_pager_left_at_its_default() {
+    let dir = ram_dir();
+    let len = 64 * MIB;
+    let path = pattern_file(dir.path(), "data", len, 35);
+    // (the store's window, the pager's readahead if set, the longest read)
+    for (want, set, longest) in [
+        (8 * MIB, None, 8 * MIB),
+        // Up to STORE_READAHEAD_MAX.
+        (64 * MIB, None, upager::STORE_READAHEAD_MAX),
+        // A readahead the user set holds.
+        (8 * MIB, Some(2 * MIB), 2 * MIB),
+        // Never narrower than the pager's.
+        (MIB, None, 2 * MIB),
+    ] {
+        let mut b = Pager::builder().budget(128 * MIB).readahead_async(false);
+        if let Some(ra) = set {
+            b = b.readahead(ra);
+        }
+        let pager = b.build().unwrap();
+        let store = Arc::new(Wide {
+            inner: upager::FileStore::open(&path, false, false).unwrap(),
+            want,
+            longest: AtomicU64::new(0),
+        });
+        let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
+        for off in (0..len).step_by(4096) {
+            assert_eq!(r.words()[off as usize / 8].load(Relaxed), word(off, 35));
+        }
+        assert_eq!(
+            store.longest.load(Relaxed),
+            longest,
+            "store window {want}, pager's readahead {set:?}"
+        );
+    }
+}
