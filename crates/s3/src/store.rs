@@ -16,9 +16,6 @@
 //!             ones at most `gap` bytes apart (the gap read and dropped, in
 //!             waves of at most 16 MiB of gaps), then as read_at: every
 //!             GET in flight together (at most `in_flight`), one result per read
-//! readahead   a sequential stream's window grows to `part` x `in_flight`/2
-//!             (16 MiB: Store::readahead) where the pager's readahead is its
-//!             default
 //! every GET   If-Match: the ETag of open; 412 (or another ETag in the answer)
 //!             = the object was replaced: an error (the access gets SIGBUS,
 //!             the reason logged by the engine), never bytes of two versions
@@ -1050,14 +1047,6 @@ impl upager::Store for S3Store {
                 .map(drop)
         });
         self.trace_result(&key, "PUT", put)
-    }
-
-    fn readahead(&self) -> Option<u64> {
-        // Half the GETs in flight for a window (the async window has the
-        // other half): 8 GETs of 2 MiB by default. Measured on SeaweedFS
-        // (docs/benchmarks.md, issue 31): a numpy pass 1.xx faster with
-        // 16 MiB windows than with the pager's 2 MiB.
-        Some(self.opts.part * (self.opts.in_flight as u64 / 2).max(1))
     }
 
     fn describe(&self) -> String {

@@ -27,8 +27,6 @@ pub(crate) struct Area {
     /// Bytes the application asked for (the mapping is rounded up to folios).
     pub len: u64,
     pub folio: u64,
-    /// Largest readahead window, in bytes (`PagerBuilder::readahead_for`).
-    pub readahead: u64,
     pub shift: u32,
     pub states: upager_sys::mem::AtomicTable,
     /// One bit per chunk of [`CHUNK`] folios: set once any folio of the chunk

@@ -9,12 +9,6 @@ pub const MAX_FOLIO: u64 = 2 << 20;
 /// Largest readahead a pager accepts (each handler thread keeps a fill
 /// buffer this large).
 pub const MAX_READAHEAD: u64 = 64 << 20;
-/// Largest readahead window a store may ask for
-/// ([`Store::readahead`](crate::Store::readahead)) where the pager's
-/// readahead is left at its default: the fill buffers of a pager with the
-/// default readahead are this large (address space; a window touches
-/// what it fills, and idle threads give it back).
-pub const STORE_READAHEAD_MAX: u64 = 16 << 20;
 /// Default folio of a file or store region: one base page. A random fault
 /// fills 4 KiB; a sequential stream fills its readahead window (up to 2 MiB)
 /// as one read and one copy, so streams keep large I/O without large folios
@@ -220,9 +214,6 @@ pub struct PagerBuilder {
     pub(crate) lookup: Lookup,
     pub(crate) batched_removal: bool,
     pub(crate) readahead: u64,
-    /// `readahead` was set: stores do not widen it
-    /// ([`Store::readahead`](crate::Store::readahead)).
-    pub(crate) readahead_set: bool,
     pub(crate) swap_dir: PathBuf,
     pub(crate) direct_io: bool,
     pub(crate) batched_writeback: bool,
@@ -252,7 +243,6 @@ impl Default for PagerBuilder {
             lookup: Lookup::LockFree,
             batched_removal: true,
             readahead: 2 << 20,
-            readahead_set: false,
             swap_dir: std::env::temp_dir(),
             direct_io: true,
             batched_writeback: true,
@@ -318,25 +308,11 @@ impl PagerBuilder {
         self
     }
     /// Largest readahead on sequential faults, in bytes (the window doubles
-    /// from two folios up to this). Default 2 MiB, or for a region of a
-    /// store that asks for a wider window ([`Store::readahead`]: an S3
-    /// object, whose reads are round trips, 16 MiB) that window, up to
-    /// [`STORE_READAHEAD_MAX`]; set, it holds for every region. 0 disables
-    /// readahead; at most 64 MiB.
-    ///
-    /// [`Store::readahead`]: crate::Store::readahead
+    /// from two folios up to this). Default 2 MiB; 0 disables readahead; at
+    /// most 64 MiB.
     pub fn readahead(mut self, bytes: u64) -> Self {
         self.readahead = bytes;
-        self.readahead_set = true;
         self
-    }
-    /// The readahead window of a region of `store`: the pager's, or the
-    /// store's where that is wider and the pager's was left at its default.
-    pub(crate) fn readahead_for(&self, store: &dyn crate::Store) -> u64 {
-        match store.readahead() {
-            Some(want) if !self.readahead_set => self.readahead.max(want.min(STORE_READAHEAD_MAX)),
-            _ => self.readahead,
-        }
     }
     /// Async readahead (issue 23): once a sequential stream's readahead
     /// window has grown to its largest, the fault that fills a window asks

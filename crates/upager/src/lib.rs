@@ -96,7 +96,7 @@ pub use config::WarmStart;
 pub use config::{
     format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, Userfaultfd,
     DEFAULT_ANON_FOLIO, DEFAULT_DIRTY_EXPIRE, DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO,
-    MIN_FOLIO, STORE_READAHEAD_MAX,
+    MIN_FOLIO,
 };
 pub use error::{
     errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,

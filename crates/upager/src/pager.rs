@@ -650,9 +650,7 @@ impl Pager {
                 .register(range, true, writable)
                 .map_err(MapError::Register)?;
         }
-        let readahead = sh.cfg.readahead_for(&*store);
         let inner = Arc::new(Area {
-            readahead,
             touched,
             shard_folios: shards.folios,
             shard_first,

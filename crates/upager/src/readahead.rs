@@ -47,7 +47,7 @@ impl Shared {
     /// exceeds: no allocation).
     pub(crate) fn claim_readahead(&self, r: &Area, idx: usize, out: &mut Vec<State>) {
         let max = self.window_max(r);
-        if r.is_anon() || r.readahead < r.folio || idx == 0 {
+        if r.is_anon() || self.cfg.readahead < r.folio || idx == 0 {
             return;
         }
         let mut run = 0;
@@ -82,11 +82,10 @@ impl Shared {
     }
 
     /// Folios in a full readahead window of `r` (the faulting one
-    /// included): the region's readahead (the pager's, or its store's:
-    /// `PagerBuilder::readahead_for`), bounded by the fill buffer; at
-    /// least 1.
+    /// included): the configured readahead, bounded by the fill buffer;
+    /// at least 1.
     pub(crate) fn window_max(&self, r: &Area) -> usize {
-        ((r.readahead / r.folio) as usize)
+        ((self.cfg.readahead / r.folio) as usize)
             .min(self.fill_buf_bytes() / r.folio as usize)
             .max(1)
     }

@@ -578,16 +578,9 @@ impl Shared {
     }
 }
 
-/// Fill buffer per fault-resolving thread: the largest readahead window
-/// (the pager's, or a store's where the pager's is the default:
-/// `PagerBuilder::readahead_for`) or folio, plus a folio.
+/// Fill buffer per fault-resolving thread: the largest readahead or folio.
 fn fill_buf_bytes(cfg: &PagerBuilder) -> usize {
-    let widest = if cfg.readahead_set {
-        cfg.readahead
-    } else {
-        cfg.readahead.max(crate::config::STORE_READAHEAD_MAX)
-    };
-    widest.max(MAX_FOLIO) as usize + MAX_FOLIO as usize
+    cfg.readahead.max(MAX_FOLIO) as usize + MAX_FOLIO as usize
 }
 
 /// A prefetch request for the prefetch thread.

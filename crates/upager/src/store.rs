@@ -237,16 +237,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn unit(&self) -> u64 {
         crate::config::MIN_FOLIO
     }
-    /// The readahead window a sequential stream of this store's regions
-    /// should grow to, where wider than the pager's: a store whose reads
-    /// are round trips to a server needs more of a stream in flight to
-    /// reach its bandwidth (an S3 object: 16 MiB, 8 GETs of 2 MiB). Used
-    /// only where the pager's readahead is left at its default, and up
-    /// to [`STORE_READAHEAD_MAX`](crate::config::STORE_READAHEAD_MAX).
-    /// Default None: the pager's.
-    fn readahead(&self) -> Option<u64> {
-        None
-    }
     /// A store that keeps warm-start traces with its data
     /// ([`MapOptions::warm`](crate::MapOptions::warm)) says which version
     /// of the data it holds: a number that changes when the data is
