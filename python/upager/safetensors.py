@@ -353,22 +353,27 @@ def _view(raw: PagedArray, header: _Header, name: str) -> np.ndarray:  # type: i
                 raw[start + e.begin:start + e.end].view(dtype).reshape(e.shape))
 
 
-def _read_tensor_ahead(raw: PagedArray, header: _Header, name: str, filename: str) -> None:
-    """Starts reading tensor `name`'s bytes in the background (many reads
-    in flight, as the store allows), where the region is on a store: its
-    user is about to touch the whole tensor, and each miss of a network
-    store is a round trip that readahead only halves at each step. Up to
-    the budget (prefetch stops rather than evict its own reads)."""
+def _read_tensor_in(raw: PagedArray, header: _Header, name: str, filename: str) -> None:
+    """Reads tensor `name`'s bytes in now, where the region is on a store:
+    the caller is about to use the whole tensor (safetensors reads it
+    eagerly too), and each miss of a network store is a round trip that
+    readahead only halves at each step, where one `Region.fetch` has its
+    GETs in flight together (measured, a 1 GiB model from SeaweedFS: every
+    tensor in 2.8 s against 4.4 s by faults and readahead, 7.5 s by a
+    background prefetch). Up to a quarter of the budget; the rest of a
+    larger tensor faults in, with readahead."""
     region = raw.region
     if region is None or store_url(filename) is None:
         return
     e = header.entries[name]
-    if e.end > e.begin:
-        # The folios the tensor's bytes lie in (the call takes whole ones).
-        f = region.folio
-        start = (header.data_start + e.begin) // f * f
-        end = min(-(-(header.data_start + e.end) // f) * f, len(region))
-        region.prefetch(start, end - start)
+    if e.end == e.begin:
+        return
+    # The folios the tensor's bytes lie in.
+    f = region.folio
+    start = (header.data_start + e.begin) // f * f
+    end = min(-(-(header.data_start + e.end) // f) * f, len(region))
+    quarter = max(f, int(region.stats()["budget_bytes"]) // 4 // f * f)
+    region.fetch(np.arange(start, min(end, start + quarter), f, dtype=np.uint64))
 
 
 def _map(name: str, size: Optional[int], mode: str, budget: SizeArg, folio: Optional[SizeArg],
@@ -538,7 +543,7 @@ class safe_open:  # noqa: N801 (safetensors' name)
         header, raw = self._open()
         self._entry(name)
         view = _view(raw, header, name)
-        _read_tensor_ahead(raw, header, name, self.filename)
+        _read_tensor_in(raw, header, name, self.filename)
         return np.array(view) if self.copy else view
 
     def get_tensors(self) -> Dict[str, np.ndarray]:  # type: ignore[type-arg,unused-ignore]
@@ -770,7 +775,7 @@ class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg,unused
             raise KeyError(f"no tensor {name!r} in {self.filename} "
                            f"({len(self)} tensors; see keys())")
         view = _view(self._raw, self._header, name)
-        _read_tensor_ahead(self._raw, self._header, name, self.filename)
+        _read_tensor_in(self._raw, self._header, name, self.filename)
         return view
 
     def raw(self, name: str) -> np.ndarray:  # type: ignore[type-arg,unused-ignore]
