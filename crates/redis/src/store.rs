@@ -1621,6 +1621,10 @@ impl Store for RedisStore {
     fn len(&self) -> u64 {
         self.len
     }
+    fn round_trips(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         let (host, port) = self
             .url

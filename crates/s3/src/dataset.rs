@@ -1048,6 +1048,10 @@ impl upager::Store for S3Dataset {
             .map_err(|e| io::Error::other(e.to_string()))
     }
 
+    fn round_trips(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         if self.swap {
             return format!("S3 swap space {} at {}", self.conn.url, self.conn.endpoint);

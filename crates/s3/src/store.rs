@@ -1049,6 +1049,10 @@ impl upager::Store for S3Store {
         self.trace_result(&key, "PUT", put)
     }
 
+    fn round_trips(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         format!(
             "S3 object {} at {} (ETag {})",

@@ -11,7 +11,8 @@
 //! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs) and
 //!   warm-start replay windows (warm.rs): [`Shared::prefetch_folios`]
 //!   claims up to [`PREFETCH_BATCH_BYTES`] of non-resident folios at a
-//!   time (`Region::fetch` and `fetch_for_write` run it in the caller's
+//!   time ([`FETCH_BATCH_BYTES`] where the store's reads are round trips:
+//!   `Store::round_trips`; `Region::fetch` and `fetch_for_write` run it in the caller's
 //!   thread, batches of [`FETCH_BATCH_BYTES`]), reads them with one
 //!   [`Store::read_batch`](crate::Store::read_batch) (a network store sends
 //!   them together: one round trip per server; folios whose store bytes
@@ -54,7 +55,12 @@ use crate::shared::{Ctx, Shared, IDLE};
 
 /// Bytes of folios a prefetch request reads with one `Store::read_batch`
 /// (1 MiB: 16 folios of 64 KiB; a guess that bounds the prefetch thread's
-/// extra buffer while giving a network store a batch worth a round trip).
+/// extra buffer; measured for replay from a file: batches of 4 MiB were
+/// worse, the program waiting on folios claimed early and installed
+/// late, of 256 KiB no better). A store whose reads are round trips
+/// ([`Store::round_trips`](crate::Store::round_trips)) gets
+/// [`FETCH_BATCH_BYTES`] instead: one batch's reads are in flight
+/// together, and 1 MiB was one GET of an object store at a time.
 pub(crate) const PREFETCH_BATCH_BYTES: u64 = 1 << 20;
 
 /// Bytes of folios one `Store::read_batch` of [`Region::fetch`] reads: a
@@ -64,6 +70,17 @@ pub(crate) const PREFETCH_BATCH_BYTES: u64 = 1 << 20;
 ///
 /// [`Region::fetch`]: crate::Region::fetch
 pub(crate) const FETCH_BATCH_BYTES: u64 = 8 << 20;
+
+/// Bytes of folios of `r` a background prefetch or replay batch reads:
+/// [`FETCH_BATCH_BYTES`] where the store's reads are round trips, else
+/// [`PREFETCH_BATCH_BYTES`].
+fn prefetch_batch_bytes(r: &Area) -> u64 {
+    if r.store.round_trips() {
+        FETCH_BATCH_BYTES
+    } else {
+        PREFETCH_BATCH_BYTES
+    }
+}
 
 /// How [`Shared::prefetch_folios`] installs the folios it reads.
 #[derive(Clone, Copy)]
@@ -195,7 +212,7 @@ impl Shared {
             ctx,
             &r,
             req.folios,
-            PREFETCH_BATCH_BYTES,
+            prefetch_batch_bytes(&r),
             Install::Read,
             &mut |_| {},
         );
@@ -220,7 +237,7 @@ impl Shared {
             ctx,
             &r,
             flat,
-            PREFETCH_BATCH_BYTES,
+            prefetch_batch_bytes(&r),
             Install::Read,
             &mut |idx| rp.read_one(idx),
         );

@@ -204,6 +204,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn describe(&self) -> String {
         format!("{self:?}")
     }
+    /// Whether every read is a round trip to a server (a network store),
+    /// so that a batch of reads ([`Store::read_batch`]) in flight together
+    /// costs little more than one: background prefetch and warm-start
+    /// replay then read in batches of 8 MiB of folios, as `Region::fetch`
+    /// does, instead of 1 MiB (prefetch.rs). Default false.
+    fn round_trips(&self) -> bool {
+        false
+    }
     /// Whether `read_at` may run in a SIGBUS handler (in-thread fault mode):
     /// it makes only async-signal-safe system calls (`pread`), allocates
     /// nothing and takes no lock. Default false: faults on the store's

@@ -29,6 +29,8 @@ struct Recorder<S: Store> {
     batches: Mutex<Vec<usize>>,
     writes: AtomicU64,
     punched: AtomicU64,
+    /// What `round_trips` says (a network store's answer when true).
+    round_trips: bool,
 }
 
 impl<S: Store> Recorder<S> {
@@ -39,6 +41,7 @@ impl<S: Store> Recorder<S> {
             batches: Mutex::new(Vec::new()),
             writes: AtomicU64::new(0),
             punched: AtomicU64::new(0),
+            round_trips: false,
         }
     }
 }
@@ -78,6 +81,9 @@ impl<S: Store> Store for Recorder<S> {
     }
     fn takes_pages(&self) -> bool {
         self.inner.takes_pages()
+    }
+    fn round_trips(&self) -> bool {
+        self.round_trips
     }
 }
 
@@ -141,33 +147,41 @@ fn map_anonymous_on_swaps_to_the_given_store() {
 fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
     let dir = ram_dir();
     let path = pattern_file(dir.path(), "data", 8 * MIB, 5);
-    let store = Arc::new(Recorder::new(
-        upager::FileStore::open(&path, false, true).unwrap(),
-    ));
-    let pager = Pager::new(32 * MIB).unwrap();
-    let r = pager
-        .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
-        .unwrap();
-    r.prefetch(0, 8 * MIB).unwrap();
-    assert!(r.wait_prefetch(Duration::from_secs(30)));
-    let batches = store.batches.lock().unwrap().clone();
-    // One read_batch per 1 MiB of folios, its 16 adjacent folios of the
-    // file merged into one read.
-    assert_eq!(batches, vec![1; 8], "one read of 1 MiB per batch");
-    assert_eq!(store.reads.load(Relaxed), 0, "no folio read on its own");
-    let faults = pager.stats().faults_missing;
-    for w in (0..r.len() / 8).step_by(511) {
+    // (the store's reads are round trips, the read_batch calls expected)
+    for (round_trips, want) in [
+        // One read_batch per 1 MiB of folios, its 16 adjacent folios of
+        // the file merged into one read.
+        (false, vec![1; 8]),
+        // A network store's: one read_batch of 8 MiB (prefetch.rs,
+        // prefetch_batch_bytes), one read.
+        (true, vec![1]),
+    ] {
+        let mut rec = Recorder::new(upager::FileStore::open(&path, false, true).unwrap());
+        rec.round_trips = round_trips;
+        let store = Arc::new(rec);
+        let pager = Pager::new(32 * MIB).unwrap();
+        let r = pager
+            .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
+            .unwrap();
+        r.prefetch(0, 8 * MIB).unwrap();
+        assert!(r.wait_prefetch(Duration::from_secs(30)));
+        let batches = store.batches.lock().unwrap().clone();
+        assert_eq!(batches, want, "round trips: {round_trips}");
+        assert_eq!(store.reads.load(Relaxed), 0, "no folio read on its own");
+        let faults = pager.stats().faults_missing;
+        for w in (0..r.len() / 8).step_by(511) {
+            assert_eq!(
+                r.words()[w].load(Relaxed),
+                word(w as u64 * 8, 5),
+                "word {w}"
+            );
+        }
         assert_eq!(
-            r.words()[w].load(Relaxed),
-            word(w as u64 * 8, 5),
-            "word {w}"
+            pager.stats().faults_missing,
+            faults,
+            "no fault after prefetch"
         );
     }
-    assert_eq!(
-        pager.stats().faults_missing,
-        faults,
-        "no fault after prefetch"
-    );
 }
 
 /// `Region::fetch` reads the folios of scattered offsets (unsorted, some
