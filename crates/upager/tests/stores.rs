@@ -87,6 +87,17 @@ impl<S: Store> Store for Recorder<S> {
     }
 }
 
+/// Checks every `step`-th word of `r` against the pattern of `seed`.
+fn assert_words(r: &upager::Region, step: usize, seed: u64) {
+    for w in (0..r.len() / 8).step_by(step) {
+        assert_eq!(
+            r.words()[w].load(Relaxed),
+            word(w as u64 * 8, seed),
+            "word {w}"
+        );
+    }
+}
+
 /// An anonymous region on a store of the caller's: zero on first touch,
 /// folios never written never read, evicted data back intact, slots punched
 /// when the region goes; a read-only store is refused.
@@ -169,13 +180,7 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
         assert_eq!(batches, want, "round trips: {round_trips}");
         assert_eq!(store.reads.load(Relaxed), 0, "no folio read on its own");
         let faults = pager.stats().faults_missing;
-        for w in (0..r.len() / 8).step_by(511) {
-            assert_eq!(
-                r.words()[w].load(Relaxed),
-                word(w as u64 * 8, 5),
-                "word {w}"
-            );
-        }
+        assert_words(&r, 511, 5);
         assert_eq!(
             pager.stats().faults_missing,
             faults,
@@ -423,13 +428,7 @@ fn a_failed_read_in_a_prefetch_batch_leaves_that_folio_unfilled() {
     }
     assert!(pager.stats().read_errors >= 1, "{:?}", pager.stats());
     let faults = pager.stats().faults_missing;
-    for w in (0..r.len() / 8).step_by(97) {
-        assert_eq!(
-            r.words()[w].load(Relaxed),
-            word(w as u64 * 8, 6),
-            "word {w}"
-        );
-    }
+    assert_words(&r, 97, 6);
     assert_eq!(
         pager.stats().faults_missing,
         faults + 1,
