@@ -15,6 +15,7 @@ than ``budget`` resident::
     with safe_open("model.safetensors", framework="np", budget="512MiB") as f:
         for name in f.keys():
             w = f.get_tensor(name)       # a read-only view, nothing read yet
+                                         # (from an s3:// URL: read in now)
             print(name, w.shape, float(np.abs(w).max()))
 
 Tensors are read-only views of the paged file, where safetensors returns
@@ -388,8 +389,9 @@ def _open_file(name: str, mode: str, budget: SizeArg, folio: Optional[SizeArg],
     """File `name`'s header, checked, and its bytes mapped. A file: the
     header read first (a file that breaks the format maps nothing). An
     object of a store: mapped first, its header read through the region
-    (one connection and one HEAD instead of three, and the header's reads
-    checked against the object's ETag like the tensors')."""
+    (one open of the store, a client and a HEAD, where reading the header
+    first took three more; and the header's reads are checked against
+    the object's ETag like the tensors')."""
     if store_url(name) is None:
         header = _parse_header(name)
         return header, _map(name, header.size, mode, budget, folio, fault_mode, pager_options)
@@ -539,7 +541,9 @@ class safe_open:  # noqa: N801 (safetensors' name)
 
     def get_tensor(self, name: str) -> np.ndarray:  # type: ignore[type-arg,unused-ignore]
         """Tensor `name`: a read-only view of the paged file (nothing read
-        until used), or a writable copy if opened with ``copy=True``."""
+        until used; from a store URL, its bytes up to a quarter of the
+        budget are read in now, the reads in flight together), or a
+        writable copy if opened with ``copy=True``."""
         header, raw = self._open()
         self._entry(name)
         view = _view(raw, header, name)
@@ -769,7 +773,9 @@ class SafetensorsFile(Mapping[str, np.ndarray]):  # type: ignore[type-arg,unused
     def get_tensor(self, name: str) -> np.ndarray:  # type: ignore[type-arg,unused-ignore]
         """Tensor `name` as a numpy array viewing the file's bytes (a
         PagedArray; read-only unless the file was opened with mode "r+" or
-        "c"). Nothing is read until it is used. TypeError (a DtypeError)
+        "c"). Nothing is read until it is used (from a store URL, its bytes
+        up to a quarter of the budget are read in now, the reads in flight
+        together). TypeError (a DtypeError)
         for a dtype numpy has no type for (see :meth:`raw`)."""
         if name not in self._entries:
             raise KeyError(f"no tensor {name!r} in {self.filename} "
