@@ -320,7 +320,8 @@ fn fetch_for_write_installs_dirty_folios_the_writes_do_not_fault_on() {
 /// `Region::fetch_for_write` keeps the dirty limit as write faults do:
 /// 2,000 folios (8 MiB) named under a 1 MiB dirty limit are all read, the
 /// dirty bytes never above the limit when the call returns (each batch is
-/// cut where the limit would be passed; the next waits for write-back),
+/// cut where the limit would be passed; the next waits for write-back
+/// unless the background cleaner made room already),
 /// and the excess was written back on the way, not dropped: the file
 /// holds every word after the flush.
 #[test]
@@ -343,7 +344,14 @@ fn fetch_for_write_keeps_the_dirty_limit() {
         "dirty {} above the limit",
         s.dirty_bytes
     );
-    assert!(s.dirty_throttled > 0 && s.writebacks > 0, "{s:?}");
+    // Every folio was made dirty and at most the limit still is: the rest
+    // were written back on the way, by the fetch waiting on the limit
+    // (`dirty_throttled`) or by the background cleaner keeping up (a CI
+    // run counted 1,935 write-backs and no wait).
+    assert!(
+        s.writebacks > 0 && s.bytes_written + MIB >= s.bytes_read,
+        "the excess over the limit not written back: {s:?}"
+    );
     for &o in &offsets {
         r.words()[(o / 8) as usize].store(!word(o, 8), Relaxed);
     }
