@@ -362,7 +362,9 @@ impl Region {
             Install::Read
         };
         let idxs = folios.iter().map(|f| f.0);
-        Ok(sh.prefetch_folios(&mut ctx, &r, idxs, batch, install, &mut |_| {}))
+        let read = sh.prefetch_folios(&mut ctx, &r, idxs, batch, install, &mut |_| {});
+        sh.shrink_ctx(&mut ctx);
+        Ok(read)
     }
 
     /// Makes the range resident now, in the calling thread, as faults

@@ -22,10 +22,12 @@
 //!   is read again folio by folio, so a bad folio costs only itself.
 //!   `fetch_for_write`'s folios go in as write fills ([`Install::Write`]):
 //!   one at a time, writable and DIRTY, claimed only while the dirty limit
-//!   has room (else `balance_dirty` first, as a write fault). A
-//!   request in progress is
-//!   finished before the next window (a stream reaching a window not read
-//!   yet reads it itself).
+//!   has room (else `balance_dirty` first, as a write fault). Between
+//!   the batches of a request (a replay window runs to 64 MiB) the
+//!   prefetch thread fills the readahead windows posted meanwhile: a
+//!   stream needs its next window sooner than the request its next batch.
+//!   The batch buffer is kept from batch to batch (`take_pre_buf`) until
+//!   the thread idles.
 //!
 //! Ordering: each folio's budget is charged (without reclaim) before it is
 //! claimed; a folio whose read failed goes back to its old state (waking
@@ -112,16 +114,10 @@ impl Shared {
         rx: std::sync::mpsc::Receiver<crate::shared::PrefetchRequest>,
     ) {
         let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
+        ctx.prefetcher = true;
         loop {
             let bell = self.ahead.bell.load(Ordering::Acquire);
-            let mut worked = false;
-            for slot in &self.ahead.slots {
-                let addr = slot.swap(0, Ordering::AcqRel);
-                if addr != 0 && !self.stopping() {
-                    self.fill_ahead(&mut ctx, addr);
-                    worked = true;
-                }
-            }
+            let mut worked = self.serve_windows(&mut ctx, true);
             match rx.try_recv() {
                 Ok(req) => {
                     self.prefetch_one(&mut ctx, req);
@@ -138,6 +134,27 @@ impl Shared {
                 self.shrink_ctx(&mut ctx);
             }
         }
+    }
+
+    /// Serves the posted readahead windows (`replay_too`: and replay
+    /// steps; else those stay posted, for when the request in progress,
+    /// which may be the replay, is done). Whether it served any.
+    fn serve_windows(&self, ctx: &mut Ctx, replay_too: bool) -> bool {
+        let mut worked = false;
+        for slot in &self.ahead.slots {
+            let addr = slot.load(Ordering::Acquire);
+            if addr == 0 || (!replay_too && addr & 1 == 1) || self.stopping() {
+                continue;
+            }
+            if slot
+                .compare_exchange(addr, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.fill_ahead(ctx, addr);
+                worked = true;
+            }
+        }
+        worked
     }
 
     /// Async readahead: fills the window from `addr` that a sequential
@@ -252,7 +269,9 @@ impl Shared {
     /// failed goes back to its old state (a later fault reads it again and
     /// gets the error itself). When the budget has no room, one folio goes
     /// the way of a fault (fill reserves, reclaiming). `install`: how the
-    /// folios go in ([`Install`]). `on_read(idx)` for each folio filled;
+    /// folios go in ([`Install`]). In the prefetch thread (`ctx.prefetcher`,
+    /// not a caller's `Region::fetch`), posted readahead windows are
+    /// served between batches. `on_read(idx)` for each folio filled;
     /// returns how many.
     ///
     /// [`Store::read_batch`]: crate::Store::read_batch
@@ -285,11 +304,18 @@ impl Shared {
         let mut claimed: Vec<(usize, State)> = Vec::with_capacity(per_batch);
         let mut run_olds: Vec<State> = Vec::with_capacity(per_batch);
         let mut read = 0;
+        let mut first = true;
         while folios.peek().is_some() {
             // Unmap waits for this request (it holds the region in flight):
             // stop at the next batch once the region is dying.
             if self.stopping() || r.dying.load(Ordering::SeqCst) {
                 return read;
+            }
+            // A stream's async readahead window posted meanwhile goes
+            // first: the stream needs it sooner than this request's next
+            // batch (a replay window runs to 64 MiB).
+            if ctx.prefetcher && !std::mem::take(&mut first) {
+                self.serve_windows(ctx, false);
             }
             // Make room by evicting at most one batch per batch; stop when
             // even that frees nothing (a prefetch must not push out the
@@ -362,7 +388,9 @@ impl Shared {
                 };
                 run_olds.clear();
                 run_olds.extend(claimed[k + 1..k + n].iter().map(|&(_, o)| o));
-                if per_batch > 1 {
+                if claimed.len() > 1 {
+                    // Read with its batch (a batch of one is read by its
+                    // fill, not into the kept buffer: prefetch_read).
                     ctx.pre = Some((idx, k * r.folio as usize));
                 }
                 let c = Claimed {
@@ -383,9 +411,24 @@ impl Shared {
                 ctx.pre = None;
                 k += n;
             }
-            ctx.pre_buf = None;
         }
         read
+    }
+
+    /// The prefetch batch buffer of `ctx`, at least `bytes` long: the one
+    /// kept from the last batch when it is large enough (a fresh mapping
+    /// per batch cost a page fault per page and a munmap with its TLB
+    /// shootdown per batch), else a new one. Kept until the thread idles
+    /// ([`Shared::shrink_ctx`]) and counted in `overhead_bytes` meanwhile.
+    fn take_pre_buf(&self, ctx: &mut Ctx, bytes: usize) -> upager_sys::mem::AlignedBuf {
+        match ctx.pre_buf.take() {
+            Some(b) if b.len() >= bytes => b,
+            old => {
+                self.release_pre_buf(old);
+                self.note_pre_buf(bytes);
+                upager_sys::mem::AlignedBuf::zeroed(bytes)
+            }
+        }
     }
 
     /// Reads the claimed folios of a prefetch batch into `ctx.pre_buf`
@@ -399,7 +442,7 @@ impl Shared {
             return vec![true]; // fill_claimed reads it, as for a fault
         }
         let folio = r.folio as usize;
-        let mut buf = upager_sys::mem::AlignedBuf::zeroed(claimed.len() * folio);
+        let mut buf = self.take_pre_buf(ctx, claimed.len() * folio);
         let store_len = r.store.len();
         let wants: Vec<Option<(u64, usize)>> = claimed
             .iter()
@@ -409,6 +452,14 @@ impl Shared {
                 (want > 0).then_some((off, want))
             })
             .collect();
+        // The buffer is reused from batch to batch: what is not read into
+        // it (never-written anonymous folios) is zeroed here, a short
+        // read's tail below.
+        for (k, w) in wants.iter().enumerate() {
+            if w.is_none() {
+                buf[k * folio..(k + 1) * folio].fill(0);
+            }
+        }
         let runs = read_runs(&wants, folio);
         let mut ok = vec![true; claimed.len()];
         let mut failed = Vec::new();

@@ -151,8 +151,12 @@ pub(crate) struct Ctx {
     /// next fill of folio `.0` takes its bytes from `.1` (an offset in the
     /// prefetch buffer) instead of reading the store.
     pub pre: Option<(usize, usize)>,
-    /// The prefetch batch's buffer (prefetch thread only, while it works).
+    /// The prefetch batch's buffer, kept from batch to batch until the
+    /// thread idles (`shrink_ctx`).
     pub pre_buf: Option<AlignedBuf>,
+    /// The prefetch thread's: it serves posted readahead windows between
+    /// the batches of a request (prefetch.rs).
+    pub prefetcher: bool,
 }
 
 /// Bytes of a fill buffer kept resident when its thread is idle: a default
@@ -208,6 +212,7 @@ impl Ctx {
             high: CTX_KEEP,
             pre: None,
             pre_buf: None,
+            prefetcher: false,
         }
     }
 }
@@ -476,9 +481,22 @@ impl Shared {
         }
     }
 
+    /// A prefetch batch buffer of `bytes` was mapped (`overhead_bytes`).
+    pub fn note_pre_buf(&self, bytes: usize) {
+        self.buf_grown.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Unmaps a prefetch batch buffer (`overhead_bytes`).
+    pub fn release_pre_buf(&self, buf: Option<AlignedBuf>) {
+        if let Some(b) = buf {
+            self.buf_grown.fetch_sub(b.len() as u64, Ordering::Relaxed);
+        }
+    }
+
     /// Gives back the part of an idle thread's fill buffer beyond
-    /// [`CTX_KEEP`], if a fill used it.
+    /// [`CTX_KEEP`], if a fill used it, and its prefetch batch buffer.
     pub fn shrink_ctx(&self, ctx: &mut Ctx) {
+        self.release_pre_buf(ctx.pre_buf.take());
         if ctx.high > CTX_KEEP {
             ctx.buf.release_from(CTX_KEEP);
             self.buf_grown

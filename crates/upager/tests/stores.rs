@@ -189,6 +189,72 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
     }
 }
 
+/// The prefetch thread keeps its batch buffer from one batch to the next
+/// (no mapping and unmapping per batch): a batch of never-written
+/// anonymous folios after a batch of a file's data installs zeros, not
+/// what the buffer held, and a lone folio is read afresh; the kept buffer counts in `overhead_bytes` and
+/// goes back when the thread idles.
+#[test]
+fn the_kept_prefetch_buffer_leaves_no_stale_bytes_and_goes_back_when_idle() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 4 * MIB, 9);
+    let pager = Pager::new(32 * MIB).unwrap();
+    let idle = pager.stats().overhead_bytes;
+    let file = pager
+        .map_file(&path, &MapOptions::new().folio(64 << 10))
+        .unwrap();
+    file.prefetch(0, 4 * MIB).unwrap();
+    assert!(file.wait_prefetch(Duration::from_secs(30)));
+    assert!(
+        pager.stats().overhead_bytes >= idle + MIB,
+        "the batch buffer kept and counted: {} then {}",
+        idle,
+        pager.stats().overhead_bytes
+    );
+    let anon = pager
+        .map_anonymous(4 * MIB, &MapOptions::new().folio(64 << 10))
+        .unwrap();
+    let faults = pager.stats().faults_missing;
+    anon.prefetch(0, 4 * MIB).unwrap();
+    assert!(anon.wait_prefetch(Duration::from_secs(30)));
+    assert_eq!(
+        pager.stats().faults_missing,
+        faults,
+        "prefetched, not faulted"
+    );
+    let stale = (0..anon.len() / 8).find(|&w| anon.words()[w].load(Relaxed) != 0);
+    assert_eq!(
+        stale, None,
+        "a never-written folio installed with old bytes"
+    );
+    assert_words(&file, 61, 9);
+    // A batch of one folio is read by its fill, not taken from the kept
+    // buffer (which still holds the last batch's bytes).
+    let path2 = pattern_file(dir.path(), "other", 4 * MIB, 10);
+    let other = pager
+        .map_file(&path2, &MapOptions::new().folio(64 << 10))
+        .unwrap();
+    other.prefetch(MIB, 64 << 10).unwrap();
+    assert!(other.wait_prefetch(Duration::from_secs(30)));
+    for w in (MIB / 8..(MIB + (64 << 10)) / 8).step_by(7) {
+        assert_eq!(
+            other.words()[w as usize].load(Relaxed),
+            word(w * 8, 10),
+            "word {w}"
+        );
+    }
+    // Idle (200 ms without work): the buffer goes back.
+    let t0 = std::time::Instant::now();
+    while pager.stats().overhead_bytes >= idle + MIB {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the batch buffer still kept after 20 s idle: {:?}",
+            pager.stats()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `Region::fetch` reads the folios of scattered offsets (unsorted, some
 /// repeated) in the calling thread, batches of them per `read_batch` and
 /// none alone, each once; reading the words there then faults nothing. An
