@@ -517,6 +517,15 @@ impl Pager {
         let warm = home.and_then(|home| {
             let window = (sh.budget.limit() / 4).clamp(1 << 20, 64 << 20);
             crate::warm::Warm::open(opts.warm, home, folio, store_off, len, nfolios, window)
+                .map(|w| {
+                    // A local store: its long sequential runs stream by
+                    // readahead, as on demand.
+                    if store.round_trips() {
+                        w
+                    } else {
+                        w.leave_runs_to_readahead(((sh.cfg.readahead / folio) as usize).max(2))
+                    }
+                })
                 .map_err(|e| log::warn!("no warm start for a region of {}: {e}", store.describe()))
                 .ok()
         });

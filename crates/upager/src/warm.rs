@@ -33,7 +33,14 @@
 //! (a program on other inputs that shares some folios with the trace),
 //! count as unpredicted and do not move replay on; when they outnumber the
 //! predicted ones four to one (after [`DIVERGED_MIN`]), replay stops and
-//! says so.
+//! says so. From a store whose reads are not round trips (a local file:
+//! `Store::round_trips` false), the trace's sequential runs of at least a
+//! readahead window are left to readahead: replay does not read them,
+//! the program's faults stream them as on demand (the faulting thread and
+//! the prefetch thread reading side by side), and their places still pace
+//! replay. One replay thread reading everything had left the program
+//! waiting on it with a CPU idle: 0.83-0.87x of on demand for a model's
+//! layers; 1.02x with the runs left to readahead (docs/benchmarks.md).
 //!
 //! What "used" means here: userfaultfd does not see a read of an installed
 //! page, so a replayed folio counts as a hit (`replay_hits`) once the
@@ -405,6 +412,15 @@ impl Warm {
         }
     }
 
+    /// A replay leaves the trace's sequential runs of at least `min`
+    /// folios to readahead ([`Replayer::leave_runs_to_readahead`]).
+    pub(crate) fn leave_runs_to_readahead(mut self, min: usize) -> Warm {
+        if let Job::Replay(rp) = &mut self.job {
+            rp.leave_runs_to_readahead(min);
+        }
+        self
+    }
+
     /// The replay, if this region replays a trace.
     pub(crate) fn replay(&self) -> Option<&Replayer> {
         match &self.job {
@@ -533,6 +549,9 @@ pub(crate) struct Replayer {
     place: AtomicTable,
     /// Per place, one bit: replay read that folio.
     replayed: AtomicTable,
+    /// Per place, one bit: left to readahead (a long sequential run of a
+    /// store whose reads are not round trips: `leave_runs_to_readahead`).
+    streamed: Option<AtomicTable>,
     /// Places handed to the prefetch path so far.
     issued: AtomicUsize,
     /// The place + 1 of the folio left unread in the last window: a fault
@@ -570,6 +589,7 @@ impl Replayer {
         }
         Ok(Replayer {
             replayed: AtomicTable::zeroed(order.len().div_ceil(64).max(1))?,
+            streamed: None,
             order,
             place,
             issued: AtomicUsize::new(0),
@@ -581,6 +601,43 @@ impl Replayer {
             predicted: AtomicU64::new(0),
             unpredicted: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// Leaves every sequential run of at least `min` folios in the trace
+    /// to readahead: replay does not read it (the program's faults stream
+    /// it, the faulting thread and the prefetch thread reading windows
+    /// side by side), but its places still pace replay. For stores whose
+    /// reads are not round trips (a local file): there a fault that
+    /// streams costs little more than replay's read of the same bytes,
+    /// and one replay thread reading everything left the program waiting
+    /// on it with a CPU idle (measured: model from a file, 0.83-0.87x of
+    /// on demand; docs/benchmarks.md).
+    fn leave_runs_to_readahead(&mut self, min: usize) {
+        let Ok(bits) = AtomicTable::zeroed(self.order.len().div_ceil(64).max(1)) else {
+            return; // no memory for the bits: replay reads everything
+        };
+        let mut start = 0;
+        for p in 1..=self.order.len() {
+            if p < self.order.len() && self.order[p] == self.order[p - 1] + 1 {
+                continue;
+            }
+            if p - start >= min.max(2) {
+                for q in start..p {
+                    if let Some(w) = bits.get(q / 64) {
+                        w.fetch_or(1 << (q % 64), Relaxed);
+                    }
+                }
+            }
+            start = p;
+        }
+        self.streamed = Some(bits);
+    }
+
+    fn is_streamed(&self, place: usize) -> bool {
+        self.streamed.as_ref().is_some_and(|b| {
+            b.get(place / 64)
+                .is_some_and(|w| w.load(Relaxed) & (1 << (place % 64)) != 0)
         })
     }
 
@@ -645,6 +702,9 @@ impl Replayer {
         for (p, &idx) in self.order[start..end].iter().enumerate() {
             if start + p == marker && end < self.order.len() {
                 continue; // left for the program's fault (the last window has none)
+            }
+            if self.is_streamed(start + p) {
+                continue; // readahead's
             }
             match runs.last_mut() {
                 Some(r) if r.end == idx => r.end += 1,
@@ -789,5 +849,23 @@ mod tests {
             assert!(!d.on_fault(idx));
         }
         assert_eq!(d.next_window(), None, "diverged: replay stops");
+    }
+
+    #[test]
+    fn long_runs_are_left_to_readahead_and_still_pace_replay() {
+        // A run of 6 (places 1..7), scattered folios, a run of 3.
+        let order: Vec<usize> = vec![50, 10, 11, 12, 13, 14, 15, 70, 30, 31, 32];
+        let mut r = Replayer::new(order, 100, 11, 11).unwrap();
+        r.leave_runs_to_readahead(4);
+        // One window of everything (no marker in the last): the run of 6
+        // is readahead's, the run of 3 is read.
+        assert_eq!(r.next_window(), Some(vec![50..51, 70..71, 30..33]));
+        let mut r = Replayer::new(vec![1, 2, 3, 4, 9, 7, 5], 100, 4, 4).unwrap();
+        r.leave_runs_to_readahead(4);
+        // Window 0..4, marker place 2 (folio 3): all streamed, nothing
+        // read; a fault in the run still asks for the next window.
+        assert_eq!(r.next_window(), Some(vec![]));
+        assert!(r.on_fault(3), "the marker, in a streamed run");
+        assert_eq!(r.next_window(), Some(vec![9..10, 7..8, 5..6]));
     }
 }

@@ -105,6 +105,43 @@ fn a_replayed_trace_prefetches_a_gather_in_recorded_order() {
     assert!(warm.replay_wasted <= warm.replay_reads / 10, "{warm:?}");
 }
 
+/// From a local file, a long sequential run of the trace is left to
+/// readahead (the program's faults stream it as on demand); replay reads
+/// the scattered folios only. (Default readahead 2 MiB: runs of 512 folios
+/// and more are readahead's.)
+#[test]
+fn a_replay_from_a_file_leaves_long_runs_to_readahead() {
+    let dir = ram_dir();
+    let len = 64 * MIB;
+    let path = pattern_file(dir.path(), "data", len, SEED);
+    let scattered = gather(1000, len / PAGE / 2, 3);
+    // The scattered folios in the first half, then 8 MiB of the second
+    // half in order.
+    let run_start = len / PAGE / 2;
+    let order: Vec<u64> = scattered
+        .iter()
+        .copied()
+        .chain(run_start..run_start + 8 * MIB / PAGE)
+        .collect();
+    let budget = 32 * MIB;
+    let cold = run(&path, budget, WarmStart::Auto, &order);
+    assert_eq!(cold.replay_reads, 0, "{cold:?}");
+    let warm = run(&path, budget, WarmStart::Auto, &order);
+    // The scattered ones are read by replay (give or take a window's
+    // marker, and neighbours a cold fault's window read), the run's 2,048
+    // folios are not (measured: 1,006).
+    assert!(
+        (800..1200).contains(&warm.replay_reads),
+        "replay read the scattered folios, not the run: {warm:?}"
+    );
+    assert!(
+        warm.faults_missing < cold.faults_missing,
+        "faults: {} cold, {} replayed",
+        cold.faults_missing,
+        warm.faults_missing
+    );
+}
+
 #[test]
 fn a_trace_of_other_data_is_not_replayed() {
     let dir = ram_dir();
