@@ -34,6 +34,12 @@
 //! between layers. The trace of other inputs looks up other embedding
 //! rows (a different prompt), with the same layers.
 //!
+//! Each run's line gives its CPU time (all threads, from
+//! `/proc/self/stat`) beside its wall time, and the faults that waited on
+//! a folio another thread was filling (`faults_deferred`): a replay that
+//! leaves a CPU idle while the program waits on it shows there (JSON:
+//! `cpu_secs`, `faults_deferred`).
+//!
 //! `--data incompressible` fills the array with words that do not
 //! compress (splitmix64 of the offset) instead of `offset ^ seed`: zram
 //! then stores pages as they are (a read is a copy, not a decompression),
@@ -332,6 +338,10 @@ struct Run {
     replay_reads: u64,
     replay_wasted: u64,
     peak: u64,
+    /// CPU time of the whole process (all threads) over the run.
+    cpu_secs: f64,
+    /// Faults that waited on a folio another thread was filling.
+    deferred: u64,
 }
 
 /// Starts a TCP proxy on a loopback port to `server` (host:port) that
@@ -382,6 +392,7 @@ fn word(off: u64, incompressible: bool) -> u64 {
 
 fn run(src: &Source, budget: u64, how: WarmStart, spans: &[Span], a: &Args) -> Run {
     let pager = Pager::new(budget).unwrap();
+    let cpu0 = cpu_secs();
     let t = Instant::now();
     let r = src.map(&pager, how);
     let words = r.words();
@@ -409,7 +420,17 @@ fn run(src: &Source, budget: u64, how: WarmStart, spans: &[Span], a: &Args) -> R
         replay_reads: s.replay_reads,
         replay_wasted: s.replay_wasted,
         peak: s.resident_peak_bytes,
+        cpu_secs: cpu_secs() - cpu0,
+        deferred: s.faults_deferred,
     }
+}
+
+/// This process's CPU time so far, user and system, all threads
+/// (`/proc/self/stat`, in clock ticks of 1/100 s).
+fn cpu_secs() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let f: Vec<&str> = s.rsplit(')').next().unwrap().split_whitespace().collect();
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -505,9 +526,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let r = run(&src, budget, *how, &rows, &a);
             println!(
-                "  round {round} {name:<20} {:>7.3} s  {:>7} faults  {:>6} MiB read  replay {:>7} ({} wasted)  peak {} MiB",
+                "  round {round} {name:<20} {:>7.3} s (cpu {:.2} s)  {:>7} faults ({} waited)  {:>6} MiB read  replay {:>7} ({} wasted)  peak {} MiB",
                 r.secs,
+                r.cpu_secs,
                 r.faults,
+                r.deferred,
                 r.read_bytes >> 20,
                 r.replay_reads,
                 r.replay_wasted,
@@ -532,12 +555,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             used >> 20
         );
         json.push(format!(
-            "{{\"engine\":\"{name}\",\"secs\":[{}],\"faults\":[{}],\"read_bytes\":[{}],\"replay_reads\":[{}],\"replay_wasted\":[{}]}}",
+            "{{\"engine\":\"{name}\",\"secs\":[{}],\"faults\":[{}],\"read_bytes\":[{}],\"replay_reads\":[{}],\"replay_wasted\":[{}],\"cpu_secs\":[{}],\"faults_deferred\":[{}]}}",
             rs.iter().map(|r| format!("{:.4}", r.secs)).collect::<Vec<_>>().join(","),
             rs.iter().map(|r| r.faults.to_string()).collect::<Vec<_>>().join(","),
             rs.iter().map(|r| r.read_bytes.to_string()).collect::<Vec<_>>().join(","),
             rs.iter().map(|r| r.replay_reads.to_string()).collect::<Vec<_>>().join(","),
             rs.iter().map(|r| r.replay_wasted.to_string()).collect::<Vec<_>>().join(","),
+            rs.iter().map(|r| format!("{:.3}", r.cpu_secs)).collect::<Vec<_>>().join(","),
+            rs.iter().map(|r| r.deferred.to_string()).collect::<Vec<_>>().join(","),
         ));
     }
     if let Some(out) = &a.out {
