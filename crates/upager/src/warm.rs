@@ -5,9 +5,10 @@
 //! Record ([`WarmStart::Record`], or [`WarmStart::Auto`] without a usable
 //! trace): each folio's first fill — by a fault, its readahead window, a
 //! prefetch — appends the folio's index to the region's trace. A set-once
-//! bit per folio (`fetch_or`) and a slot of a preallocated table taken with
-//! one `fetch_add`: lock-free, no allocation (a SIGBUS handler records its
-//! fills), bounded ([`MAX_ENTRIES`]). A time mark (ms since the map) every
+//! bit per folio (`fetch_or`) and slots of a preallocated table, one
+//! `fetch_add` for a fill's new folios (consecutive entries: two threads'
+//! fills do not interleave folio by folio): lock-free, no allocation (a
+//! SIGBUS handler records its fills), bounded ([`MAX_ENTRIES`]). A time mark (ms since the map) every
 //! [`MARK_EVERY`] entries. When the region is unmapped, after its flush,
 //! the trace is written beside the file as `<file>.upager-trace`:
 //! delta-encoded indices (zigzag varints), the marks, and a header tying
@@ -39,8 +40,8 @@
 //! the program's faults stream them as on demand (the faulting thread and
 //! the prefetch thread reading side by side), and their places still pace
 //! replay. One replay thread reading everything had left the program
-//! waiting on it with a CPU idle: 0.83-0.87x of on demand for a model's
-//! layers; 1.02x with the runs left to readahead (docs/benchmarks.md).
+//! waiting on it with a CPU idle: 0.81-0.83x of on demand for a model's
+//! layers; 1.06-1.08x with the runs left to readahead (docs/benchmarks.md).
 //!
 //! What "used" means here: userfaultfd does not see a read of an installed
 //! page, so a replayed folio counts as a hit (`replay_hits`) once the
@@ -70,6 +71,9 @@ use crate::store::Store;
 /// Most entries a trace holds (the first folios needed; 16 Mi folios of
 /// 4 KiB is 64 GiB of data).
 pub(crate) const MAX_ENTRIES: usize = 1 << 24;
+/// Folios recorded as one group of consecutive entries, at most (a
+/// readahead window of 4 KiB folios is 512 at the default 2 MiB).
+const RECORD_CHUNK: usize = 1024;
 /// A time mark every this many entries.
 const MARK_EVERY: usize = 256;
 /// Unpredicted faults before replay may judge the program diverged.
@@ -406,8 +410,11 @@ impl Warm {
     /// prefetch: `by_fault` for the first). Async-signal-safe.
     pub(crate) fn filled(&self, idx: usize, n: usize) {
         if let Job::Record(rec) = &self.job {
-            for k in idx..idx + n {
-                rec.record(k);
+            let mut k = idx;
+            while k < idx + n {
+                let m = (idx + n - k).min(RECORD_CHUNK);
+                rec.record_run(k, m);
+                k += m;
             }
         }
     }
@@ -504,22 +511,47 @@ impl Recorder {
         })
     }
 
+    #[cfg(test)]
     fn record(&self, idx: usize) {
-        let bit = 1u64 << (idx % 64);
-        let Some(word) = self.seen.get(idx / 64) else {
-            return;
-        };
-        if word.fetch_or(bit, AcqRel) & bit != 0 {
+        self.record_run(idx, 1);
+    }
+
+    /// Records the folios of `idx .. idx + n` (at most [`RECORD_CHUNK`],
+    /// one fill's) filled for the first time, as consecutive entries: one
+    /// `fetch_add` for the lot, so that fills recorded at the same moment
+    /// by two threads (a fault's window and the prefetch thread's next
+    /// one) do not interleave folio by folio, and a readahead window stays
+    /// one sequential run of the trace (replay from a local file leaves
+    /// those to readahead: `leave_runs_to_readahead`).
+    fn record_run(&self, idx: usize, n: usize) {
+        debug_assert!(n <= RECORD_CHUNK);
+        let mut new = [0u64; RECORD_CHUNK / 64];
+        let mut count = 0;
+        for j in 0..n.min(RECORD_CHUNK) {
+            let f = idx + j;
+            let bit = 1u64 << (f % 64);
+            let Some(word) = self.seen.get(f / 64) else {
+                break;
+            };
+            if word.fetch_or(bit, AcqRel) & bit == 0 {
+                new[j / 64] |= 1 << (j % 64);
+                count += 1;
+            }
+        }
+        if count == 0 {
             return;
         }
-        let k = self.next.fetch_add(1, Relaxed);
-        let Some(slot) = self.order.get(k) else {
-            return; // full: the trace keeps the first MAX_ENTRIES
-        };
-        slot.store(idx as u64 + 1, Release);
-        if k.is_multiple_of(MARK_EVERY) {
-            if let Some(m) = self.marks.get(k / MARK_EVERY) {
-                m.store(self.t0.elapsed().as_millis() as u64, Relaxed);
+        let first = self.next.fetch_add(count, Relaxed);
+        let fresh = (0..n.min(RECORD_CHUNK)).filter(|&j| new[j / 64] & (1 << (j % 64)) != 0);
+        for (k, j) in (first..).zip(fresh) {
+            let Some(slot) = self.order.get(k) else {
+                return; // full: the trace keeps the first MAX_ENTRIES
+            };
+            slot.store((idx + j) as u64 + 1, Release);
+            if k.is_multiple_of(MARK_EVERY) {
+                if let Some(m) = self.marks.get(k / MARK_EVERY) {
+                    m.store(self.t0.elapsed().as_millis() as u64, Relaxed);
+                }
             }
         }
     }
@@ -801,6 +833,18 @@ mod tests {
             decode(&encode(&Identity { len: 4096, ..id() }, &beyond)),
             None
         );
+    }
+
+    #[test]
+    fn a_fill_is_recorded_as_consecutive_entries_of_its_new_folios() {
+        let rec = Recorder::new(4000).unwrap();
+        rec.record(5);
+        rec.record_run(3, 4); // 3, 4, 6 new; 5 seen
+        rec.record_run(2000, 1024);
+        rec.record_run(2000, 10); // all seen
+        let order = rec.trace().order;
+        assert_eq!(&order[..4], &[5, 3, 4, 6]);
+        assert_eq!(&order[4..], &(2000..3024).collect::<Vec<_>>()[..]);
     }
 
     #[test]
