@@ -519,11 +519,13 @@ impl Pager {
             crate::warm::Warm::open(opts.warm, home, folio, store_off, len, nfolios, window)
                 .map(|w| {
                     // A local store: its long sequential runs stream by
-                    // readahead, as on demand.
-                    if store.round_trips() {
+                    // readahead, as on demand (where readahead has a
+                    // window worth the name: 16 folios or more).
+                    let window = (sh.cfg.readahead / folio) as usize;
+                    if store.round_trips() || window < 16 {
                         w
                     } else {
-                        w.leave_runs_to_readahead(((sh.cfg.readahead / folio) as usize).max(2))
+                        w.leave_runs_to_readahead(window)
                     }
                 })
                 .map_err(|e| log::warn!("no warm start for a region of {}: {e}", store.describe()))

@@ -42,7 +42,11 @@ fn gather(n: usize, folios: u64, salt: u64) -> Vec<u64> {
 /// that order (with a little work per folio, as a program has), checks
 /// it, unmaps; the pager's counters.
 fn run(path: &Path, budget: u64, how: WarmStart, order: &[u64]) -> Stats {
-    let pager = Pager::new(budget).unwrap();
+    run_on(Pager::new(budget).unwrap(), path, budget, how, order)
+}
+
+/// [`run`] on a pager of the caller's.
+fn run_on(pager: Pager, path: &Path, budget: u64, how: WarmStart, order: &[u64]) -> Stats {
     let r = pager.map_file(path, &MapOptions::new().warm(how)).unwrap();
     for &idx in order {
         let w = (idx * PAGE / 8) as usize;
@@ -139,6 +143,17 @@ fn a_replay_from_a_file_leaves_long_runs_to_readahead() {
         "faults: {} cold, {} replayed",
         cold.faults_missing,
         warm.faults_missing
+    );
+    // Readahead off: nothing would stream the run, so replay reads it too.
+    let off = Pager::builder()
+        .budget(budget)
+        .readahead(0)
+        .build()
+        .unwrap();
+    let all = run_on(off, &path, budget, WarmStart::Auto, &order);
+    assert!(
+        all.replay_reads >= 2800,
+        "readahead off: replay read the run as well: {all:?}"
     );
 }
 
