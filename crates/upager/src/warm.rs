@@ -36,7 +36,8 @@
 //! predicted ones four to one (after [`DIVERGED_MIN`]), replay stops and
 //! says so. From a store whose reads are not round trips (a local file:
 //! `Store::round_trips` false), the trace's sequential runs of at least a
-//! readahead window are left to readahead: replay does not read them,
+//! readahead window (of 16 folios or more) are left to readahead: replay
+//! does not read them,
 //! the program's faults stream them as on demand (the faulting thread and
 //! the prefetch thread reading side by side), and their places still pace
 //! replay. One replay thread reading everything had left the program
