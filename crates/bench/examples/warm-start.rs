@@ -35,7 +35,7 @@
 //! rows (a different prompt), with the same layers.
 //!
 //! Each run's line gives its CPU time (all threads, from
-//! `/proc/self/stat`) beside its wall time, and the faults that waited on
+//! `getrusage`) beside its wall time, and the faults that waited on
 //! a folio another thread was filling (`faults_deferred`): a replay that
 //! leaves a CPU idle while the program waits on it shows there (JSON:
 //! `cpu_secs`, `faults_deferred`).
@@ -425,12 +425,8 @@ fn run(src: &Source, budget: u64, how: WarmStart, spans: &[Span], a: &Args) -> R
     }
 }
 
-/// This process's CPU time so far, user and system, all threads
-/// (`/proc/self/stat`, in clock ticks of 1/100 s).
 fn cpu_secs() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let f: Vec<&str> = s.rsplit(')').next().unwrap().split_whitespace().collect();
-    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+    upager_bench::process_cpu_secs().expect("getrusage")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

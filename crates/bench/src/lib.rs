@@ -112,3 +112,9 @@ pub use upager_engine::{
 pub use upager_workloads::{ResidencyMethod, UpagerConfig, UpagerJob};
 pub use worker::{run_worker, RunOptions, WorkerError, WorkerExe, WorkerRun};
 pub use workloads::{NumpyBackend, WorkerResult, Workload, WorkloadError};
+
+/// CPU time of this whole process so far, user and system, all threads
+/// (`getrusage(RUSAGE_SELF)`), in seconds.
+pub fn process_cpu_secs() -> std::io::Result<f64> {
+    raw::rusage_self().map(|u| u.user_s + u.sys_s)
+}
