@@ -526,9 +526,10 @@ impl Recorder {
     /// those to readahead: `leave_runs_to_readahead`).
     fn record_run(&self, idx: usize, n: usize) {
         debug_assert!(n <= RECORD_CHUNK);
+        let n = n.min(RECORD_CHUNK); // (a SIGBUS handler must not panic)
         let mut new = [0u64; RECORD_CHUNK / 64];
         let mut count = 0;
-        for j in 0..n.min(RECORD_CHUNK) {
+        for j in 0..n {
             let f = idx + j;
             let bit = 1u64 << (f % 64);
             let Some(word) = self.seen.get(f / 64) else {
@@ -543,7 +544,7 @@ impl Recorder {
             return;
         }
         let first = self.next.fetch_add(count, Relaxed);
-        let fresh = (0..n.min(RECORD_CHUNK)).filter(|&j| new[j / 64] & (1 << (j % 64)) != 0);
+        let fresh = (0..n).filter(|&j| new[j / 64] & (1 << (j % 64)) != 0);
         for (k, j) in (first..).zip(fresh) {
             let Some(slot) = self.order.get(k) else {
                 return; // full: the trace keeps the first MAX_ENTRIES
