@@ -252,7 +252,9 @@ void upager_destroy(upager_t *pager);
 #define UPAGER_MAP_WRITE 1u /* read-write: writes reach the file on eviction
                                and on upager_flush(). Default read-only
                                (writes raise SIGSEGV). */
-#define UPAGER_MAP_WARM 2u  /* warm start (files only): replay the trace
+#define UPAGER_MAP_WARM 2u  /* warm start (files only: upager_map_file, or
+                               upager_map_fd of a descriptor whose path
+                               still names its file): replay the trace
                                beside the file (FILE.upager-trace) as
                                prefetch if it matches the file as it is
                                now, else record the order folios are first

@@ -15,6 +15,7 @@
 //! | `UMAP_READ_AHEAD` | pages read ahead of every fault, 0 | largest readahead (pages) on sequential faults; unset = upager's adaptive 2 MiB |
 //! | `UMAP_LOG_LEVEL` | ERROR/WARNING/INFO/DEBUG, INFO (on stdout) | same names, default WARNING, on stderr |
 //! | `UPAGER_FAULT_MODE` | (upager's own) | `handlers` (default) or `in-thread`: read by the engine's builder default when the pager is created; a name that is no mode makes `umap()` fail with EINVAL |
+//! | `UPAGER_WARM` | (upager's own) | warm starts of `umap()` file regions: `off` (default), `on` (replay the trace beside the file, `FILE.upager-trace`, if it matches the file, else record one, written at `uunmap`; not at exit), `record` (always record anew) |
 //!
 //! Regions live in a table keyed by their address; `uunmap` writes dirty
 //! data back and releases the memory; regions still mapped at `exit()` are
@@ -59,6 +60,9 @@ struct Config {
     /// UMAP_READ_AHEAD in pages; None = upager's adaptive default.
     read_ahead: Option<u64>,
     level: Level,
+    /// UPAGER_WARM: record and replay the order file regions' pages are
+    /// first needed.
+    warm: engine::WarmStart,
 }
 
 const SYS_PAGE: u64 = 4096;
@@ -149,6 +153,20 @@ impl Config {
         }
         let max_fault_events = read_env("UMAP_MAX_FAULT_EVENTS", &mut w).unwrap_or(256);
         let read_ahead = read_env("UMAP_READ_AHEAD", &mut w);
+        let warm = match std::env::var("UPAGER_WARM") {
+            Err(_) => engine::WarmStart::Off,
+            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "" | "0" | "off" => engine::WarmStart::Off,
+                "1" | "on" | "auto" => engine::WarmStart::Auto,
+                "record" => engine::WarmStart::Record,
+                _ => {
+                    w.push(format!(
+                        "UPAGER_WARM={v:?} is not one of off, on, record; warm starts stay off"
+                    ));
+                    engine::WarmStart::Off
+                }
+            },
+        };
         (
             Config {
                 page_size,
@@ -160,6 +178,7 @@ impl Config {
                 max_fault_events,
                 read_ahead,
                 level,
+                warm,
             },
             w,
         )
@@ -379,6 +398,7 @@ fn umap_inner(
     let (region, from) = match source {
         Source::Fd(fd) => {
             let file = native::dup_fd(fd, writable)?;
+            let opts = opts.warm(c.warm);
             (pager()?.map_open_file(file, &opts)?, format!("fd {fd}"))
         }
         Source::Store(store) => (

@@ -47,6 +47,7 @@ build writers "$SRC/writers.c" $(pkg-config --cflags --libs upager) $RPATH
 build huge_runs "$SRC/huge_runs.c" $(pkg-config --cflags --libs upager) $RPATH
 build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
 build fork "$SRC/fork.c" $(pkg-config --cflags --libs upager) $RPATH
+build umap_warm "$SRC/umap_warm.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 # UMap's C++ API (header-only over the C library): the system's g++.
 CXX=${CXX:-g++}
@@ -107,6 +108,10 @@ run "$OUT/store_ops"
 run env UMAP_BUFSIZE=512 "$OUT/umap_store"
 run env UMAP_BUFSIZE=256 "$OUT/umap_sparsestore"
 run env UMAP_BUFSIZE=4096 "$OUT/umap_fixed_sort"
+# UMap programs with warm starts (UPAGER_WARM), both fault modes.
+for mode in handlers in-thread; do
+    run env UPAGER_FAULT_MODE="$mode" UPAGER_WARM=on UMAP_BUFSIZE=2048 "$OUT/umap_warm"
+done
 # A Redis Cluster store (issue 14): a local cluster of its own (ports
 # 7200-7205, or UPAGER_REDIS_PORT), stopped again at the end. Without
 # redis-server the test is skipped, except under CI=true.

@@ -522,12 +522,16 @@ impl MapOptions {
     /// the file (`<file>.upager-trace`, written when the region is
     /// unmapped), and replay a recorded one as prefetch ([`WarmStart`]:
     /// `Auto` replays a trace that matches the file and records
-    /// otherwise). Only regions mapped with [`Pager::map_file`] keep
-    /// traces. Default [`WarmStart::Off`].
+    /// otherwise). Only file regions keep traces: mapped with
+    /// [`Pager::map_file`], or with [`Pager::map_open_file`] on a
+    /// descriptor whose path (`/proc/self/fd`) still names its file (else
+    /// a warning is logged and nothing is recorded). Default
+    /// [`WarmStart::Off`].
     ///
     /// [`WarmStart`]: crate::WarmStart
     /// [`WarmStart::Off`]: crate::WarmStart::Off
     /// [`Pager::map_file`]: crate::Pager::map_file
+    /// [`Pager::map_open_file`]: crate::Pager::map_open_file
     pub fn warm(mut self, how: WarmStart) -> Self {
         self.warm = how;
         self

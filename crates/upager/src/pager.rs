@@ -309,6 +309,24 @@ impl Pager {
                 advice: kind.advice(),
             });
         }
+        // A warm start keeps its trace beside the file: the path the
+        // descriptor was opened by, if it still names this file.
+        let warm_opts;
+        let opts = match opts.warm {
+            crate::WarmStart::Off => opts,
+            _ => {
+                warm_opts = MapOptions {
+                    warm_file: crate::store::path_if_same(&file, &meta),
+                    ..opts.clone()
+                };
+                if warm_opts.warm_file.is_none() {
+                    log::warn!(
+                        "warm start: the mapped descriptor's file has no path of its own (deleted, or renamed over): no trace is kept"
+                    );
+                }
+                &warm_opts
+            }
+        };
         let writers =
             file_writers(&meta, opts.writable, || file.try_clone()).map_err(|source| {
                 MapError::Open {

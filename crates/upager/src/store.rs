@@ -460,6 +460,17 @@ fn path_of(f: &File) -> String {
         .map_or_else(|_| "(unknown path)".into(), |p| p.display().to_string())
 }
 
+/// The path an open file was opened by (`/proc/self/fd`), if that path
+/// still names the same file (`meta`, the descriptor's metadata): not for
+/// a deleted file or one another file was renamed over.
+pub(crate) fn path_if_same(f: &File, meta: &std::fs::Metadata) -> Option<std::path::PathBuf> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()?;
+    let now = std::fs::metadata(&path).ok()?;
+    (path.is_absolute() && now.dev() == meta.dev() && now.ino() == meta.ino()).then_some(path)
+}
+
 impl Store for FileStore {
     fn len(&self) -> u64 {
         self.len

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use common::*;
-use upager::{MapOptions, Pager, Stats, WarmStart};
+use upager::{MapOptions, Pager, Region, Stats, WarmStart};
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
@@ -48,6 +48,13 @@ fn run(path: &Path, budget: u64, how: WarmStart, order: &[u64]) -> Stats {
 /// [`run`] on a pager of the caller's.
 fn run_on(pager: Pager, path: &Path, budget: u64, how: WarmStart, order: &[u64]) -> Stats {
     let r = pager.map_file(path, &MapOptions::new().warm(how)).unwrap();
+    touch_and_unmap(&pager, r, budget, how, order)
+}
+
+/// Reads one word of each folio of `order` in `r` in that order (with a
+/// little work per folio, as a program has), checks it, unmaps; the
+/// pager's counters.
+fn touch_and_unmap(pager: &Pager, r: Region, budget: u64, how: WarmStart, order: &[u64]) -> Stats {
     for &idx in order {
         let w = (idx * PAGE / 8) as usize;
         assert_eq!(
@@ -154,6 +161,53 @@ fn a_replay_from_a_file_leaves_long_runs_to_readahead() {
     assert!(
         all.replay_reads >= 2800,
         "readahead off: replay read the run as well: {all:?}"
+    );
+}
+
+/// A region mapped from an open descriptor (`Pager::map_open_file`: the C
+/// API's `upager_map_fd`, UMap's `umap()`) keeps its trace beside the file
+/// the descriptor was opened by; a descriptor of a deleted file keeps none.
+#[test]
+fn an_open_descriptor_keeps_its_trace_beside_its_file() {
+    let dir = ram_dir();
+    let len = 32 * MIB;
+    let path = pattern_file(dir.path(), "data", len, SEED);
+    let trace = upager::trace_path(&path);
+    let order = gather(1500, len / PAGE, 4);
+    let budget = 8 * MIB;
+    let by_fd = |how: WarmStart| {
+        let pager = Pager::new(budget).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let r = pager
+            .map_open_file(file, &MapOptions::new().warm(how))
+            .unwrap();
+        touch_and_unmap(&pager, r, budget, how, &order)
+    };
+    let cold = by_fd(WarmStart::Auto);
+    assert_eq!(cold.replay_reads, 0, "{cold:?}");
+    assert!(trace.exists(), "recorded beside {}", path.display());
+    let warm = by_fd(WarmStart::Auto);
+    assert!(
+        warm.replay_reads >= 1000 && warm.faults_missing * 4 <= cold.faults_missing,
+        "replayed: {cold:?} then {warm:?}"
+    );
+    // The trace is the file's, whichever way it is mapped.
+    let by_path = run(&path, budget, WarmStart::Auto, &order);
+    assert!(by_path.replay_reads >= 1000, "{by_path:?}");
+
+    // A deleted file has no path to keep a trace by: mapped, no trace.
+    std::fs::remove_file(&trace).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let pager = Pager::new(budget).unwrap();
+    let r = pager
+        .map_open_file(file, &MapOptions::new().warm(WarmStart::Auto))
+        .unwrap();
+    let s = touch_and_unmap(&pager, r, budget, WarmStart::Auto, &order);
+    assert_eq!(s.replay_reads, 0);
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing written for a deleted file"
     );
 }
 
