@@ -748,6 +748,7 @@ mod tests {
             max_fault_events: 256,
             read_ahead: None,
             level: Level::Warning,
+            warm: engine::WarmStart::Off,
         };
         assert_eq!(c.batch(), 20);
         c.buf_pages = 2;
