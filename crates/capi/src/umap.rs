@@ -498,7 +498,24 @@ fn remove_region(addr: *mut c_void, length: usize, keep_range: bool) -> Result<(
             region.unmap()
         };
         match done {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if cfg().level >= Level::Info {
+                    let s = pager()?.stats();
+                    log(
+                        Level::Info,
+                        &format!(
+                            "uunmap({addr:p}): pager counters: faults_missing {}, bytes_read {}, resident_peak_bytes {}, replay_reads {}, replay_hits {}, replay_wasted {}",
+                            s.faults_missing,
+                            s.bytes_read,
+                            s.resident_peak_bytes,
+                            s.replay_reads,
+                            s.replay_hits,
+                            s.replay_wasted
+                        ),
+                    );
+                }
+                Ok(())
+            }
             Err((e, region)) => {
                 regions().insert(key, Arc::new(region));
                 Err(e.into())

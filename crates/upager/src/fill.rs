@@ -19,8 +19,11 @@
 //!   the LRU entries (one lock).
 //! - A fill that cannot complete: in a SIGBUS handler it is undone (the
 //!   folios go back to their old states, the budget is returned) and the
-//!   fault handed to a resolver thread ([`Outcome::HandOff`]); elsewhere
-//!   the reason is logged and the folio poisoned (poison.rs). A folio
+//!   fault handed to a resolver thread ([`Outcome::HandOff`]); a prefetch
+//!   fill is undone too (no access asked for its folios); elsewhere the
+//!   reason is logged and the folio poisoned (poison.rs). A window whose
+//!   read fails is cut to its first folio, read again alone: a bad folio
+//!   ahead never fails the one a fault asked for. A folio
 //!   installed writable is never dropped once part of it is in
 //!   (install.rs, `settle_writable`).
 //!
@@ -57,7 +60,9 @@ pub(crate) enum Outcome {
     Done,
     /// In a SIGBUS handler, a step that is not async-signal-safe is needed
     /// (reclaim, the dirty limit, a store that may allocate, an error):
-    /// nothing was changed; hand the fault to a resolver thread.
+    /// nothing was changed; hand the fault to a resolver thread. For a
+    /// prefetch fill (no fault): it failed, and its folios are back as
+    /// they were.
     HandOff,
     /// In-thread: the folio is poisoned (its store read failed, or a write
     /// was refused): the access must end in SIGBUS, as the kernel's
@@ -222,6 +227,16 @@ impl Shared {
                 drop(staged);
                 if !ctx.in_signal {
                     self.counters.read_errors.inc();
+                }
+                if !c.extras.is_empty() {
+                    // A window's read failed: its readahead folios go back
+                    // as they were (an access reads each itself) and the
+                    // claimed folio is read on its own — as the kernel
+                    // reads a page whose readahead failed — so a bad folio
+                    // ahead never fails the one asked for.
+                    self.undo_extras(c, false);
+                    self.budget.uncharge(r.folio * c.extras.len() as u64);
+                    return self.fill_claimed(ctx, &Claimed { extras: &[], ..*c });
                 }
                 return self.fill_abort(
                     ctx,
@@ -495,7 +510,8 @@ impl Shared {
 
     /// A claimed fill read or installed nothing it can keep: in a SIGBUS
     /// handler, undone for a resolver thread (`queued`: its LRU entries were
-    /// pushed); else the reason is logged and the faulting folio poisoned
+    /// pushed); a prefetch fill is undone too (no access asked for it);
+    /// else the reason is logged and the faulting folio poisoned
     /// (`fill_failed`).
     fn fill_abort(
         &self,
@@ -505,6 +521,20 @@ impl Shared {
         why: std::fmt::Arguments<'_>,
     ) -> Outcome {
         if ctx.in_signal {
+            return self.fill_undo(c, true, queued);
+        }
+        if c.prefetch {
+            // No access asked for these folios: they go back as they were
+            // (not poisoned), and an access reads them itself (and gets
+            // SIGBUS then if the store still fails).
+            if c.r.trace.may_report().is_some() {
+                log::warn!(
+                    "region {} ({}): reading ahead at region offset {} failed: {why}; left unfilled (an access reads it again)",
+                    c.r.id,
+                    c.r.store.describe(),
+                    (c.idx as u64) << c.r.shift
+                );
+            }
             return self.fill_undo(c, true, queued);
         }
         self.report_sigbus(c.r, c.idx, why);
@@ -521,12 +551,7 @@ impl Shared {
         // `queued`: LRU entries were pushed for them (QUEUED is kept so the
         // entry is not doubled by a later fill; reclaim drops it as stale).
         let back = |o: State| o.set(QUEUED, o.has(QUEUED) || queued);
-        for (k, o) in extras.iter().enumerate() {
-            r.trace
-                .record(idx + 1 + k, Path::FillUndo, Kind::Busy, o.kind());
-            let prev = folio::release(r.state(idx + 1 + k), |_| back(*o));
-            self.wake_if_waiter(r, idx + 1 + k, prev);
-        }
+        self.undo_extras(c, queued);
         let n = extras.len() as u64 + u64::from(charged);
         self.budget.uncharge(r.folio * n);
         r.trace.record(idx, Path::FillUndo, Kind::Busy, old.kind());
@@ -553,14 +578,25 @@ impl Shared {
     fn fill_failed(&self, c: &Claimed<'_>) {
         let (r, idx, extras) = (c.r, c.idx, c.extras);
         self.counters.faults_failed.inc();
-        for (k, o) in extras.iter().enumerate() {
-            r.trace
-                .record(idx + 1 + k, Path::FillUndo, Kind::Busy, o.kind());
-            let prev = folio::release(r.state(idx + 1 + k), |_| *o);
-            self.wake_if_waiter(r, idx + 1 + k, prev);
-        }
+        self.undo_extras(c, false);
         self.budget.uncharge(r.folio * (1 + extras.len() as u64));
         self.poison(r, idx);
+    }
+
+    /// The readahead folios of a fill that did not complete go back to
+    /// their old states, waking waiters (`queued`: their LRU entries were
+    /// pushed: QUEUED is kept, so a later fill does not double the entry;
+    /// reclaim drops it as stale). Their budget is the caller's to return.
+    fn undo_extras(&self, c: &Claimed<'_>, queued: bool) {
+        let (r, idx) = (c.r, c.idx);
+        for (k, o) in c.extras.iter().enumerate() {
+            r.trace
+                .record(idx + 1 + k, Path::FillUndo, Kind::Busy, o.kind());
+            let prev = folio::release(r.state(idx + 1 + k), |_| {
+                o.set(QUEUED, o.has(QUEUED) || queued)
+            });
+            self.wake_if_waiter(r, idx + 1 + k, prev);
+        }
     }
 
     /// A refault within half the budget (in pages) of its eviction.

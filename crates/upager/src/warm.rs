@@ -606,6 +606,47 @@ pub(crate) struct Replayer {
     stopped: AtomicBool,
 }
 
+/// Streams the trace is split into at once ([`streams_of`]).
+const STREAMS: usize = 8;
+/// Largest step (folios) from one folio of a stream to its next.
+const STREAM_GAP: usize = 8;
+
+/// The stream each entry of `order` belongs to (numbered from 0 in order
+/// of their first entry): an entry continues the most recently continued
+/// of the [`STREAMS`] latest streams that ended at most [`STREAM_GAP`]
+/// folios before it, else starts a new stream (replacing the least
+/// recently continued).
+fn streams_of(order: &[usize]) -> Vec<u32> {
+    // (last folio, stream id, last entry's position) per live stream.
+    let mut live: Vec<(usize, u32, usize)> = Vec::with_capacity(STREAMS);
+    let mut next_id = 0u32;
+    let mut ids = Vec::with_capacity(order.len());
+    for (p, &idx) in order.iter().enumerate() {
+        let cont = live
+            .iter_mut()
+            .filter(|(last, _, _)| idx > *last && idx - *last <= STREAM_GAP)
+            .max_by_key(|(_, _, at)| *at);
+        let id = match cont {
+            Some(s) => {
+                *s = (idx, s.1, p);
+                s.1
+            }
+            None => {
+                let id = next_id;
+                next_id += 1;
+                if live.len() < STREAMS {
+                    live.push((idx, id, p));
+                } else if let Some(lru) = live.iter_mut().min_by_key(|(_, _, at)| *at) {
+                    *lru = (idx, id, p);
+                }
+                id
+            }
+        };
+        ids.push(id);
+    }
+    ids
+}
+
 impl Replayer {
     fn new(
         order: Vec<usize>,
@@ -638,32 +679,36 @@ impl Replayer {
         })
     }
 
-    /// Leaves every sequential run of at least `min` folios in the trace
-    /// to readahead: replay does not read it (the program's faults stream
-    /// it, the faulting thread and the prefetch thread reading windows
-    /// side by side), but its places still pace replay. For stores whose
-    /// reads are not round trips (a local file): there a fault that
+    /// Leaves every sequential stream of at least `min` folios in the
+    /// trace to readahead: replay does not read it (the program's faults
+    /// stream it, the faulting thread and the prefetch thread reading
+    /// windows side by side), but its places still pace replay. For stores
+    /// whose reads are not round trips (a local file): there a fault that
     /// streams costs little more than replay's read of the same bytes,
     /// and one replay thread reading everything left the program waiting
     /// on it with a CPU idle (measured: model from a file, 0.83-0.87x of
     /// on demand; docs/benchmarks.md).
+    ///
+    /// A stream is what readahead would see: folios in ascending order,
+    /// each at most [`STREAM_GAP`] folios past the one before (the folios
+    /// between were needed earlier), interleaved in the trace with up to
+    /// [`STREAMS`] other streams (threads of the program each streaming
+    /// their part, as an OpenMP loop's static schedule does: UMap's bfs).
     fn leave_runs_to_readahead(&mut self, min: usize) {
         let Ok(bits) = AtomicTable::zeroed(self.order.len().div_ceil(64).max(1)) else {
             return; // no memory for the bits: replay reads everything
         };
-        let mut start = 0;
-        for p in 1..=self.order.len() {
-            if p < self.order.len() && self.order[p] == self.order[p - 1] + 1 {
-                continue;
-            }
-            if p - start >= min.max(2) {
-                for q in start..p {
-                    if let Some(w) = bits.get(q / 64) {
-                        w.fetch_or(1 << (q % 64), Relaxed);
-                    }
+        let ids = streams_of(&self.order);
+        let mut len = vec![0usize; ids.iter().max().map_or(0, |&m| m as usize + 1)];
+        for &id in &ids {
+            len[id as usize] += 1;
+        }
+        for (q, &id) in ids.iter().enumerate() {
+            if len[id as usize] >= min.max(2) {
+                if let Some(w) = bits.get(q / 64) {
+                    w.fetch_or(1 << (q % 64), Relaxed);
                 }
             }
-            start = p;
         }
         self.streamed = Some(bits);
     }
@@ -906,12 +951,39 @@ mod tests {
         // One window of everything (no marker in the last): the run of 6
         // is readahead's, the run of 3 is read.
         assert_eq!(r.next_window(), Some(vec![50..51, 70..71, 30..33]));
-        let mut r = Replayer::new(vec![1, 2, 3, 4, 9, 7, 5], 100, 4, 4).unwrap();
+        let mut r = Replayer::new(vec![1, 2, 3, 4, 19, 17, 15], 100, 4, 4).unwrap();
         r.leave_runs_to_readahead(4);
         // Window 0..4, marker place 2 (folio 3): all streamed, nothing
         // read; a fault in the run still asks for the next window.
         assert_eq!(r.next_window(), Some(vec![]));
         assert!(r.on_fault(3), "the marker, in a streamed run");
-        assert_eq!(r.next_window(), Some(vec![9..10, 7..8, 5..6]));
+        assert_eq!(r.next_window(), Some(vec![19..20, 17..18, 15..16]));
+    }
+
+    #[test]
+    fn streams_interleaved_by_threads_are_told_apart() {
+        // Two threads streaming their halves (one with a gap of 3: folios
+        // needed earlier), their windows interleaved in the trace, and
+        // scattered folios between.
+        let order = vec![0, 1, 2, 500, 501, 3, 4, 900, 502, 7, 8, 503, 40, 9];
+        let ids = streams_of(&order);
+        assert_eq!(ids, vec![0, 0, 0, 1, 1, 0, 0, 2, 1, 0, 0, 1, 3, 0]);
+        // A stream of 8 is readahead's; the one of 4 and the lone folios
+        // are replay's.
+        let mut r = Replayer::new(order, 1000, 14, 14).unwrap();
+        r.leave_runs_to_readahead(5);
+        assert_eq!(
+            r.next_window(),
+            Some(vec![500..502, 900..901, 502..504, 40..41])
+        );
+        // Past STREAMS live streams the oldest is forgotten: a stream that
+        // comes back after 8 others is a new one.
+        let mut order: Vec<usize> = vec![0];
+        order.extend((1..=STREAMS).map(|k| k * 1000));
+        order.push(1);
+        let ids = streams_of(&order);
+        assert_eq!(ids[STREAMS + 1], STREAMS as u32 + 1, "{ids:?}");
+        // Descending and far steps start new streams.
+        assert_eq!(streams_of(&[10, 9, 30, 31]), vec![0, 1, 2, 2]);
     }
 }

@@ -268,10 +268,15 @@ fn read_errors_and_slow_reads_fail_only_the_access_and_the_engine_recovers() {
         .cloned()
         .collect();
     assert_eq!(s.read_errors, injected, "every failed read is counted once");
-    assert_eq!(
-        s.faults_failed, injected,
-        "and fails exactly one fault; other reasons logged: {other:?}"
+    // And fails at most one fault: a readahead window's failed read is
+    // read again for the faulting folio alone (an injected error is per
+    // read, so that read may succeed), a prefetch's fails no fault.
+    assert!(
+        s.faults_failed > 0 && s.faults_failed <= injected,
+        "{} faults failed for {injected} failed reads; other reasons logged: {other:?}",
+        s.faults_failed
     );
+
     // The store recovers: once the reclaimer has cleared the poisoned
     // folios (after their hold) every byte reads again. Until then a read
     // touching one gets EFAULT from the kernel.
