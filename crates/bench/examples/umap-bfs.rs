@@ -373,10 +373,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !upager::trace_path(&graph).exists() {
         return Err("the recording run left no trace beside the graph".into());
     }
-    let kernel = Cgroup::create("probe", a.budget_mib << 20).is_ok();
-    if !kernel {
+    // On tmpfs the kernel's mmap maps the file's own pages (nothing read,
+    // nothing charged to the cgroup): no baseline there.
+    let fstype = run(Command::new("findmnt")
+        .args(["-n", "-o", "FSTYPE", "--target"])
+        .arg(&dir))
+    .unwrap_or_default();
+    let kernel = if fstype.lines().any(|l| l.trim() == "tmpfs") {
+        eprintln!("{} is tmpfs: the kernel's mmap is left out (it maps the file's pages, reading nothing)", dir.display());
+        false
+    } else if Cgroup::create("probe", a.budget_mib << 20).is_err() {
         eprintln!("no memory cgroup (not root?): the kernel's mmap is left out");
-    }
+        false
+    } else {
+        true
+    };
     for _ in 0..a.rounds {
         record(
             Engine::OnDemand,
