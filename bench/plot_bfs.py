@@ -11,13 +11,13 @@ made). What it shows: whether replay pays on a traversal that reads its
 graph mostly in streams, and where upager stands against the kernel.
 """
 import json
-import statistics
 import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plot_warm import rel_bars  # noqa: E402  (bench/, beside this file)
 
 ENGINES = ["upager on demand", "upager replayed", "kernel mmap, cgroup"]
 
@@ -31,18 +31,8 @@ def label(r):
 def main(out, paths):
     results = [json.load(open(p)) for p in paths]
     fig, ax = plt.subplots(figsize=(2.2 + 3.0 * len(results), 4.6))
-    width = 0.8 / len(ENGINES)
-    for g, r in enumerate(results):
-        walls = {e: [x["wall_s"] for x in r["runs"] if x["engine"] == e] for e in ENGINES}
-        base = statistics.median(walls[ENGINES[0]])
-        for k, e in enumerate(ENGINES):
-            if not walls[e]:
-                continue
-            x = g + (k - (len(ENGINES) - 1) / 2) * width
-            rel = [s / base for s in walls[e]]
-            ax.bar(x, statistics.median(rel), width, color=f"C{k}",
-                   label=e if g == 0 else None)
-            ax.plot([x] * len(rel), rel, "k.", markersize=4)
+    rel_bars(ax, [{e: [x["wall_s"] for x in r["runs"] if x["engine"] == e] for e in ENGINES}
+                  for r in results], ENGINES)
     ax.set_xticks(range(len(results)), [label(r) for r in results], fontsize=8)
     ax.set_ylabel("wall time / upager on demand's (median; dots: runs)")
     ax.axhline(1.0, color="grey", linewidth=0.8)

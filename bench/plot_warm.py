@@ -36,19 +36,28 @@ def label(r):
     return "\n".join(parts)
 
 
+def rel_bars(ax, groups, engines):
+    """One group of bars per entry of ``groups`` (a dict: engine -> its
+    runs' times): each engine's median time relative to the first engine's
+    median, each run a dot. Engines a group lacks are left out."""
+    width = 0.8 / len(engines)
+    for g, times in enumerate(groups):
+        base = statistics.median(times[engines[0]])
+        for k, e in enumerate(engines):
+            if not times.get(e):
+                continue
+            x = g + (k - (len(engines) - 1) / 2) * width
+            rel = [s / base for s in times[e]]
+            ax.bar(x, statistics.median(rel), width, color=f"C{k}",
+                   label=e if g == 0 else None)
+            ax.plot([x] * len(rel), rel, "k.", markersize=4)
+
+
 def main(out, paths):
     results = [json.load(open(p)) for p in paths]
     engines = [e["engine"] for e in results[0]["engines"]]
     fig, ax = plt.subplots(figsize=(2.2 + 3.0 * len(results), 4.6))
-    width = 0.8 / len(engines)
-    for g, r in enumerate(results):
-        base = statistics.median(r["engines"][0]["secs"])
-        for k, e in enumerate(r["engines"]):
-            x = g + (k - (len(engines) - 1) / 2) * width
-            rel = [s / base for s in e["secs"]]
-            ax.bar(x, statistics.median(rel), width, color=f"C{k}",
-                   label=e["engine"] if g == 0 else None)
-            ax.plot([x] * len(rel), rel, "k.", markersize=4)
+    rel_bars(ax, [{e["engine"]: e["secs"] for e in r["engines"]} for r in results], engines)
     ax.set_xticks(range(len(results)), [label(r) for r in results], fontsize=8)
     ax.set_ylabel("time / on demand's (median of rounds; dots: runs)")
     ax.axhline(1.0, color="grey", linewidth=0.8)

@@ -404,47 +404,77 @@ fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
     assert_eq!(r.words()[bad as usize / 8].load(Relaxed), word(bad, 8));
 }
 
+/// A pager of 16 MiB over a 4 MiB pattern file (seed 8) behind a
+/// [`TestStore`] whose reads of folio `bad_folio` fail, and a sink file
+/// for reads by system call.
+struct Flaky {
+    _dir: tempfile::TempDir,
+    pager: Pager,
+    store: Arc<TestStore>,
+    r: upager::Region,
+    bad: u64,
+    sink: std::fs::File,
+}
+
+impl Flaky {
+    fn new(bad_folio: u64) -> Flaky {
+        let dir = ram_dir();
+        let path = pattern_file(dir.path(), "data", 4 * MIB, 8);
+        let pager = small_pager(16 * MIB);
+        let store = Arc::new(TestStore::new(&path, false));
+        let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
+        let bad = bad_folio * r.folio_size();
+        store.fail_read_at.store(bad + 100, SeqCst);
+        let sink = std::fs::File::create(dir.path().join("sink")).unwrap();
+        Flaky {
+            _dir: dir,
+            pager,
+            store,
+            r,
+            bad,
+            sink,
+        }
+    }
+
+    /// Reads the 4 KiB at `off` by a system call (EFAULT where an access
+    /// would get SIGBUS) and checks the first word.
+    fn read(&self, off: u64) -> std::io::Result<u64> {
+        let n = syscall_on(&self.r, off, 4096, false, || {
+            upager_sys::io::pwrite_from(&self.sink, self.r.as_ptr() as u64 + off, 4096, 0)
+        })?;
+        assert_eq!(
+            self.r.words()[(off / 8) as usize].load(Relaxed),
+            word(off, 8)
+        );
+        Ok(n)
+    }
+}
+
 /// A bad folio ahead of a sequential stream fails only itself: the
 /// faults whose readahead windows ran over it read their own folios (the
 /// window cut to the faulting folio, as the kernel reads a page whose
 /// readahead failed), and only an access to the bad folio gets the error.
 #[test]
 fn a_bad_folio_ahead_fails_only_itself() {
-    let dir = ram_dir();
-    let path = pattern_file(dir.path(), "data", 4 * MIB, 8);
-    let pager = small_pager(16 * MIB);
-    let store = Arc::new(TestStore::new(&path, false));
-    let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
-    let folio = r.folio_size();
-    let bad = 40 * folio;
-    store.fail_read_at.store(bad + 100, SeqCst);
-    let sink = std::fs::File::create(dir.path().join("sink")).unwrap();
-    let read = |off: u64| {
-        syscall_on(&r, off, 4096, false, || {
-            upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64 + off, 4096, 0)
-        })
-    };
+    let f = Flaky::new(40);
+    let folio = f.r.folio_size();
     // A stream up to the bad folio: every window that reached it failed,
     // and each fault read its own folio.
     for k in 0..40 {
         assert_eq!(
-            read(k * folio).unwrap(),
+            f.read(k * folio).unwrap(),
             4096,
             "folio {k} before the bad one"
         );
-        assert_eq!(
-            r.words()[(k * folio / 8) as usize].load(Relaxed),
-            word(k * folio, 8)
-        );
     }
-    let s = pager.stats();
+    let s = f.pager.stats();
     assert!(s.read_errors >= 1, "a window ran over the bad folio: {s:?}");
     assert_eq!(s.faults_failed, 0, "{s:?}");
-    let err = read(bad).unwrap_err();
+    let err = f.read(f.bad).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{err}");
-    assert_eq!(pager.stats().faults_failed, 1);
+    assert_eq!(f.pager.stats().faults_failed, 1);
     // Past it, the stream goes on.
-    assert_eq!(read(bad + folio).unwrap(), 4096);
+    assert_eq!(f.read(f.bad + folio).unwrap(), 4096);
 }
 
 /// A prefetch whose read fails leaves its folios as they were, not
@@ -452,20 +482,14 @@ fn a_bad_folio_ahead_fails_only_itself() {
 /// next access reads the folio at once.
 #[test]
 fn a_failed_prefetch_leaves_its_folio_for_an_access_to_read() {
-    let dir = ram_dir();
-    let path = pattern_file(dir.path(), "data", 4 * MIB, 8);
-    let pager = small_pager(16 * MIB);
-    let store = Arc::new(TestStore::new(&path, false));
-    let r = pager.map_store(store.clone(), &MapOptions::new()).unwrap();
-    let folio = r.folio_size();
-    let bad = 9 * folio;
-    store.fail_read_at.store(bad + 100, SeqCst);
+    let f = Flaky::new(9);
+    let (r, bad, folio) = (&f.r, f.bad, f.r.folio_size());
     // One folio (filled as a fault's fill is), then a window over it.
     r.prefetch(bad, folio).unwrap();
     assert!(r.wait_prefetch(Duration::from_secs(30)));
     r.prefetch(bad - 4 * folio, 8 * folio).unwrap();
     assert!(r.wait_prefetch(Duration::from_secs(30)));
-    let s = pager.stats();
+    let s = f.pager.stats();
     assert!(s.read_errors >= 2, "{s:?}");
     assert_eq!(s.faults_failed, 0, "nothing poisoned: {s:?}");
     assert_eq!(
@@ -473,14 +497,8 @@ fn a_failed_prefetch_leaves_its_folio_for_an_access_to_read() {
         0,
         "the bad folio is not resident"
     );
-    store.fail_read_at.store(u64::MAX, SeqCst);
-    let sink = std::fs::File::create(dir.path().join("sink")).unwrap();
-    let n = syscall_on(&r, bad, 4096, false, || {
-        upager_sys::io::pwrite_from(&sink, r.as_ptr() as u64 + bad, 4096, 0)
-    })
-    .unwrap();
-    assert_eq!(n, 4096);
-    assert_eq!(r.words()[(bad / 8) as usize].load(Relaxed), word(bad, 8));
+    f.store.fail_read_at.store(u64::MAX, SeqCst);
+    assert_eq!(f.read(bad).unwrap(), 4096);
 }
 
 #[test]

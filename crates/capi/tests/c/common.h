@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,6 +31,26 @@
 /* Word i of the test file (64-bit words). */
 static inline uint64_t pattern(uint64_t i) {
     return (i + 1) * 0x9E3779B97F4A7C15ull;
+}
+/* The next number of a xorshift64 sequence in *x (never 0 from non-0). */
+static inline uint64_t xorshift64(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+/* Reads one word in each of `touch` scattered 4 KiB pages of the
+ * `pages`-page pattern file mapped at `w`, in a fixed order (the same every
+ * call: a gather with a fixed index set), 20 us apart (a program's work),
+ * checking each. */
+static inline void read_scattered(volatile const uint64_t *w, uint64_t pages, int touch) {
+    uint64_t x = 88172645463325252ull;
+    for (int k = 0; k < touch; k++) {
+        uint64_t word = (xorshift64(&x) % pages) * 512;
+        CHECK(w[word] == pattern(word), "word %" PRIu64, word);
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
 }
 /* Word i after the tests' write pass: every 8th word (one per 64 bytes,
  * so every page gets dirty) is inverted. */

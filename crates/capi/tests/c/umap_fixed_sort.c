@@ -30,8 +30,7 @@ static void make_keys(const char *path, uint64_t bytes, uint64_t seed,
     uint64_t *buf = malloc(MIB), x = seed;
     for (uint64_t off = 0; off < bytes; off += MIB) {
         for (size_t i = 0; i < MIB / 8; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            buf[i] = x;
+            buf[i] = xorshift64(&x);
             *sum += x, *xr ^= x;
         }
         CHECK(pwrite(fd, buf, MIB, off) == (ssize_t)MIB, "pwrite");

@@ -6,7 +6,6 @@
  *   UPAGER_WARM=on UMAP_BUFSIZE=2048 umap_warm */
 #include "common.h" /* first: it sets _GNU_SOURCE */
 
-#include <time.h>
 #include <umap/umap.h>
 #include <upager.h>
 
@@ -22,16 +21,7 @@ static uint64_t gather(const char *path, const char *name) {
     CHECK(fd >= 0, "open %s", path);
     volatile uint64_t *w = umap(NULL, FILE_BYTES, PROT_READ, UMAP_PRIVATE, fd, 0);
     CHECK(w != UMAP_FAILED, "umap: %s", strerror(errno));
-    uint64_t x = 88172645463325252ull;
-    for (int k = 0; k < TOUCH; k++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        uint64_t word = (x % FOLIOS) * 512;
-        CHECK(w[word] == pattern(word), "word %" PRIu64, word);
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
+    read_scattered(w, FOLIOS, TOUCH);
     CHECK(uunmap((void *)w, FILE_BYTES) == 0, "uunmap");
     close(fd);
     uint64_t v = 0;

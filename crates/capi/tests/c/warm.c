@@ -4,7 +4,6 @@
  * flag is -EINVAL. */
 #include "common.h" /* first: it sets _GNU_SOURCE */
 
-#include <time.h>
 
 #include <upager.h>
 
@@ -26,16 +25,7 @@ static uint64_t gather(const char *path, uint32_t flags, const char *name) {
     upager_region_t *r = NULL;
     CHECK(upager_map_file(pg, path, &mo, &r) == 0, "map: %s", upager_last_error());
     volatile uint64_t *w = upager_region_addr(r);
-    uint64_t x = 88172645463325252ull;
-    for (int k = 0; k < TOUCH; k++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        uint64_t word = (x % FOLIOS) * 512;
-        CHECK(w[word] == pattern(word), "word %" PRIu64, word);
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
+    read_scattered(w, FOLIOS, TOUCH);
     CHECK(upager_unmap(r, 0) == 0, "unmap: %s", upager_last_error());
     uint64_t v = 0;
     CHECK(upager_stat(pg, name, &v) == 0, "stat %s", name);
