@@ -606,45 +606,60 @@ pub(crate) struct Replayer {
     stopped: AtomicBool,
 }
 
-/// Streams the trace is split into at once ([`streams_of`]).
+/// Streams followed at once ([`long_streams`]).
 const STREAMS: usize = 8;
 /// Largest step (folios) from one folio of a stream to its next.
 const STREAM_GAP: usize = 8;
 
-/// The stream each entry of `order` belongs to (numbered from 0 in order
-/// of their first entry): an entry continues the most recently continued
-/// of the [`STREAMS`] latest streams that ended at most [`STREAM_GAP`]
-/// folios before it, else starts a new stream (replacing the least
-/// recently continued).
-fn streams_of(order: &[usize]) -> Vec<u32> {
-    // (last folio, stream id, last entry's position) per live stream.
-    let mut live: Vec<(usize, u32, usize)> = Vec::with_capacity(STREAMS);
-    let mut next_id = 0u32;
-    let mut ids = Vec::with_capacity(order.len());
+/// A stream [`long_streams`] follows.
+struct Stream {
+    /// Its last folio, and that entry's position in the trace.
+    last: usize,
+    at: usize,
+    /// Its entries' positions while it is shorter than `min`.
+    short: Vec<u32>,
+}
+
+/// Calls `mark` with the position of every entry of `order` that belongs
+/// to a stream of at least `min` entries. An entry continues the most
+/// recently continued of the [`STREAMS`] latest streams that ended at most
+/// [`STREAM_GAP`] folios before it, else starts a new stream (replacing
+/// the least recently continued, which ends there). Memory: at most `min`
+/// positions per stream followed, whatever the trace's length.
+fn long_streams(order: &[usize], min: usize, mut mark: impl FnMut(usize)) {
+    let min = min.max(2);
+    let mut live: Vec<Stream> = Vec::with_capacity(STREAMS);
     for (p, &idx) in order.iter().enumerate() {
         let cont = live
             .iter_mut()
-            .filter(|(last, _, _)| idx > *last && idx - *last <= STREAM_GAP)
-            .max_by_key(|(_, _, at)| *at);
-        let id = match cont {
+            .filter(|s| idx > s.last && idx - s.last <= STREAM_GAP)
+            .max_by_key(|s| s.at);
+        match cont {
             Some(s) => {
-                *s = (idx, s.1, p);
-                s.1
+                (s.last, s.at) = (idx, p);
+                if s.short.is_empty() {
+                    mark(p); // long already
+                } else {
+                    s.short.push(p as u32);
+                    if s.short.len() >= min {
+                        s.short.drain(..).for_each(|q| mark(q as usize));
+                    }
+                }
             }
             None => {
-                let id = next_id;
-                next_id += 1;
+                let s = Stream {
+                    last: idx,
+                    at: p,
+                    short: vec![p as u32],
+                };
                 if live.len() < STREAMS {
-                    live.push((idx, id, p));
-                } else if let Some(lru) = live.iter_mut().min_by_key(|(_, _, at)| *at) {
-                    *lru = (idx, id, p);
+                    live.push(s);
+                } else if let Some(lru) = live.iter_mut().min_by_key(|s| s.at) {
+                    *lru = s;
                 }
-                id
             }
-        };
-        ids.push(id);
+        }
     }
-    ids
 }
 
 impl Replayer {
@@ -698,18 +713,11 @@ impl Replayer {
         let Ok(bits) = AtomicTable::zeroed(self.order.len().div_ceil(64).max(1)) else {
             return; // no memory for the bits: replay reads everything
         };
-        let ids = streams_of(&self.order);
-        let mut len = vec![0usize; ids.iter().max().map_or(0, |&m| m as usize + 1)];
-        for &id in &ids {
-            len[id as usize] += 1;
-        }
-        for (q, &id) in ids.iter().enumerate() {
-            if len[id as usize] >= min.max(2) {
-                if let Some(w) = bits.get(q / 64) {
-                    w.fetch_or(1 << (q % 64), Relaxed);
-                }
+        long_streams(&self.order, min, |q| {
+            if let Some(w) = bits.get(q / 64) {
+                w.fetch_or(1 << (q % 64), Relaxed);
             }
-        }
+        });
         self.streamed = Some(bits);
     }
 
@@ -962,14 +970,22 @@ mod tests {
 
     #[test]
     fn streams_interleaved_by_threads_are_told_apart() {
+        let marked = |order: &[usize], min: usize| {
+            let mut v = Vec::new();
+            long_streams(order, min, |q| v.push(q));
+            v.sort_unstable();
+            v
+        };
         // Two threads streaming their halves (one with a gap of 3: folios
         // needed earlier), their windows interleaved in the trace, and
-        // scattered folios between.
+        // scattered folios between: the stream of 8 entries is long, the
+        // one of 4 and the lone folios are not.
         let order = vec![0, 1, 2, 500, 501, 3, 4, 900, 502, 7, 8, 503, 40, 9];
-        let ids = streams_of(&order);
-        assert_eq!(ids, vec![0, 0, 0, 1, 1, 0, 0, 2, 1, 0, 0, 1, 3, 0]);
-        // A stream of 8 is readahead's; the one of 4 and the lone folios
-        // are replay's.
+        assert_eq!(marked(&order, 5), vec![0, 1, 2, 5, 6, 9, 10, 13]);
+        assert_eq!(
+            marked(&order, 4),
+            vec![0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 13]
+        );
         let mut r = Replayer::new(order, 1000, 14, 14).unwrap();
         r.leave_runs_to_readahead(5);
         assert_eq!(
@@ -981,9 +997,10 @@ mod tests {
         let mut order: Vec<usize> = vec![0];
         order.extend((1..=STREAMS).map(|k| k * 1000));
         order.push(1);
-        let ids = streams_of(&order);
-        assert_eq!(ids[STREAMS + 1], STREAMS as u32 + 1, "{ids:?}");
+        assert_eq!(marked(&order, 2), Vec::<usize>::new());
+        order.insert(STREAMS, 1); // back before the eighth other one
+        assert_eq!(marked(&order, 2), vec![0, STREAMS]);
         // Descending and far steps start new streams.
-        assert_eq!(streams_of(&[10, 9, 30, 31]), vec![0, 1, 2, 2]);
+        assert_eq!(marked(&[10, 9, 30, 31], 2), vec![2, 3]);
     }
 }
