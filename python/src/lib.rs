@@ -766,9 +766,16 @@ impl PyRegion {
         }
     }
 
-    /// Counters of the region's pager (dict).
+    /// Counters of the region's pager (dict), and of its store where the
+    /// store keeps its own (`store_*`: an S3 object or dataset, a Redis
+    /// Cluster dataset: requests and bytes on the wire).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        stats_dict(py, &self.get()?.pager_stats())
+        let r = self.get()?;
+        let d = stats_dict(py, &r.pager_stats())?;
+        for (name, v) in r.store_counters() {
+            d.set_item(name, v)?;
+        }
+        Ok(d)
     }
 
     /// Runs of equal residency over [offset, offset+length) as a list of

@@ -105,6 +105,9 @@ def test_memmap_of_an_object_reads_it_under_the_budget(s3: Dict[str, str],
     st = a._mmap.stats()
     assert st["faults_missing"] > 0
     assert st["resident_peak_bytes"] <= 4 * MIB, st
+    # The store's own counters beside the pager's: GETs, bytes received.
+    assert st["store_gets"] > 0 and st["store_bytes_received"] >= want.nbytes, st
+    assert a.pager_stats()["store_gets"] == a._mmap.stats()["store_gets"]
     # A slice with an offset and a shape, numpy.memmap's arguments.
     b = upager.memmap(url, np.float64, mode="r", offset=8 * 1000, shape=(10, 7),
                       budget="4MiB")
@@ -270,6 +273,7 @@ def test_memmap_of_a_dataset_writes_back_under_the_budget(s3: Dict[str, str],
     a.flush()
     st = a._mmap.stats()
     assert st["resident_peak_bytes"] <= 4 * MIB, st
+    assert st["store_puts"] > 0 and st["store_bytes_sent"] > 0, st
     del a
     b = upager.memmap(url, np.float64, mode="r", budget="4MiB")
     assert np.array_equal(b, want)

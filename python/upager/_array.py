@@ -291,7 +291,9 @@ class PagedArray(np.memmap):  # type: ignore[type-arg,unused-ignore]
         self.close()
 
     def pager_stats(self) -> Dict[str, int]:
-        """Counters of the pager behind this array."""
+        """Counters of the pager behind this array, and of its store where
+        the store keeps its own (``store_*``: an S3 object or dataset, a
+        Redis Cluster dataset: requests, bytes on the wire)."""
         region = self.region
         if region is None:
             raise ValueError(

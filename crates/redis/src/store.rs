@@ -1618,6 +1618,9 @@ fn fetch_topology(conn: &mut ClusterConnection) -> redis::RedisResult<Topology> 
 }
 
 impl Store for RedisStore {
+    fn store_counters(&self) -> Vec<(&'static str, u64)> {
+        self.counters().iter().collect()
+    }
     fn len(&self) -> u64 {
         self.len
     }

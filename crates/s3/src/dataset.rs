@@ -800,6 +800,9 @@ fn missing(conn: &Conn) -> Result<DatasetError, DatasetError> {
 }
 
 impl upager::Store for S3Dataset {
+    fn store_counters(&self) -> Vec<(&'static str, u64)> {
+        self.counters().iter().collect()
+    }
     fn len(&self) -> u64 {
         self.manifest.len
     }

@@ -971,6 +971,9 @@ impl S3Store {
 }
 
 impl upager::Store for S3Store {
+    fn store_counters(&self) -> Vec<(&'static str, u64)> {
+        self.counters().iter().collect()
+    }
     fn len(&self) -> u64 {
         self.len
     }

@@ -857,6 +857,17 @@ impl Region {
         }
         .stats()
     }
+
+    /// The counters of the store this region maps, with their stable
+    /// names (`store_gets`, `store_bytes_received`, ...:
+    /// [`Store::store_counters`](crate::Store::store_counters)); empty for
+    /// a store that keeps none (a file, swap).
+    pub fn store_counters(&self) -> Vec<(&'static str, u64)> {
+        if let Some(h) = self.heir() {
+            return h.store_counters();
+        }
+        self.inner.store.store_counters()
+    }
 }
 
 /// This process's writers of the file `meta` describes, for a writable

@@ -204,6 +204,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn describe(&self) -> String {
         format!("{self:?}")
     }
+    /// The store's own counters with their stable snake_case names
+    /// (`store_` prefix: requests and bytes on the wire for a network
+    /// store), which the faces show beside the pager's
+    /// ([`Region::store_counters`](crate::Region::store_counters)). Default
+    /// none.
+    fn store_counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
     /// Whether every read is a round trip to a server (a network store),
     /// so that a batch of reads ([`Store::read_batch`]) in flight together
     /// costs little more than one: background prefetch and warm-start

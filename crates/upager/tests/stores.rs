@@ -85,6 +85,9 @@ impl<S: Store> Store for Recorder<S> {
     fn round_trips(&self) -> bool {
         self.round_trips
     }
+    fn store_counters(&self) -> Vec<(&'static str, u64)> {
+        vec![("store_reads", self.reads.load(Relaxed))]
+    }
 }
 
 /// Checks every `step`-th word of `r` against the pattern of `seed`.
@@ -134,6 +137,11 @@ fn map_anonymous_on_swaps_to_the_given_store() {
     assert!(
         store.reads.load(Relaxed) > 0,
         "evicted folios came back from it"
+    );
+    // The store's own counters, as the faces show them.
+    assert_eq!(
+        r.store_counters(),
+        vec![("store_reads", store.reads.load(Relaxed))]
     );
     assert!(pager.stats().resident_peak_bytes <= budget + 4 * MIB);
     drop(r);
@@ -502,6 +510,8 @@ fn a_failed_read_in_a_prefetch_batch_leaves_that_folio_unfilled() {
     }
     assert!(pager.stats().read_errors >= 1, "{:?}", pager.stats());
     let faults = pager.stats().faults_missing;
+    // A store that keeps no counters shows none.
+    assert!(r.store_counters().is_empty());
     assert_words(&r, 97, 6);
     assert_eq!(
         pager.stats().faults_missing,
