@@ -654,7 +654,10 @@ const char *upager_stat_name(size_t i);
  * unknown name (the message lists the names), -EINVAL for NULL arguments. */
 int upager_stat(const upager_t *pager, const char *name, uint64_t *value);
 
-/* Same, for the pager a region belongs to (also after upager_destroy). */
+/* Same, for the pager a region belongs to (also after upager_destroy), and
+ * the region's store's own counters where it keeps them (store_*: an S3
+ * object or dataset, a Redis Cluster dataset: store_gets,
+ * store_bytes_received, ...). */
 int upager_region_stat(const upager_region_t *region, const char *name,
                        uint64_t *value);
 

@@ -967,13 +967,36 @@ pub(crate) unsafe fn stat_by_name(
     value: *mut u64,
 ) -> Result<c_int, Failure> {
     // SAFETY: forwarded contract.
+    unsafe { stat_or_store_by_name(stats, &[], name, value) }
+}
+
+/// [`stat_by_name`] that also knows a store's own counters (`store`:
+/// `Region::store_counters`).
+///
+/// # Safety
+/// As [`stat_by_name`].
+unsafe fn stat_or_store_by_name(
+    stats: &Stats,
+    store: &[(&'static str, u64)],
+    name: *const c_char,
+    value: *mut u64,
+) -> Result<c_int, Failure> {
+    // SAFETY: forwarded contract.
     let name = unsafe { c_str(name, "name") }?;
-    let v = stats.get(name).ok_or_else(|| {
+    let own = store.iter().find(|(n, _)| *n == name).map(|&(_, v)| v);
+    let v = own.or_else(|| stats.get(name)).ok_or_else(|| {
+        let store_names: Vec<&str> = store.iter().map(|(n, _)| *n).collect();
         Failure::new(
             libc::ENOENT,
             format!(
-                "no counter called {name:?}; the names are: {}",
-                Stats::NAMES.join(", ")
+                "no counter called {name:?}; the names are: {}{}{}",
+                Stats::NAMES.join(", "),
+                if store.is_empty() {
+                    ""
+                } else {
+                    "; the store's: "
+                },
+                store_names.join(", ")
             ),
         )
     })?;
@@ -1019,7 +1042,7 @@ pub unsafe extern "C" fn upager_region_stat(
         // SAFETY: by this function's contract.
         let r = unsafe { region(r) }?;
         // SAFETY: by this function's contract.
-        unsafe { stat_by_name(&r.pager_stats(), name, value) }
+        unsafe { stat_or_store_by_name(&r.pager_stats(), &r.store_counters(), name, value) }
     })
 }
 

@@ -40,6 +40,11 @@ int main(int argc, char **argv) {
     uint64_t faults = 0, peak = 0;
     check_rc(upager_region_stat(r, "faults_missing", &faults), 0, "faults_missing");
     CHECK(faults > 0, "no faults");
+    uint64_t gets = 0, received = 0;
+    check_rc(upager_region_stat(r, "store_gets", &gets), 0, "store_gets");
+    check_rc(upager_region_stat(r, "store_bytes_received", &received), 0, "store_bytes_received");
+    CHECK(gets > 0 && received >= len, "store counters: %" PRIu64 " GETs, %" PRIu64 " bytes",
+          gets, received);
     check_rc(upager_stat(pg, "resident_peak_bytes", &peak), 0, "resident_peak_bytes");
     CHECK(peak <= len / 4, "peak %" PRIu64 " over the budget", peak);
     check_rc(upager_unmap(r, 0), 0, "upager_unmap");
