@@ -609,7 +609,7 @@ pub(crate) struct Replayer {
 /// Streams followed at once ([`long_streams`]).
 const STREAMS: usize = 8;
 /// Largest step (folios) from one folio of a stream to its next.
-const STREAM_GAP: usize = 8;
+const STREAM_GAP: usize = 32;
 
 /// A stream [`long_streams`] follows.
 struct Stream {
@@ -706,9 +706,12 @@ impl Replayer {
     ///
     /// A stream is what readahead would see: folios in ascending order,
     /// each at most [`STREAM_GAP`] folios past the one before (the folios
-    /// between were needed earlier), interleaved in the trace with up to
-    /// [`STREAMS`] other streams (threads of the program each streaming
-    /// their part, as an OpenMP loop's static schedule does: UMap's bfs).
+    /// between were needed earlier), interleaved in the trace with others
+    /// ([`STREAMS`] followed at once: threads of the program each
+    /// streaming their part, as an OpenMP loop's static schedule does:
+    /// UMap's bfs; measured there, steps of up to 32 folios left to
+    /// readahead made replay 1.18x of on demand where 8 gave 0.90x,
+    /// docs/benchmarks.md).
     fn leave_runs_to_readahead(&mut self, min: usize) {
         let Ok(bits) = AtomicTable::zeroed(self.order.len().div_ceil(64).max(1)) else {
             return; // no memory for the bits: replay reads everything
@@ -953,19 +956,19 @@ mod tests {
     #[test]
     fn long_runs_are_left_to_readahead_and_still_pace_replay() {
         // A run of 6 (places 1..7), scattered folios, a run of 3.
-        let order: Vec<usize> = vec![50, 10, 11, 12, 13, 14, 15, 70, 30, 31, 32];
+        let order: Vec<usize> = vec![50, 10, 11, 12, 13, 14, 15, 90, 130, 131, 132];
         let mut r = Replayer::new(order, 100, 11, 11).unwrap();
         r.leave_runs_to_readahead(4);
         // One window of everything (no marker in the last): the run of 6
         // is readahead's, the run of 3 is read.
-        assert_eq!(r.next_window(), Some(vec![50..51, 70..71, 30..33]));
-        let mut r = Replayer::new(vec![1, 2, 3, 4, 19, 17, 15], 100, 4, 4).unwrap();
+        assert_eq!(r.next_window(), Some(vec![50..51, 90..91, 130..133]));
+        let mut r = Replayer::new(vec![1, 2, 3, 4, 99, 77, 55], 100, 4, 4).unwrap();
         r.leave_runs_to_readahead(4);
         // Window 0..4, marker place 2 (folio 3): all streamed, nothing
         // read; a fault in the run still asks for the next window.
         assert_eq!(r.next_window(), Some(vec![]));
         assert!(r.on_fault(3), "the marker, in a streamed run");
-        assert_eq!(r.next_window(), Some(vec![19..20, 17..18, 15..16]));
+        assert_eq!(r.next_window(), Some(vec![99..100, 77..78, 55..56]));
     }
 
     #[test]
@@ -980,7 +983,7 @@ mod tests {
         // needed earlier), their windows interleaved in the trace, and
         // scattered folios between: the stream of 8 entries is long, the
         // one of 4 and the lone folios are not.
-        let order = vec![0, 1, 2, 500, 501, 3, 4, 900, 502, 7, 8, 503, 40, 9];
+        let order = vec![0, 1, 2, 500, 501, 3, 4, 900, 502, 7, 8, 503, 80, 9];
         assert_eq!(marked(&order, 5), vec![0, 1, 2, 5, 6, 9, 10, 13]);
         assert_eq!(
             marked(&order, 4),
@@ -990,7 +993,7 @@ mod tests {
         r.leave_runs_to_readahead(5);
         assert_eq!(
             r.next_window(),
-            Some(vec![500..502, 900..901, 502..504, 40..41])
+            Some(vec![500..502, 900..901, 502..504, 80..81])
         );
         // Past STREAMS live streams the oldest is forgotten: a stream that
         // comes back after 8 others is a new one.
@@ -1001,6 +1004,8 @@ mod tests {
         order.insert(STREAMS, 1); // back before the eighth other one
         assert_eq!(marked(&order, 2), vec![0, STREAMS]);
         // Descending and far steps start new streams.
-        assert_eq!(marked(&[10, 9, 30, 31], 2), vec![2, 3]);
+        assert_eq!(marked(&[10, 9, 60, 61], 2), vec![2, 3]);
+        // Steps up to STREAM_GAP continue a stream, longer ones do not.
+        assert_eq!(marked(&[0, STREAM_GAP, STREAM_GAP * 3], 2), vec![0, 1]);
     }
 }
