@@ -459,7 +459,7 @@ pub struct MapOptions {
     pub(crate) huge_runs: Option<bool>,
     pub(crate) warm: WarmStart,
     /// The data file of a file region with a warm start (set by
-    /// `Pager::map_file`).
+    /// `Pager::map_file` and `map_open_file`: [`MapOptions::beside`]).
     pub(crate) warm_file: Option<std::path::PathBuf>,
 }
 
@@ -546,6 +546,20 @@ impl MapOptions {
     /// with a unit of its own uses that unit when none was).
     pub fn folio_set(&self) -> Option<u64> {
         self.folio
+    }
+    /// These options for a file region whose data file is `file()` (its
+    /// warm start's trace goes beside it), asked only with a warm start.
+    pub(crate) fn beside(
+        &self,
+        file: impl FnOnce() -> Option<std::path::PathBuf>,
+    ) -> std::borrow::Cow<'_, MapOptions> {
+        if self.warm == WarmStart::Off {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(MapOptions {
+            warm_file: file(),
+            ..self.clone()
+        })
     }
     /// These options with the folio fixed: the one set, else `default`.
     pub(crate) fn with_default_folio(&self, default: u64) -> MapOptions {

@@ -242,16 +242,7 @@ impl Pager {
             })
             .map_err(open_error)
         };
-        let warm_opts;
-        let opts = if opts.warm == crate::WarmStart::Off {
-            opts
-        } else {
-            warm_opts = MapOptions {
-                warm_file: Some(path.to_path_buf()),
-                ..opts.clone()
-            };
-            &warm_opts
-        };
+        let opts = &*opts.beside(|| Some(path.to_path_buf()));
         if let Some(store) = self.shared().stores.file(&meta, opts.writable) {
             return self.map_store_of(store, opts, writers()?);
         }
@@ -311,22 +302,15 @@ impl Pager {
         }
         // A warm start keeps its trace beside the file: the path the
         // descriptor was opened by, if it still names this file.
-        let warm_opts;
-        let opts = match opts.warm {
-            crate::WarmStart::Off => opts,
-            _ => {
-                warm_opts = MapOptions {
-                    warm_file: crate::store::path_if_same(&file, &meta),
-                    ..opts.clone()
-                };
-                if warm_opts.warm_file.is_none() {
-                    log::warn!(
-                        "warm start: the mapped descriptor's file has no path of its own (deleted, or renamed over): no trace is kept"
-                    );
-                }
-                &warm_opts
+        let opts = &*opts.beside(|| {
+            let path = crate::store::path_if_same(&file, &meta);
+            if path.is_none() {
+                log::warn!(
+                    "warm start: the mapped descriptor's file has no path of its own (deleted, or renamed over): no trace is kept"
+                );
             }
-        };
+            path
+        });
         let writers =
             file_writers(&meta, opts.writable, || file.try_clone()).map_err(|source| {
                 MapError::Open {

@@ -461,20 +461,25 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     Ok(done)
 }
 
+/// What `/proc/self/fd` says an open file is: the path it was opened by
+/// (with " (deleted)" after it once unlinked), or another name for what
+/// has none (`pipe:[...]`).
+fn fd_link(f: &File) -> Option<std::path::PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()
+}
+
 /// The path of an open file (`/proc/self/fd`), for messages.
 fn path_of(f: &File) -> String {
-    use std::os::fd::AsRawFd;
-    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-        .map_or_else(|_| "(unknown path)".into(), |p| p.display().to_string())
+    fd_link(f).map_or_else(|| "(unknown path)".into(), |p| p.display().to_string())
 }
 
 /// The path an open file was opened by (`/proc/self/fd`), if that path
 /// still names the same file (`meta`, the descriptor's metadata): not for
 /// a deleted file or one another file was renamed over.
 pub(crate) fn path_if_same(f: &File, meta: &std::fs::Metadata) -> Option<std::path::PathBuf> {
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
-    let path = std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()?;
+    let path = fd_link(f)?;
     let now = std::fs::metadata(&path).ok()?;
     (path.is_absolute() && now.dev() == meta.dev() && now.ino() == meta.ino()).then_some(path)
 }

@@ -616,7 +616,8 @@ struct Stream {
     /// Its last folio, and that entry's position in the trace.
     last: usize,
     at: usize,
-    /// Its entries' positions while it is shorter than `min`.
+    /// Its entries' positions while it is shorter than `min`; empty once
+    /// it is long (they were marked, and so is every entry after).
     short: Vec<u32>,
 }
 
@@ -646,16 +647,20 @@ fn long_streams(order: &[usize], min: usize, mut mark: impl FnMut(usize)) {
                     }
                 }
             }
+            // A new stream: in a free slot, else in the least recently
+            // continued one's (its buffer reused: a scattered trace starts
+            // a stream per entry, and allocates nothing for it).
             None => {
-                let s = Stream {
-                    last: idx,
-                    at: p,
-                    short: vec![p as u32],
-                };
                 if live.len() < STREAMS {
-                    live.push(s);
+                    live.push(Stream {
+                        last: idx,
+                        at: p,
+                        short: vec![p as u32],
+                    });
                 } else if let Some(lru) = live.iter_mut().min_by_key(|s| s.at) {
-                    *lru = s;
+                    (lru.last, lru.at) = (idx, p);
+                    lru.short.clear();
+                    lru.short.push(p as u32);
                 }
             }
         }

@@ -448,6 +448,21 @@ impl Flaky {
         );
         Ok(n)
     }
+
+    /// The budget charges exactly what is resident: a failed fill gave
+    /// back what it had charged (checked once the pager is idle).
+    fn assert_budget_is_residency(&self) {
+        let len = self.r.len() as u64;
+        let pages = self
+            .r
+            .mincore(0, len)
+            .unwrap()
+            .iter()
+            .filter(|&&m| m != 0)
+            .count() as u64;
+        let s = self.pager.stats();
+        assert_eq!(s.resident_bytes, pages * 4096, "{s:?}");
+    }
 }
 
 /// A bad folio ahead of a sequential stream fails only itself: the
@@ -473,6 +488,7 @@ fn a_bad_folio_ahead_fails_only_itself() {
     let err = f.read(f.bad).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{err}");
     assert_eq!(f.pager.stats().faults_failed, 1);
+    f.assert_budget_is_residency();
     // Past it, the stream goes on.
     assert_eq!(f.read(f.bad + folio).unwrap(), 4096);
 }
@@ -497,6 +513,7 @@ fn a_failed_prefetch_leaves_its_folio_for_an_access_to_read() {
         0,
         "the bad folio is not resident"
     );
+    f.assert_budget_is_residency();
     f.store.fail_read_at.store(u64::MAX, SeqCst);
     assert_eq!(f.read(bad).unwrap(), 4096);
 }
