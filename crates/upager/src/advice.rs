@@ -41,12 +41,12 @@ use std::sync::Arc;
 use upager_sys::mem::MAX_IOV;
 use upager_sys::pagemap::{PM_PRESENT, PM_SWAPPED};
 
+use crate::ahead::{Batches, Install};
 use crate::area::Area;
 use crate::error::{AdviseError, RangeError};
 use crate::fill::Outcome;
 use crate::folio::{self, Kind, State};
 use crate::gather::{Gather, Mode};
-use crate::prefetch::Install;
 use crate::region::Region;
 use crate::shared::{Ctx, PrefetchRequest};
 
@@ -342,13 +342,12 @@ impl Region {
         let sh = &self.owner.shared;
         // Room first, reclaiming as a fault would (up to half the budget),
         // so a budget full of older pages does not cut the fetch short
-        // (prefetch_folios evicts at most a batch per batch).
+        // (read_ahead evicts at most a batch per batch).
         let room = (folios.len() as u64 * r.folio).min(sh.budget.limit() / 2);
         if sh.reserve(room) {
             sh.budget.uncharge(room);
         }
         let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
-        let batch = crate::prefetch::FETCH_BATCH_BYTES;
         let page = |idx: usize| {
             let k = folios.partition_point(|f| f.0 < idx);
             folios
@@ -362,7 +361,12 @@ impl Region {
             Install::Read
         };
         let idxs = folios.iter().map(|f| f.0);
-        let read = sh.prefetch_folios(&mut ctx, &r, idxs, batch, install, &mut |_| {});
+        let how = Batches {
+            bytes: crate::ahead::FETCH_BATCH_BYTES,
+            install,
+            windows_between: false,
+        };
+        let read = sh.read_ahead(&mut ctx, &r, idxs, how, &mut |_| {});
         sh.shrink_ctx(&mut ctx);
         Ok(read)
     }

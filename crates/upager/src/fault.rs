@@ -27,7 +27,8 @@
 //! Where the rest of the fault path lives: fill.rs (read, install,
 //! publish), install.rs (`UFFDIO_COPY`, a partly writable install),
 //! huge.rs (2 MiB folios and runs moved in as huge pages), readahead.rs
-//! (the window, async readahead), prefetch.rs (the prefetch thread),
+//! (the window), ahead.rs (reads ahead: async readahead, prefetch,
+//! replay, the prefetch thread),
 //! dirty.rs (write-protect faults, the dirty limit's refusal, twins'
 //! hooks), poison.rs (SIGBUS), inthread.rs (the SIGBUS handler's side).
 //!

@@ -185,7 +185,7 @@ impl Shared {
         if !write {
             self.claim_readahead(r, idx, &mut extras);
         }
-        // Async readahead (readahead.rs): the prefetch thread reads the
+        // Async readahead (readahead.rs, ahead.rs): the prefetch thread reads the
         // next window while this fault reads this one.
         if !prefetch {
             self.ask_next_window(r, idx, old, 1 + extras.len());

@@ -12,8 +12,9 @@
 //! (readahead.rs), so the stream's next fault starts a run; a read fault at
 //! a run's first folio with the window grown claims the whole run and fills
 //! it as one huge page, as 2 MiB folios are (fill.rs); with async readahead
-//! the prefetch thread fills the next run the same way (prefetch.rs,
-//! `claim_run_ahead` in readahead.rs). A run filled ahead of the stream has
+//! the prefetch thread fills the next run the same way (ahead.rs,
+//! `claim_run_ahead`), as it does a whole run that a prefetch or replay
+//! reads. A run filled ahead of the stream has
 //! no page table to drop first (nobody touched it), unless a thread touches
 //! it while it is being filled: that fault allocates one, and the move then
 //! splits the huge page and moves base pages (`thp_fill_fallback`;

@@ -59,6 +59,7 @@
 // The layer order of these modules is `tests::LAYERS` (rustfmt sorts the
 // list below); docs/design.md draws it.
 mod advice;
+mod ahead;
 mod area;
 mod budget;
 mod config;
@@ -77,7 +78,6 @@ mod lineage;
 mod lru;
 mod pager;
 mod poison;
-mod prefetch;
 mod readahead;
 mod reclaim;
 mod region;
@@ -146,7 +146,7 @@ mod tests {
         "sync", "config", "info", "error", "folio", "trace", "stats", "store", "warm", "twins",
         "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
-        "readahead", "fill", "dirty", "prefetch", "fault", "inthread", "lineage", "region",
+        "readahead", "fill", "dirty", "ahead", "fault", "inthread", "lineage", "region",
         "advice", "pager", "fork",
     ];
 

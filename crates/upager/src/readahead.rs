@@ -19,9 +19,9 @@
 //! `Shared::ask_ahead`: a free slot of eight takes its address, a futex
 //! doorbell wakes the thread; async-signal-safe) before it reads its own,
 //! so the two windows are read on two CPUs at once, and the stream's next
-//! fault comes two windows on. The prefetch thread (prefetch.rs) fills the
-//! window as a fault would (a whole run as one huge page where the region
-//! fills runs: [`Shared::claim_run_ahead`]), unless its first folio is
+//! fault comes two windows on. The prefetch thread reads the window
+//! through the pipeline every read ahead takes (ahead.rs: a whole run as
+//! one huge page where the region fills runs), unless its first folio is
 //! taken already. Asking one window ahead balances the two CPUs best when
 //! reading a window costs more than working on it (a numpy sum over data
 //! decompressed from zram: 1.4 ms against 0.2 ms per 2 MiB).
@@ -135,46 +135,5 @@ impl Shared {
                 let _ = self.ask_ahead(r.folio_addr(next));
             }
         }
-    }
-
-    /// Claims all folios of the 2 MiB run from `start` (mixed folio
-    /// sizes) if every one is non-resident and the budget has room without
-    /// reclaim: the first one's old state is returned, the others' pushed
-    /// to `out`. Nothing is claimed (or charged) otherwise.
-    pub(crate) fn claim_run_ahead(
-        &self,
-        r: &Area,
-        start: usize,
-        out: &mut Vec<State>,
-    ) -> Option<State> {
-        let n = r.run_folios;
-        let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
-        let gone = |k: usize| matches!(folio::load(r.state(k)).kind(), Kind::Never | Kind::Evicted);
-        if start + n > end_folio.min(r.nfolios())
-            || r.shard_end(start) < start + n
-            || !(start..start + n).all(gone)
-            || !self.budget.try_charge(r.folio * n as u64)
-        {
-            return None;
-        }
-        let pred = |s: State| matches!(s.kind(), Kind::Never | Kind::Evicted);
-        let mut first = None;
-        for k in start..start + n {
-            match folio::try_claim(r.state(k), pred) {
-                Some(o) if k == start => first = Some(o),
-                Some(o) => out.push(o),
-                None => {
-                    // Someone else got there: give back what was claimed.
-                    for (j, o) in first.iter().chain(out.iter()).enumerate() {
-                        let prev = folio::release(r.state(start + j), |_| *o);
-                        self.wake_if_waiter(r, start + j, prev);
-                    }
-                    out.clear();
-                    self.budget.uncharge(r.folio * n as u64);
-                    return None;
-                }
-            }
-        }
-        first
     }
 }

@@ -155,7 +155,7 @@ pub(crate) struct Ctx {
     /// thread idles (`shrink_ctx`).
     pub pre_buf: Option<AlignedBuf>,
     /// The prefetch thread's: it serves posted readahead windows between
-    /// the batches of a request (prefetch.rs).
+    /// the batches of a request (ahead.rs).
     pub prefetcher: bool,
 }
 

@@ -216,7 +216,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// so that a batch of reads ([`Store::read_batch`]) in flight together
     /// costs little more than one: background prefetch and warm-start
     /// replay then read in batches of 8 MiB of folios, as `Region::fetch`
-    /// does, instead of 1 MiB (prefetch.rs). Default false.
+    /// does, instead of 1 MiB (ahead.rs). Default false.
     fn round_trips(&self) -> bool {
         false
     }

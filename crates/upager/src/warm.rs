@@ -22,8 +22,8 @@
 //! the prefetch thread reads the folios in recorded order, a window at a
 //! time (a sixteenth of the budget at first, doubling each time the
 //! program faults on a folio replay had not read yet, up to a quarter, 1-64
-//! MiB), through the prefetch path
-//! (prefetch.rs: many reads in one `Store::read_batch`, each folio's budget
+//! MiB), through the pipeline every read ahead takes
+//! (ahead.rs: many reads in one `Store::read_batch`, each folio's budget
 //! charged first, at most one batch of reclaim per batch). Pacing is the
 //! kernel's PG_readahead marker: one folio in the middle of each window is
 //! left unread, and the program's fault on it asks for the next window —

@@ -403,3 +403,65 @@ fn async_readahead_of_huge_runs_reads_every_word_right_and_writes_nothing() {
         assert_eq!(v, word(k as u64 * 8, 41), "file word {k} changed");
     }
 }
+
+/// Whether `[offset, offset + len)` of `r` is resident, every folio of it.
+fn resident(r: &Region, offset: u64, len: u64) -> bool {
+    r.residency(offset, len)
+        .unwrap()
+        .iter()
+        .all(|(_, s)| matches!(s, Residency::ResidentClean | Residency::ResidentDirty))
+}
+
+/// A fetch or prefetch that names whole 2 MiB runs fills each as one huge
+/// page, as a stream's readahead window does (ahead.rs: one pipeline for
+/// every read ahead; before it, a prefetch filled runs as base pages); a
+/// run it names in part stays base folios. Every word reads right.
+#[test]
+fn fetches_and_prefetches_of_whole_runs_fill_huge_pages() {
+    if !thp_available() {
+        return;
+    }
+    let dir = ram_dir();
+    let len = 16 * MIB;
+    let path = pattern_file(dir.path(), "data", len, 52);
+    let pager = Pager::builder()
+        .budget(64 * MIB)
+        .huge_runs(true)
+        .build()
+        .unwrap();
+    let r = pager
+        .map_file(&path, &MapOptions::new().folio(PAGE))
+        .unwrap();
+    let pages = |from: u64, to: u64| (from..to).step_by(PAGE as usize).collect::<Vec<u64>>();
+    // Runs 0 and 1 whole, the first half of run 2.
+    let mut offsets = pages(0, 2 * HUGE);
+    offsets.extend(pages(2 * HUGE, 2 * HUGE + MIB));
+    // The reclaimer stages huge pages a moment after the map; a run
+    // filled before that goes in as base pages (`thp_fill_fallback`), and
+    // is paged out for another try.
+    wait_until("a fetch of whole runs filling huge pages", 20, || {
+        r.pageout(0, len).unwrap();
+        assert_eq!(r.fetch(&offsets).unwrap(), 2 * HUGE / PAGE + MIB / PAGE);
+        huge(&r, 0) && huge(&r, 1)
+    });
+    assert!(resident(&r, 0, 2 * HUGE + MIB));
+    assert!(!huge(&r, 2), "a run named in part went in huge");
+    let rest = r.residency(2 * HUGE + MIB, MIB).unwrap();
+    assert!(
+        rest.iter()
+            .all(|(_, s)| matches!(s, Residency::Evicted | Residency::NeverTouched)),
+        "the fetch read past what it named: {rest:?}"
+    );
+    // A prefetch (the prefetch thread) of runs 4 and 5.
+    wait_until("a prefetch of whole runs filling huge pages", 20, || {
+        r.pageout(4 * HUGE, 2 * HUGE).unwrap();
+        r.prefetch(4 * HUGE, 2 * HUGE).unwrap();
+        wait_until("the prefetch", 10, || resident(&r, 4 * HUGE, 2 * HUGE));
+        huge(&r, 4) && huge(&r, 5)
+    });
+    let s = pager.stats();
+    assert!(s.thp_fills >= 4, "{s:?}");
+    assert_eq!(s.kernel_call_errors, 0, "{s:?}");
+    scan(&r, 52, &[]);
+    assert!(s.resident_peak_bytes <= 64 * MIB, "{s:?}");
+}

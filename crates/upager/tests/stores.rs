@@ -171,7 +171,7 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
         // One read_batch per 1 MiB of folios, its 16 adjacent folios of
         // the file merged into one read.
         (false, vec![1; 8]),
-        // A network store's: one read_batch of 8 MiB (prefetch.rs,
+        // A network store's: one read_batch of 8 MiB (ahead.rs,
         // prefetch_batch_bytes), one read.
         (true, vec![1]),
     ] {

@@ -1,50 +1,66 @@
-//! The prefetch thread: folios filled ahead of any fault.
+//! Reading ahead: one pipeline for every read issued before an access
+//! asks for its folio.
 //!
-//! One thread per pager ([`Shared::prefetch_main`]) serves two kinds of
-//! work, windows first:
+//! Four sources decide WHAT to read ahead; [`Shared::read_ahead`] decides
+//! HOW, for all of them:
 //! - Async readahead windows (readahead.rs): a stream's fault posts the
 //!   address of its next window (`Shared::ask_ahead`, eight slots and a
-//!   futex doorbell); [`Shared::fill_ahead`] fills it as a fault would — a
-//!   whole 2 MiB run as one huge page where the region fills runs (huge.rs),
-//!   else up to the readahead window — unless the stream, or anyone, got to
-//!   its first folio first.
-//! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs) and
-//!   warm-start replay windows (warm.rs): [`Shared::prefetch_folios`]
-//!   claims up to [`PREFETCH_BATCH_BYTES`] of non-resident folios at a
-//!   time ([`FETCH_BATCH_BYTES`] where the store's reads are round trips:
-//!   `Store::round_trips`; `Region::fetch` and `fetch_for_write` run it in the caller's
-//!   thread, batches of [`FETCH_BATCH_BYTES`]), reads them with one
-//!   [`Store::read_batch`](crate::Store::read_batch) (a network store sends
-//!   them together: one round trip per server; folios whose store bytes
-//!   are adjacent are one read, `read_runs`) and installs each run of
-//!   adjacent folios with the fill's own steps (fill.rs, `fill_claimed`:
-//!   one `UFFDIO_COPY` per run, `install_run`). A merged read that fails
-//!   is read again folio by folio, so a bad folio costs only itself.
-//!   `fetch_for_write`'s folios go in as write fills ([`Install::Write`]):
-//!   one at a time, writable and DIRTY, claimed only while the dirty limit
-//!   has room (else `balance_dirty` first, as a write fault). Between
-//!   the batches of a request (a replay window runs to 64 MiB) the
-//!   prefetch thread fills the readahead windows posted meanwhile: a
-//!   stream needs its next window sooner than the request its next batch.
-//!   The batch buffer is kept from batch to batch (`take_pre_buf`) until
-//!   the thread idles.
+//!   futex doorbell); the prefetch thread passes the window's folios
+//!   ([`Shared::fill_ahead`]) unless the stream, or anyone, got to its
+//!   first folio first.
+//! - Warm-start replay windows (warm.rs, [`Shared::replay_step`]): the
+//!   trace's next window, as runs of folios in recorded order.
+//! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs), in the
+//!   prefetch thread.
+//! - `Region::fetch` and `fetch_for_write` (advice.rs), in the caller's
+//!   thread, which waits for them.
 //!
-//! Ordering: each folio's budget is charged (without reclaim) before it is
-//! claimed; a folio whose read failed goes back to its old state (waking
-//! waiters; a later fault reads it again and gets the error itself). Room:
-//! at most one batch of reclaim per window or batch, and a request stops
-//! when that frees nothing (a prefetch must not push out the working set
-//! wholesale). Unmap waits for a request (it holds the region in flight):
-//! it stops at the next batch once the region is dying.
+//! The pipeline, a batch at a time (batches of [`PREFETCH_BATCH_BYTES`] of
+//! folios; [`FETCH_BATCH_BYTES`] where the store's reads are round trips,
+//! `Store::round_trips`, and for a caller's fetch; a readahead window is
+//! one batch): room (at most one batch of reclaim per batch) → claim the
+//! batch's non-resident folios, each charged to the budget without
+//! reclaim before it is claimed (BUSY) → read them with one
+//! [`Store::read_batch`](crate::Store::read_batch) (a network store sends
+//! them together: one round trip per server, many in flight; folios whose
+//! store bytes are adjacent are one read, `read_runs`) → install each run
+//! of adjacent folios with the fill's own steps (fill.rs, `fill_claimed`:
+//! one `UFFDIO_COPY` per run, `install_run`). A whole 2 MiB run of a
+//! region that fills runs (huge.rs), all of it non-resident, is claimed
+//! whole and filled as one huge page. A merged read that fails is read
+//! again folio by folio, so a bad folio costs only itself; a folio whose
+//! read failed goes back to its old state (waking waiters; a later fault
+//! reads it again and gets the error itself). `fetch_for_write`'s folios
+//! go in as write fills ([`Install::Write`]): one at a time, writable and
+//! DIRTY, claimed only while the dirty limit has room (else
+//! `balance_dirty` first, as a write fault). A request stops when a batch
+//! of reclaim frees nothing (reading ahead must not push out the working
+//! set wholesale).
+//!
+//! A fault's own readahead window (sync readahead) is claimed by the same
+//! window policy (readahead.rs, `claim_readahead`) but read by the fault,
+//! with the faulting folio in one read into the fault's buffer: a SIGBUS
+//! handler may run it, where the pipeline's batches (which allocate) may
+//! not.
+//!
+//! The prefetch thread ([`Shared::prefetch_main`]) serves windows first:
+//! between the batches of a request (a replay window runs to 64 MiB) it
+//! fills the readahead windows posted meanwhile, as a stream needs its
+//! next window sooner than the request its next batch. The batch buffer
+//! is kept from batch to batch (`take_pre_buf`) until the thread idles.
+//! Unmap waits for a request (it holds the region in flight): it stops at
+//! the next batch once the region is dying.
 //!
 //! Lock order: none of its own (a fill's: fill.rs).
 //!
-//! Counters: `readahead_async` (windows filled), `read_errors`,
-//! `bytes_read` (and a fill's, `fills_readahead` among them).
+//! Counters: `readahead_async` (windows filled), `replay_reads`,
+//! `replay_hits`, `read_errors`, `bytes_read` (and a fill's,
+//! `fills_readahead` among them).
 //!
 //! Uses: `area`, `fill`, `folio`, `gather`, `readahead`, `reclaim`,
 //! `shared`, `store`, `thp`.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -84,11 +100,12 @@ fn prefetch_batch_bytes(r: &Area) -> u64 {
     }
 }
 
-/// How [`Shared::prefetch_folios`] installs the folios it reads.
+/// How [`Shared::read_ahead`] installs the folios it reads.
 #[derive(Clone, Copy)]
 pub(crate) enum Install<'a> {
-    /// CLEAN, write-protected, in runs of adjacent folios (prefetch,
-    /// replay, a gather): a later write faults as on any clean folio.
+    /// CLEAN, write-protected, in runs of adjacent folios (readahead,
+    /// prefetch, replay, a gather): a later write faults as on any clean
+    /// folio.
     Read,
     /// DIRTY and writable, one folio at a time, as a write fault's fill,
     /// for a caller about to write every folio it names (a scatter): its
@@ -99,6 +116,20 @@ pub(crate) enum Install<'a> {
     /// write fault would fill for reading (a file with several writers
     /// keeps twins; 2 MiB folios), the folios go in as `Read`.
     Write(&'a dyn Fn(usize) -> Option<u64>),
+}
+
+/// How [`Shared::read_ahead`] reads one source's folios.
+#[derive(Clone, Copy)]
+pub(crate) struct Batches<'a> {
+    /// Bytes of folios one `Store::read_batch` reads (a 2 MiB folio is
+    /// read alone, into its staged huge page).
+    pub bytes: u64,
+    /// How the folios go in.
+    pub install: Install<'a>,
+    /// In the prefetch thread, serve the readahead windows posted
+    /// meanwhile between batches (a request's; a window's own read does
+    /// not stop for another window).
+    pub windows_between: bool,
 }
 
 impl Shared {
@@ -157,12 +188,12 @@ impl Shared {
         worked
     }
 
-    /// Async readahead: fills the window from `addr` that a sequential
-    /// stream's fault asked for (`ask_next_window`) — a whole 2 MiB run as one
-    /// huge page where the region fills runs, else up to the readahead
-    /// window of its folios — unless the stream, or anyone, got to its
-    /// first folio first. Makes room with one batch of reclaim when the
-    /// budget is full; gives up when that frees nothing.
+    /// Async readahead: reads the window from `addr` that a sequential
+    /// stream's fault asked for (`ask_next_window`) through
+    /// [`Shared::read_ahead`] as one batch — a whole 2 MiB run where the
+    /// region fills runs (the pipeline fills it as one huge page), else up
+    /// to the readahead window of its folios — unless the stream, or
+    /// anyone, got to its first folio first.
     fn fill_ahead(&self, ctx: &mut Ctx, addr: u64) {
         if addr & 1 == 1 {
             // Not a window: a warm-start replay asks for its next one.
@@ -172,71 +203,48 @@ impl Shared {
             return;
         };
         let idx = ((addr - r.base()) >> r.shift) as usize;
-        if idx >= r.nfolios() || r.is_anon() {
-            return;
-        }
-        let n = r.run_folios;
-        let run_start = n > 0 && idx.is_multiple_of(n);
-        let want = if run_start { n } else { self.window_max(&r) };
-        if !self.budget.fits(r.folio * want as u64)
-            && self.evict_batch(crate::gather::Mode::Background) == 0
+        if idx >= r.nfolios()
+            || r.is_anon()
+            || !matches!(
+                folio::load(r.state(idx)).kind(),
+                Kind::Never | Kind::Evicted
+            )
         {
             return;
         }
-        let mut extras = std::mem::take(&mut ctx.extras);
-        extras.clear();
-        let first = if run_start {
-            self.claim_run_ahead(&r, idx, &mut extras)
+        let n = r.run_folios;
+        let want = if n > 0 && idx.is_multiple_of(n) {
+            n
         } else {
-            None
+            self.window_max(&r)
         };
-        let first = first.or_else(|| {
-            let end = self.window_end(&r, idx, idx + want);
-            self.claim_free(&r, idx..end, &mut extras);
-            (!extras.is_empty()).then(|| extras.remove(0))
-        });
-        if let Some(old) = first {
+        let end = self.window_end(&r, idx, idx + want);
+        let how = Batches {
+            bytes: (end - idx) as u64 * r.folio,
+            install: Install::Read,
+            windows_between: false,
+        };
+        if self.read_ahead(ctx, &r, idx..end, how, &mut |_| {}) > 0 {
             self.counters.readahead_async.inc();
-            let c = Claimed {
-                r: &r,
-                idx,
-                old,
-                extras: &extras,
-                write: false,
-                page: None,
-                prefetch: true,
-            };
-            let _ = self.fill_claimed(ctx, &c);
         }
-        ctx.extras = extras;
     }
 
-    /// Fills the folios of one prefetch request, a batch at a time: claim
-    /// up to [`PREFETCH_BATCH_BYTES`] of non-resident folios (budget charged
-    /// without reclaim), read them with one [`Store::read_batch`] (a
-    /// network store sends them together: one round trip per server), then
-    /// install each. A folio whose read failed goes back to its old state
-    /// (a later fault reads it again and gets the error itself). When the
-    /// budget has no room, one folio goes the way of a fault (fill
-    /// reserves, reclaiming).
-    ///
-    /// [`Store::read_batch`]: crate::Store::read_batch
+    /// Fills the folios of one prefetch request through
+    /// [`Shared::read_ahead`].
     fn prefetch_one(&self, ctx: &mut Ctx, req: crate::shared::PrefetchRequest) {
         let Some(r) = crate::area::Inflight::enter(&req.region) else {
             return;
         };
-        self.prefetch_folios(
-            ctx,
-            &r,
-            req.folios,
-            prefetch_batch_bytes(&r),
-            Install::Read,
-            &mut |_| {},
-        );
+        let how = Batches {
+            bytes: prefetch_batch_bytes(&r),
+            install: Install::Read,
+            windows_between: true,
+        };
+        self.read_ahead(ctx, &r, req.folios, how, &mut |_| {});
     }
 
     /// Warm-start replay (warm.rs): reads the next window of the trace of
-    /// the region at `base` through [`Shared::prefetch_folios`], unless the
+    /// the region at `base` through [`Shared::read_ahead`], unless the
     /// replay is done or stopped; counts the hits its last windows had.
     fn replay_step(&self, ctx: &mut Ctx, base: u64) {
         let Some(r) = self.table.lookup(base) else {
@@ -249,49 +257,41 @@ impl Shared {
         let Some(runs) = rp.next_window() else {
             return;
         };
+        let how = Batches {
+            bytes: prefetch_batch_bytes(&r),
+            install: Install::Read,
+            windows_between: true,
+        };
         let flat = runs.into_iter().flatten();
-        let read = self.prefetch_folios(
-            ctx,
-            &r,
-            flat,
-            prefetch_batch_bytes(&r),
-            Install::Read,
-            &mut |idx| rp.read_one(idx),
-        );
+        let read = self.read_ahead(ctx, &r, flat, how, &mut |idx| rp.read_one(idx));
         self.counters.replay_reads.add(read);
     }
 
-    /// Fills `folios` of `r` (in flight) that are not resident, in their
-    /// order, a batch at a time: claim up to `batch_bytes` of
-    /// them (budget charged without reclaim), read them with one
-    /// [`Store::read_batch`] (a network store sends them together: one
-    /// round trip per server), then install each. A folio whose read
-    /// failed goes back to its old state (a later fault reads it again and
-    /// gets the error itself). When the budget has no room, one folio goes
-    /// the way of a fault (fill reserves, reclaiming). `install`: how the
-    /// folios go in ([`Install`]). In the prefetch thread (`ctx.prefetcher`,
-    /// not a caller's `Region::fetch`), posted readahead windows are
-    /// served between batches. `on_read(idx)` for each folio filled;
-    /// returns how many.
+    /// The pipeline (see the module's comment): fills `folios` of `r` (in
+    /// flight) that are not resident, in their order, a batch at a time —
+    /// room, claim, one [`Store::read_batch`], install — as `how` says.
+    /// When the budget has no room even after a batch of reclaim, the
+    /// request ends; when a folio cannot be charged while reclaim still
+    /// frees room, it goes the way of a fault (fill reserves, reclaiming).
+    /// `on_read(idx)` for each folio filled; returns how many.
     ///
     /// [`Store::read_batch`]: crate::Store::read_batch
-    pub(crate) fn prefetch_folios(
+    pub(crate) fn read_ahead(
         &self,
         ctx: &mut Ctx,
         r: &Arc<Area>,
         folios: impl IntoIterator<Item = usize>,
-        batch_bytes: u64,
-        install: Install<'_>,
+        how: Batches<'_>,
         on_read: &mut dyn FnMut(usize),
     ) -> u64 {
         let per_batch = if r.folio >= crate::thp::HUGE {
             1 // staged huge pages read into their own buffers
         } else {
-            (batch_bytes / r.folio).max(1) as usize
+            (how.bytes / r.folio).max(1) as usize
         };
         // Write installs: writable regions below 2 MiB folios whose writes
         // keep no twins (a twin is made by the write-protect fault).
-        let pages = match install {
+        let pages = match how.install {
             Install::Write(pages) if r.writable && r.folio < crate::thp::HUGE && !r.twinning() => {
                 Some(pages)
             }
@@ -299,13 +299,24 @@ impl Shared {
         };
         // The dirty limit, as a write fault keeps it (a file's folios).
         let limited = pages.is_some() && !r.is_anon();
+        // Whole 2 MiB runs as huge pages (read installs of a region that
+        // fills runs): a batch ends at a run's first folio, so that the
+        // next one can see the whole run queued.
+        let run = if pages.is_none() { r.run_folios } else { 0 };
         let nfolios = r.nfolios();
-        let mut folios = folios.into_iter().filter(|&i| i < nfolios).peekable();
+        let mut folios = folios.into_iter().filter(|&i| i < nfolios);
+        let cap = per_batch.max(run);
+        let mut queue: VecDeque<usize> = VecDeque::with_capacity(cap);
         let mut claimed: Vec<(usize, State)> = Vec::with_capacity(per_batch);
         let mut run_olds: Vec<State> = Vec::with_capacity(per_batch);
         let mut read = 0;
         let mut first = true;
-        while folios.peek().is_some() {
+        loop {
+            let room = cap - queue.len();
+            queue.extend(folios.by_ref().take(room));
+            if queue.is_empty() {
+                return read;
+            }
             // Unmap waits for this request (it holds the region in flight):
             // stop at the next batch once the region is dying.
             if self.stopping() || r.dying.load(Ordering::SeqCst) {
@@ -314,21 +325,34 @@ impl Shared {
             // A stream's async readahead window posted meanwhile goes
             // first: the stream needs it sooner than this request's next
             // batch (a replay window runs to 64 MiB).
-            if ctx.prefetcher && !std::mem::take(&mut first) {
+            if how.windows_between && ctx.prefetcher && !std::mem::take(&mut first) {
                 self.serve_windows(ctx, false);
             }
+            let whole = whole_run_queued(&queue, run);
             // Make room by evicting at most one batch per batch; stop when
-            // even that frees nothing (a prefetch must not push out the
+            // even that frees nothing (reading ahead must not push out the
             // working set wholesale).
-            let full = !self.budget.fits(r.folio);
-            if full && self.evict_batch(crate::gather::Mode::Background) == 0 {
-                break;
+            let need = r.folio * if whole { run as u64 } else { 1 };
+            if !self.budget.fits(need) && self.evict_batch(crate::gather::Mode::Background) == 0 {
+                return read;
+            }
+            if whole {
+                if let Some(n) = self.fill_run_ahead(ctx, r, queue[0]) {
+                    for j in queue.drain(..run) {
+                        on_read(j);
+                    }
+                    read += n;
+                    continue;
+                }
             }
             claimed.clear();
             while claimed.len() < per_batch {
-                let Some(&next) = folios.peek() else {
+                let Some(&next) = queue.front() else {
                     break;
                 };
+                if run > 0 && !claimed.is_empty() && next.is_multiple_of(run) {
+                    break; // a run's first folio starts the next batch
+                }
                 if limited
                     && !self
                         .budget
@@ -350,11 +374,12 @@ impl Shared {
                     Some(old) => claimed.push((next, old)),
                     None => self.budget.uncharge(r.folio),
                 }
-                folios.next();
+                queue.pop_front();
             }
             if claimed.is_empty() {
-                if let Some(next) = folios.next_if(|_| !self.budget.fits(r.folio)) {
+                if !self.budget.fits(r.folio) {
                     // No room without reclaim: one folio as a fault would.
+                    let next = queue.pop_front().expect("the queue was not empty");
                     if let Some(old) = folio::try_claim(r.state(next), |s| {
                         matches!(s.kind(), Kind::Never | Kind::Evicted)
                     }) {
@@ -366,51 +391,137 @@ impl Shared {
                 }
                 continue;
             }
-            let ok = self.prefetch_read(ctx, r, &claimed);
-            let mut k = 0;
-            while k < claimed.len() {
-                let (idx, old) = claimed[k];
-                if !ok[k] {
-                    self.counters.read_errors.inc();
-                    self.budget.uncharge(r.folio);
-                    let prev = folio::release(r.state(idx), |_| old);
-                    self.wake_if_waiter(r, idx, prev);
-                    k += 1;
-                    continue;
-                }
-                // Adjacent folios of the batch, read fine, go in as one
-                // run (one UFFDIO_COPY), as a readahead window does; a
-                // write install is one folio at a time, as a write fill.
-                let n = if per_batch > 1 && pages.is_none() {
-                    install_run(r, &claimed[k..], &ok[k..])
-                } else {
-                    1
-                };
-                run_olds.clear();
-                run_olds.extend(claimed[k + 1..k + n].iter().map(|&(_, o)| o));
-                if claimed.len() > 1 {
-                    // Read with its batch (a batch of one is read by its
-                    // fill, not into the kept buffer: prefetch_read).
-                    ctx.pre = Some((idx, k * r.folio as usize));
-                }
-                let c = Claimed {
-                    r,
-                    idx,
-                    old,
-                    extras: &run_olds,
-                    write: pages.is_some(),
-                    page: pages.and_then(|p| p(idx)).filter(|_| r.dirties_pages()),
-                    prefetch: true,
-                };
-                if self.fill_claimed(ctx, &c) == Outcome::Done {
-                    for j in idx..idx + n {
-                        on_read(j);
-                    }
-                    read += n as u64;
-                }
-                ctx.pre = None;
-                k += n;
+            read += self.read_batch_in(ctx, r, &claimed, pages, &mut run_olds, on_read);
+        }
+    }
+
+    /// Claims the whole 2 MiB run from `start` (`claim_run_ahead`) and
+    /// fills it as one huge page (fill.rs takes a staged huge page for a
+    /// whole run). How many folios it filled; `None` if the run could not
+    /// be claimed whole.
+    fn fill_run_ahead(&self, ctx: &mut Ctx, r: &Arc<Area>, start: usize) -> Option<u64> {
+        let mut extras = std::mem::take(&mut ctx.extras);
+        extras.clear();
+        let filled = self.claim_run_ahead(r, start, &mut extras).map(|old| {
+            let c = Claimed {
+                r,
+                idx: start,
+                old,
+                extras: &extras,
+                write: false,
+                page: None,
+                prefetch: true,
+            };
+            if self.fill_claimed(ctx, &c) == Outcome::Done {
+                1 + extras.len() as u64
+            } else {
+                0
             }
+        });
+        ctx.extras = extras;
+        filled
+    }
+
+    /// Claims all folios of the 2 MiB run from `start` (mixed folio
+    /// sizes) if every one is non-resident and the budget has room without
+    /// reclaim: the first one's old state is returned, the others' pushed
+    /// to `out`. Nothing is claimed (or charged) otherwise.
+    pub(crate) fn claim_run_ahead(
+        &self,
+        r: &Area,
+        start: usize,
+        out: &mut Vec<State>,
+    ) -> Option<State> {
+        let n = r.run_folios;
+        let end_folio = r.store.len().saturating_sub(r.store_off).div_ceil(r.folio) as usize;
+        let gone = |k: usize| matches!(folio::load(r.state(k)).kind(), Kind::Never | Kind::Evicted);
+        if start + n > end_folio.min(r.nfolios())
+            || r.shard_end(start) < start + n
+            || !(start..start + n).all(gone)
+            || !self.budget.try_charge(r.folio * n as u64)
+        {
+            return None;
+        }
+        let pred = |s: State| matches!(s.kind(), Kind::Never | Kind::Evicted);
+        let mut first = None;
+        for k in start..start + n {
+            match folio::try_claim(r.state(k), pred) {
+                Some(o) if k == start => first = Some(o),
+                Some(o) => out.push(o),
+                None => {
+                    // Someone else got there: give back what was claimed.
+                    for (j, o) in first.iter().chain(out.iter()).enumerate() {
+                        let prev = folio::release(r.state(start + j), |_| *o);
+                        self.wake_if_waiter(r, start + j, prev);
+                    }
+                    out.clear();
+                    self.budget.uncharge(r.folio * n as u64);
+                    return None;
+                }
+            }
+        }
+        first
+    }
+
+    /// Reads one claimed batch (`prefetch_read`) and installs it: each run
+    /// of adjacent folios read fine as one fill (`install_run`), a write
+    /// install one folio at a time (`pages`: the page each write is for);
+    /// a folio whose read failed goes back to its old state. `on_read(idx)`
+    /// for each folio filled; returns how many.
+    fn read_batch_in(
+        &self,
+        ctx: &mut Ctx,
+        r: &Arc<Area>,
+        claimed: &[(usize, State)],
+        pages: Option<&dyn Fn(usize) -> Option<u64>>,
+        run_olds: &mut Vec<State>,
+        on_read: &mut dyn FnMut(usize),
+    ) -> u64 {
+        let ok = self.prefetch_read(ctx, r, claimed);
+        let mut read = 0;
+        let mut k = 0;
+        while k < claimed.len() {
+            let (idx, old) = claimed[k];
+            if !ok[k] {
+                self.counters.read_errors.inc();
+                self.budget.uncharge(r.folio);
+                let prev = folio::release(r.state(idx), |_| old);
+                self.wake_if_waiter(r, idx, prev);
+                k += 1;
+                continue;
+            }
+            // Adjacent folios of the batch, read fine, go in as one run
+            // (one UFFDIO_COPY), as a fault's readahead window does; a
+            // write install is one folio at a time, as a write fill.
+            let n = if pages.is_none() {
+                install_run(r, &claimed[k..], &ok[k..])
+            } else {
+                1
+            };
+            run_olds.clear();
+            run_olds.extend(claimed[k + 1..k + n].iter().map(|&(_, o)| o));
+            if claimed.len() > 1 {
+                // Read with its batch (a batch of one is read by its fill,
+                // not into the kept buffer: prefetch_read).
+                ctx.pre = Some((idx, k * r.folio as usize));
+            }
+            let c = Claimed {
+                r,
+                idx,
+                old,
+                extras: run_olds,
+                write: pages.is_some(),
+                page: pages.and_then(|p| p(idx)).filter(|_| r.dirties_pages()),
+                prefetch: true,
+            };
+            if self.fill_claimed(ctx, &c) == Outcome::Done {
+                for j in idx..idx + n {
+                    on_read(j);
+                }
+                read += n as u64;
+            }
+            ctx.pre = None;
+            k += n;
         }
         read
     }
@@ -584,6 +695,20 @@ fn read_runs(wants: &[Option<(u64, usize)>], folio: usize) -> Vec<ReadRun> {
         prev = Some((k, off, want));
     }
     runs
+}
+
+/// Whether `queue` starts with a whole 2 MiB run of `run` folios (0: the
+/// region does not fill runs): the run's first folio, then each of the
+/// others in order.
+fn whole_run_queued(queue: &VecDeque<usize>, run: usize) -> bool {
+    run > 0
+        && queue.len() >= run
+        && queue[0].is_multiple_of(run)
+        && queue
+            .iter()
+            .take(run)
+            .enumerate()
+            .all(|(k, &i)| i == queue[0] + k)
 }
 
 /// How many folios from the first of `claimed` (a prefetch batch from
