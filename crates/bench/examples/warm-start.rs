@@ -58,11 +58,15 @@
 //! there as a new program finds it: nothing of the data in its memory
 //! (the server keeps its own caches, as a real one does).
 //!
-//! `--added-latency-ms N` (s3:// sources): the S3 client talks to the
+//! `--added-latency-ms N` (remote sources): the client talks to the
 //! server through a TCP proxy in this process that holds every chunk of a
 //! request N ms before passing it on — what a network between program and
 //! store adds to each round trip (a cloud object store's first byte comes
-//! after tens of ms). Without it the server is on the same two vCPUs as
+//! after tens of ms). For S3 the endpoint is the proxy. For a Redis
+//! Cluster each node gets a proxy and announces the proxy's port
+//! (`CONFIG SET cluster-announce-port`, with `redis-cli`), so the client
+//! reaches every node through one as it learns the cluster's layout; the
+//! nodes announce their own ports again when the bench ends. Without it the server is on the same two vCPUs as
 //! the program, and a GET costs the server's CPU more than it waits, so
 //! many GETs in flight gain little: the store here is CPU-bound, a remote
 //! one is latency-bound. (No `tc netem` on these machines: its module is
@@ -381,6 +385,99 @@ fn delay_proxy(server: String, delay: Duration) -> std::io::Result<String> {
     Ok(addr)
 }
 
+/// A Redis Cluster whose nodes announce the ports of delaying proxies
+/// (`redis_through_proxies`); dropped, they announce their own again.
+struct Announced {
+    host: String,
+    ports: Vec<u16>,
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        for p in &self.ports {
+            let _ = redis_cli(
+                &self.host,
+                *p,
+                &["config", "set", "cluster-announce-port", "0"],
+            );
+        }
+    }
+}
+
+/// `redis-cli -h HOST -p PORT ARGS...`: its output, or why it failed.
+fn redis_cli(host: &str, port: u16, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", host, "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map_err(|e| format!("redis-cli: {e} (install redis-tools)"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() || text.starts_with("ERR") {
+        return Err(format!("redis-cli -p {port} {}: {text}", args.join(" ")));
+    }
+    Ok(text)
+}
+
+/// Puts a delaying proxy (`delay_proxy`) before every node of the
+/// cluster `url` names, has each node announce its proxy's port, waits
+/// until every node's `CLUSTER SLOTS` names only proxies, and points
+/// `url` at the first node's proxy.
+fn redis_through_proxies(
+    url: &mut StoreUrl,
+    delay: Duration,
+) -> Result<Announced, Box<dyn std::error::Error>> {
+    let (host, seed) = url.nodes[0].clone();
+    let nodes = redis_cli(&host, seed, &["cluster", "nodes"])?;
+    let ports: Vec<u16> = nodes
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter_map(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
+        .collect();
+    let mut announced = Announced {
+        host: host.clone(),
+        ports: Vec::new(),
+    };
+    let mut proxies = Vec::new();
+    for &p in &ports {
+        let proxy = delay_proxy(format!("{host}:{p}"), delay)?;
+        let pp: u16 = proxy.rsplit(':').next().unwrap_or("").parse()?;
+        redis_cli(
+            &host,
+            p,
+            &["config", "set", "cluster-announce-port", &pp.to_string()],
+        )?;
+        announced.ports.push(p);
+        proxies.push(pp);
+    }
+    let through_proxies = |p: u16| {
+        redis_cli(&host, p, &["cluster", "slots"]).is_ok_and(|slots| {
+            let named: Vec<u16> = slots
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
+            !named.is_empty()
+                && named
+                    .iter()
+                    .all(|n| proxies.contains(n) || !ports.contains(n))
+        })
+    };
+    let t = Instant::now();
+    while !ports.iter().all(|&p| through_proxies(p)) {
+        if t.elapsed() > Duration::from_secs(30) {
+            return Err(
+                "the cluster's nodes did not all announce their proxies within 30 s".into(),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let k = ports
+        .iter()
+        .position(|&p| p == seed)
+        .ok_or("the seed node is not in CLUSTER NODES")?;
+    url.nodes = vec![(host, proxies[k])];
+    Ok(announced)
+}
+
 /// The word at byte `off` of the array.
 fn word(off: u64, incompressible: bool) -> u64 {
     if incompressible {
@@ -454,9 +551,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut src = Source::parse(a.source.as_deref(), &path)?;
     // Uploaded straight to the server; the runs go through the proxy.
     src.upload(&path)?;
+    let delay = Duration::from_millis(a.added_latency_ms);
+    let mut _announced = None;
     if a.added_latency_ms > 0 {
+        if let Source::Redis(url) = &mut src {
+            _announced = Some(redis_through_proxies(url, delay)?);
+        }
+    }
+    if a.added_latency_ms > 0 && !matches!(src, Source::Redis(_)) {
         let Source::S3(url) = &mut src else {
-            return Err("--added-latency-ms needs an s3:// source".into());
+            return Err(
+                "--added-latency-ms needs a remote source (s3:// or redis-cluster://)".into(),
+            );
         };
         let server = match &url.endpoint {
             Some(e) => e.clone(),
@@ -466,7 +572,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let host = server
             .strip_prefix("http://")
             .ok_or("--added-latency-ms: an http:// endpoint only")?;
-        let proxy = delay_proxy(host.to_string(), Duration::from_millis(a.added_latency_ms))?;
+        let proxy = delay_proxy(host.to_string(), delay)?;
         url.endpoint = Some(format!("http://{proxy}"));
     }
     let elems = len / 8;

@@ -219,6 +219,9 @@ impl Shared {
             self.window_max(&r)
         };
         let end = self.window_end(&r, idx, idx + want);
+        if end <= idx {
+            return; // past the end of the store (truncated meanwhile)
+        }
         let how = Batches {
             bytes: (end - idx) as u64 * r.folio,
             install: Install::Read,
