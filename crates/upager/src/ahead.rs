@@ -266,7 +266,9 @@ impl Shared {
             windows_between: true,
         };
         let flat = runs.into_iter().flatten();
+        ctx.replaying = true;
         let read = self.read_ahead(ctx, &r, flat, how, &mut |idx| rp.read_one(idx));
+        ctx.replaying = false;
         self.counters.replay_reads.add(read);
     }
 
@@ -329,7 +331,10 @@ impl Shared {
             // first: the stream needs it sooner than this request's next
             // batch (a replay window runs to 64 MiB).
             if how.windows_between && ctx.prefetcher && !std::mem::take(&mut first) {
+                // (A stream's window is the program's fill, not replay's.)
+                let replaying = std::mem::take(&mut ctx.replaying);
                 self.serve_windows(ctx, false);
+                ctx.replaying = replaying;
             }
             let whole = whole_run_queued(&queue, run);
             // Make room by evicting at most one batch per batch; stop when

@@ -582,7 +582,9 @@ pub enum WarmStart {
     #[default]
     Off,
     /// Replay the trace beside the file if it matches the file as it is
-    /// now; otherwise record one (written when the region is unmapped).
+    /// now; otherwise record one (written when the region is unmapped). A
+    /// replay the program leaves (other inputs) stops, and this run's own
+    /// order replaces the trace at unmap.
     Auto,
     /// Record a new trace, whatever is there.
     Record,

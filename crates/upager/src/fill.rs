@@ -293,7 +293,7 @@ impl Shared {
         if let Some(w) = &r.warm {
             // A warm start's trace (warm.rs): recorded, or the program's
             // progress through a replayed one.
-            w.filled(idx, c.n());
+            w.filled(idx, c.n(), ctx.replaying);
             if !c.prefetch && w.wants_next(idx) {
                 self.ask_ahead(r.base() | 1);
             }

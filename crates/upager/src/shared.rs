@@ -157,6 +157,10 @@ pub(crate) struct Ctx {
     /// The prefetch thread's: it serves posted readahead windows between
     /// the batches of a request (ahead.rs).
     pub prefetcher: bool,
+    /// A warm-start replay's batches are being filled (ahead.rs,
+    /// `replay_step`): not the program's own fills, which a replay that
+    /// the program left records for the next map (warm.rs).
+    pub replaying: bool,
 }
 
 /// Bytes of a fill buffer kept resident when its thread is idle: a default
@@ -213,6 +217,7 @@ impl Ctx {
             pre: None,
             pre_buf: None,
             prefetcher: false,
+            replaying: false,
         }
     }
 }

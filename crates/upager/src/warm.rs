@@ -34,7 +34,10 @@
 //! (a program on other inputs that shares some folios with the trace),
 //! count as unpredicted and do not move replay on; when they outnumber the
 //! predicted ones four to one (after [`DIVERGED_MIN`]), replay stops and
-//! says so. From a store whose reads are not round trips (a local file:
+//! says so. A replaying region records the program's own fills aside
+//! (not replay's: `Ctx::replaying`), and when replay stopped that record
+//! replaces the trace at unmap: the next map replays this run's order.
+//! From a store whose reads are not round trips (a local file:
 //! `Store::round_trips` false), the trace's sequential runs of at least a
 //! readahead window (of 16 folios or more) are left to readahead: replay
 //! does not read them,
@@ -349,6 +352,10 @@ pub(crate) struct Warm {
     offset: u64,
     len: u64,
     job: Job,
+    /// A replaying region's record of the program's own fills (not
+    /// replay's): saved instead of the replayed trace if the program left
+    /// it (replay stopped), so the next map replays what this run needed.
+    standby: Option<Recorder>,
 }
 
 /// Recording a trace, or replaying one.
@@ -394,9 +401,9 @@ impl Warm {
                 Err(e) => log::info!("{trace}: cannot read the trace ({e}): recording a new one"),
             }
         }
-        let job = match job {
-            Some(j) => j,
-            None => Job::Record(Recorder::new(nfolios)?),
+        let (job, standby) = match job {
+            Some(j) => (j, Some(Recorder::new(nfolios)?)),
+            None => (Job::Record(Recorder::new(nfolios)?), None),
         };
         Ok(Warm {
             home,
@@ -404,19 +411,25 @@ impl Warm {
             offset,
             len,
             job,
+            standby,
         })
     }
 
     /// Folios `idx .. idx + n` were filled (a fault, its readahead, a
-    /// prefetch: `by_fault` for the first). Async-signal-safe.
-    pub(crate) fn filled(&self, idx: usize, n: usize) {
-        if let Job::Record(rec) = &self.job {
-            let mut k = idx;
-            while k < idx + n {
-                let m = (idx + n - k).min(RECORD_CHUNK);
-                rec.record_run(k, m);
-                k += m;
-            }
+    /// prefetch; `by_replay`: a replay's batch). A recording region records
+    /// them; a replaying one records the program's own fills aside
+    /// (`standby`). Async-signal-safe.
+    pub(crate) fn filled(&self, idx: usize, n: usize, by_replay: bool) {
+        let rec = match (&self.job, &self.standby) {
+            (Job::Record(rec), _) => rec,
+            (Job::Replay(_), Some(rec)) if !by_replay => rec,
+            _ => return,
+        };
+        let mut k = idx;
+        while k < idx + n {
+            let m = (idx + n - k).min(RECORD_CHUNK);
+            rec.record_run(k, m);
+            k += m;
         }
     }
 
@@ -448,15 +461,30 @@ impl Warm {
         self.replay().is_some_and(|rp| rp.on_fault(idx))
     }
 
-    /// Writes the recorded trace beside the file (a replaying region keeps
-    /// the trace it replayed). Logs a failure.
+    /// Writes the recorded trace beside the file. A replaying region keeps
+    /// the trace it replayed, unless the program left it (replay stopped):
+    /// then the program's own fills of this run (`standby`) replace it, so
+    /// a program now on other inputs does not replay and stop at every
+    /// map. (Folios replay read that the program then used before it left
+    /// are not in that record: at most replay's first windows.) Logs a
+    /// failure.
     pub(crate) fn save(&self) {
-        let Job::Record(rec) = &self.job else {
-            return;
+        let rec = match (&self.job, &self.standby) {
+            (Job::Record(rec), _) => rec,
+            (Job::Replay(rp), Some(rec)) if rp.stopped() => rec,
+            _ => return,
         };
         let t = rec.trace();
         if t.order.is_empty() {
             return;
+        }
+        if matches!(self.job, Job::Replay(_)) {
+            log::info!(
+                "{}: the program left the replayed trace: recorded anew from this run's faults \
+                 ({} folios)",
+                self.home.describe(),
+                t.order.len()
+            );
         }
         let r = Identity::of(&self.home, self.folio, self.offset, self.len)
             .and_then(|id| self.home.save(&encode(&id, &t)));
@@ -761,6 +789,11 @@ impl Replayer {
                 .store((window * 2).min(self.max_window), Relaxed);
         }
         p >= marker && issued < self.order.len()
+    }
+
+    /// Whether replay stopped because the program left the trace.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stopped.load(Relaxed)
     }
 
     /// Whether the program went elsewhere: faults off the trace, or out of

@@ -253,6 +253,8 @@ fn a_trace_of_other_data_is_not_replayed() {
     assert!(!trace.exists());
 }
 
+/// A program on other inputs stops the replay after its first windows,
+/// and its own order replaces the trace for the next map.
 #[test]
 fn a_program_that_goes_elsewhere_stops_the_replay() {
     let dir = ram_dir();
@@ -274,6 +276,19 @@ fn a_program_that_goes_elsewhere_stops_the_replay() {
         "the program's own faults are not avoided: {} against {} cold",
         s.faults_missing,
         cold.faults_missing
+    );
+    // The run that left the trace recorded its own order in its place:
+    // the next map on these inputs replays it.
+    let again = run(&path, budget, WarmStart::Auto, &other);
+    assert!(
+        again.replay_reads >= 2000,
+        "the trace was recorded anew: {again:?}"
+    );
+    assert!(
+        again.faults_missing * 4 <= cold.faults_missing,
+        "faults: {} cold, {} replayed",
+        cold.faults_missing,
+        again.faults_missing
     );
 }
 
