@@ -471,7 +471,7 @@ impl Warm {
     pub(crate) fn save(&self) {
         let rec = match (&self.job, &self.standby) {
             (Job::Record(rec), _) => rec,
-            (Job::Replay(rp), Some(rec)) if rp.stopped() => rec,
+            (Job::Replay(rp), Some(rec)) if rp.left() => rec,
             _ => return,
         };
         let t = rec.trace();
@@ -791,9 +791,10 @@ impl Replayer {
         p >= marker && issued < self.order.len()
     }
 
-    /// Whether replay stopped because the program left the trace.
-    pub(crate) fn stopped(&self) -> bool {
-        self.stopped.load(Relaxed)
+    /// Whether the program left the trace: replay stopped for it, or
+    /// would at its next window (the program may never ask for one).
+    pub(crate) fn left(&self) -> bool {
+        self.stopped.load(Relaxed) || self.diverged()
     }
 
     /// Whether the program went elsewhere: faults off the trace, or out of
@@ -985,10 +986,13 @@ mod tests {
         assert!(!d.on_fault(500), "far ahead of the replay: out of step");
         assert_eq!(d.reached.load(Relaxed), 0, "and no progress");
         assert!(d.on_fault(9), "in step, past the marker");
+        assert!(!d.left());
         for idx in 1000..1000 + DIVERGED_MIN as usize {
             assert!(!d.on_fault(idx));
         }
+        assert!(d.left(), "left before any window said so");
         assert_eq!(d.next_window(), None, "diverged: replay stops");
+        assert!(d.left());
     }
 
     #[test]
