@@ -14,8 +14,9 @@
 //!             up to `part` bytes is one GET
 //! read_batch  reads in order merged up to `part` bytes, adjacent ones and
 //!             ones at most `gap` bytes apart (the gap read and dropped, in
-//!             waves of at most 16 MiB of gaps), then as read_at: every
-//!             GET in flight together (at most `in_flight`), one result per read
+//!             waves of at most 16 MiB of gaps), a read longer than `part`
+//!             cut in parts, then as read_at: every GET in flight together
+//!             (at most `in_flight`), one result per read
 //! every GET   If-Match: the ETag of open; 412 (or another ETag in the answer)
 //!             = the object was replaced: an error (the access gets SIGBUS,
 //!             the reason logged by the engine), never bytes of two versions
@@ -900,7 +901,7 @@ impl S3Store {
         mut scratch: &mut [u8],
     ) -> Vec<io::Result<usize>> {
         let mut gets: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
-        // For each read, the GET that serves it (None: nothing to read).
+        // For each read, the GETs that serve it (None: nothing to read).
         let mut which = Vec::with_capacity(wave.len());
         for (r, st) in wave.iter_mut().zip(steps) {
             if st.n == 0 {
@@ -918,10 +919,17 @@ impl S3Store {
                     }
                     range.end = r.offset + st.n;
                     bufs.push(buf);
+                    which.push(Some(gets.len() - 1..gets.len()));
                 }
-                _ => gets.push((r.offset..r.offset + st.n, vec![buf])),
+                _ => {
+                    // A read longer than a part (a network store's readahead
+                    // window) is cut in parts as read_at cuts it: their GETs
+                    // in flight together, not one long GET.
+                    let first = gets.len();
+                    gets.extend(self.parts(r.offset, buf));
+                    which.push(Some(first..gets.len()));
+                }
             }
-            which.push(Some(gets.len() - 1));
         }
         let results = self.run_gets(gets);
         which
@@ -929,9 +937,9 @@ impl S3Store {
             .zip(steps)
             .map(|(w, st)| match w {
                 None => Ok(0),
-                Some(g) => match &results[g] {
-                    Ok(()) => Ok(st.n as usize),
-                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                Some(g) => match results[g].iter().find_map(|r| r.as_ref().err()) {
+                    None => Ok(st.n as usize),
+                    Some(e) => Err(io::Error::new(e.kind(), e.to_string())),
                 },
             })
             .collect()

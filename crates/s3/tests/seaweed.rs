@@ -107,7 +107,7 @@ fn read_batch_64k(st: &S3Store, offs: &[u64]) -> (Vec<Vec<u8>>, Vec<usize>) {
 }
 
 #[test]
-fn read_at_splits_long_reads_and_read_batch_merges_adjacent_ones() {
+fn read_at_and_read_batch_split_long_reads_and_read_batch_merges_adjacent_ones() {
     let Some(s) = shared("parts") else { return };
     let len = 3 * MIB + 100; // not a multiple of a page
     let data = pattern(len + 4, 7)[..len as usize].to_vec();
@@ -139,6 +139,32 @@ fn read_at_splits_long_reads_and_read_batch_merges_adjacent_ones() {
         }
         assert_eq!(&b[..n], &data[off as usize..off as usize + n]);
     }
+    // A batch read longer than a part (a readahead window of the prefetch
+    // thread) is cut in parts as read_at cuts it, their GETs in flight
+    // together; a short read after it is its own GET.
+    let mut long = vec![0u8; (2 * MIB + 8192) as usize];
+    let mut short = vec![0u8; 4096];
+    let before = st.counters();
+    let got: Vec<usize> = st
+        .read_batch(&mut [
+            ReadReq {
+                buf: &mut long,
+                offset: 4096,
+            },
+            ReadReq {
+                buf: &mut short,
+                offset: 2 * MIB + 12288,
+            },
+        ])
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(got, [long.len(), 4096]);
+    assert_eq!(&long[..], &data[4096..4096 + long.len()]);
+    assert_eq!(&short[..], &data[(2 * MIB + 12288) as usize..][..4096]);
+    let after = st.counters();
+    assert_eq!(after.gets - before.gets, 4, "3 parts and the short read");
+    assert!(after.gets_in_flight_peak >= 2, "{after:?}");
 }
 
 /// A batch's reads at most `gap` apart go in one GET that reads the gap

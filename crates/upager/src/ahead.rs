@@ -7,7 +7,11 @@
 //!   address of its next window (`Shared::ask_ahead`, eight slots and a
 //!   futex doorbell); the prefetch thread passes the window's folios
 //!   ([`Shared::fill_ahead`]) unless the stream, or anyone, got to its
-//!   first folio first.
+//!   first folio first. The window is the readahead (2 MiB by default);
+//!   on a store whose reads are round trips, a prefetch batch
+//!   ([`FETCH_BATCH_BYTES`]): its reads in flight together (the S3
+//!   store cuts it in GETs of its part size) in the buffer such a batch
+//!   uses anyway, the folios charged to the budget as any.
 //! - Warm-start replay windows (warm.rs, [`Shared::replay_step`]): the
 //!   trace's next window, as runs of folios in recorded order.
 //! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs), in the
@@ -215,6 +219,12 @@ impl Shared {
         let n = r.run_folios;
         let want = if n > 0 && idx.is_multiple_of(n) {
             n
+        } else if r.store.round_trips() {
+            // A network store: the batch a prefetch reads there, its reads
+            // in flight together (one GET of 2 MiB a window kept a pass
+            // over an S3 object to two GETs in flight), in the buffer such
+            // a batch uses anyway; the folios are in the budget as any.
+            ((FETCH_BATCH_BYTES / r.folio) as usize).max(self.window_max(&r))
         } else {
             self.window_max(&r)
         };

@@ -27,6 +27,8 @@ struct Recorder<S: Store> {
     reads: AtomicU64,
     /// Sizes of the `read_batch` calls.
     batches: Mutex<Vec<usize>>,
+    /// Bytes each `read_batch` call asked for.
+    batch_bytes: Mutex<Vec<usize>>,
     writes: AtomicU64,
     punched: AtomicU64,
     /// What `round_trips` says (a network store's answer when true).
@@ -39,6 +41,7 @@ impl<S: Store> Recorder<S> {
             inner,
             reads: AtomicU64::new(0),
             batches: Mutex::new(Vec::new()),
+            batch_bytes: Mutex::new(Vec::new()),
             writes: AtomicU64::new(0),
             punched: AtomicU64::new(0),
             round_trips: false,
@@ -59,6 +62,8 @@ impl<S: Store> Store for Recorder<S> {
     }
     fn read_batch(&self, reads: &mut [ReadReq<'_>]) -> Vec<io::Result<usize>> {
         self.batches.lock().unwrap().push(reads.len());
+        let bytes = reads.iter().map(|r| r.buf.len()).sum();
+        self.batch_bytes.lock().unwrap().push(bytes);
         reads
             .iter_mut()
             .map(|r| self.inner.read_at(r.buf, r.offset))
@@ -194,6 +199,41 @@ fn prefetch_reads_a_batch_of_folios_with_one_read_batch() {
             faults,
             "no fault after prefetch"
         );
+    }
+}
+
+/// A sequential stream: the prefetch thread reads its async readahead
+/// windows with one `read_batch` each (ahead.rs: the one pipeline), of the
+/// readahead window (2 MiB) from a local store and of a prefetch batch
+/// (8 MiB, its reads in flight together) from a network store; the data
+/// is the file's, the budget held.
+#[test]
+fn async_readahead_windows_of_a_network_store_are_a_prefetch_batch() {
+    let dir = ram_dir();
+    let len = 64 * MIB;
+    let path = pattern_file(dir.path(), "data", len, 13);
+    for (round_trips, window) in [(false, 2 * MIB), (true, 8 * MIB)] {
+        let mut rec = Recorder::new(upager::FileStore::open(&path, false, true).unwrap());
+        rec.round_trips = round_trips;
+        let store = Arc::new(rec);
+        let budget = 32 * MIB;
+        let pager = Pager::new(budget).unwrap();
+        let r = pager
+            .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
+            .unwrap();
+        assert_words(&r, 512, 13);
+        let sizes = store.batch_bytes.lock().unwrap().clone();
+        let s = pager.stats();
+        assert!(s.readahead_async > 0, "round trips {round_trips}: {s:?}");
+        assert!(
+            sizes.iter().filter(|&&b| b as u64 == window).count() >= 2,
+            "round trips {round_trips}: windows of {window} bytes: {sizes:?}"
+        );
+        assert!(
+            sizes.iter().all(|&b| b as u64 <= window),
+            "round trips {round_trips}: {sizes:?}"
+        );
+        assert!(s.resident_peak_bytes <= budget, "{s:?}");
     }
 }
 
