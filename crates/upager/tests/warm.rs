@@ -81,6 +81,22 @@ fn touch_and_unmap(pager: &Pager, r: Region, budget: u64, how: WarmStart, order:
     s
 }
 
+/// A run of a 3,000-folio gather replayed from its trace (`warm`) against
+/// the same gather cold: replay read most of it, the faults fell to a
+/// quarter or less.
+fn assert_replayed(cold: &Stats, warm: &Stats) {
+    assert!(
+        warm.replay_reads >= 2000,
+        "replay read most of the gather: {warm:?}"
+    );
+    assert!(
+        warm.faults_missing * 4 <= cold.faults_missing,
+        "faults: {} cold, {} replayed",
+        cold.faults_missing,
+        warm.faults_missing
+    );
+}
+
 #[test]
 fn a_replayed_trace_prefetches_a_gather_in_recorded_order() {
     let dir = ram_dir();
@@ -100,16 +116,7 @@ fn a_replayed_trace_prefetches_a_gather_in_recorded_order() {
     );
 
     let warm = run(&path, budget, WarmStart::Auto, &order);
-    assert!(
-        warm.replay_reads >= 2000,
-        "replay read most of the gather: {warm:?}"
-    );
-    assert!(
-        warm.faults_missing * 4 <= cold.faults_missing,
-        "faults: {} cold, {} replayed",
-        cold.faults_missing,
-        warm.faults_missing
-    );
+    assert_replayed(&cold, &warm);
     // Hits are the trace's progress: folios replayed past the program's
     // last fault count as neither hits nor waste.
     assert!(warm.replay_hits >= warm.replay_reads / 2, "{warm:?}");
@@ -280,16 +287,7 @@ fn a_program_that_goes_elsewhere_stops_the_replay() {
     // The run that left the trace recorded its own order in its place:
     // the next map on these inputs replays it.
     let again = run(&path, budget, WarmStart::Auto, &other);
-    assert!(
-        again.replay_reads >= 2000,
-        "the trace was recorded anew: {again:?}"
-    );
-    assert!(
-        again.faults_missing * 4 <= cold.faults_missing,
-        "faults: {} cold, {} replayed",
-        cold.faults_missing,
-        again.faults_missing
-    );
+    assert_replayed(&cold, &again);
 }
 
 /// Replay on a writable region (the no-lost-write invariant): words
