@@ -356,7 +356,9 @@ impl Shared {
             }
             if whole {
                 if let Some(n) = self.fill_run_ahead(ctx, r, queue[0]) {
-                    for j in queue.drain(..run) {
+                    // (n counts the run's folios from its first that went
+                    // in: all, 1, or none if the fill failed.)
+                    for j in queue.drain(..run).take(n as usize) {
                         on_read(j);
                     }
                     read += n;
@@ -430,10 +432,15 @@ impl Shared {
                 page: None,
                 prefetch: true,
             };
-            if self.fill_claimed(ctx, &c) == Outcome::Done {
-                1 + extras.len() as u64
-            } else {
-                0
+            if self.fill_claimed(ctx, &c) != Outcome::Done {
+                return 0;
+            }
+            // A run whose read failed was cut to its first folio, read
+            // again alone (fill.rs): then its last folio is not resident.
+            let last = start + extras.len();
+            match folio::load(r.state(last)).kind() {
+                Kind::Clean | Kind::Dirty => 1 + extras.len() as u64,
+                _ => 1,
             }
         });
         ctx.extras = extras;
