@@ -58,6 +58,8 @@ s3bench), s3fs-fuse (apt-installed if missing).
 
     python3 bench/s3_array_bench.py --rounds 3 --json bench/results/DATE-s3-array.json
     python3 bench/s3_array_bench.py --tiny          # a quick check: 64 MiB, 1 round
+    /path/to/venv/bin/python bench/s3_array_bench.py --sides limit,upager --kinds random
+                                                    # the pass against the limit, that venv's upager
     python3 bench/s3_array_bench.py --plot RESULTS.json RESULTS.png
 """
 
@@ -223,6 +225,9 @@ def main() -> None:
     ap.add_argument("--cgroup-mib", type=int, default=256, help="memory cgroup (default 256)")
     ap.add_argument("--kinds", default=",".join(KINDS), help="data kinds (default random,ramp)")
     ap.add_argument("--tiny", action="store_true", help="64 MiB, 2,000 reads, 1 round")
+    ap.add_argument("--sides", default=None,
+                    help="run only these sides, comma-separated (e.g. limit,upager: an A/B of "
+                         "two builds run with two interpreters); default all")
     a = ap.parse_args()
     if a.plot:
         plot(*a.plot)
@@ -239,6 +244,10 @@ def main() -> None:
     os.environ["S3BENCH"] = str(s3bench)
     n = a.size_mib * MIB // 8
     kinds = a.kinds.split(",")
+    only = None if a.sides is None else set(a.sides.split(","))
+    if only is not None and not only <= set(PASS_SIDES + RANDOM_SIDES):
+        sys.exit(f"--sides: unknown side(s) {sorted(only - set(PASS_SIDES + RANDOM_SIDES))}; "
+                 f"the sides are {sorted(set(PASS_SIDES + RANDOM_SIDES))}")
     fuse = have_s3fs()
     if not fuse:
         print("s3fs-fuse skipped: s3fs is missing (apt-get install s3fs)", flush=True)
@@ -263,6 +272,8 @@ def main() -> None:
                 for work, sides in (("pass", PASS_SIDES), ("random", RANDOM_SIDES)):
                     for side in sides:
                         if side == "s3fs-fuse" and not fuse:
+                            continue
+                        if only is not None and side not in only:
                             continue
                         res = run_one(side, work, url, n, a)
                         res.update(side=side, work=work, kind=kind, round=rnd + 1)
