@@ -224,7 +224,7 @@ impl Shared {
             // in flight together (one GET of 2 MiB a window kept a pass
             // over an S3 object to two GETs in flight), in the buffer such
             // a batch uses anyway; the folios are in the budget as any.
-            ((FETCH_BATCH_BYTES / r.folio) as usize).max(self.window_max(&r))
+            ((prefetch_batch_bytes(&r) / r.folio) as usize).max(self.window_max(&r))
         } else {
             self.window_max(&r)
         };

@@ -214,9 +214,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     }
     /// Whether every read is a round trip to a server (a network store),
     /// so that a batch of reads ([`Store::read_batch`]) in flight together
-    /// costs little more than one: background prefetch and warm-start
-    /// replay then read in batches of 8 MiB of folios, as `Region::fetch`
-    /// does, instead of 1 MiB (ahead.rs). Default false.
+    /// costs little more than one: background prefetch, warm-start replay
+    /// and a stream's async readahead window then read in batches of 8 MiB
+    /// of folios, as `Region::fetch` does, instead of 1 MiB (a window: the
+    /// readahead, 2 MiB) (ahead.rs). Default false.
     fn round_trips(&self) -> bool {
         false
     }

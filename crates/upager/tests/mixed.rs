@@ -280,6 +280,28 @@ fn read_only_regions_fill_huge_runs_and_stay_read_only() {
 /// huge read fill catches a store that raced its write-protect).
 #[test]
 fn stores_racing_huge_run_fills_are_kept() {
+    stores_racing_huge_fills(|r| {
+        for i in (0..r.len() / 8).step_by((PAGE / 8) as usize) {
+            let _ = r.words()[i].load(Relaxed);
+        }
+    });
+}
+
+/// The same with the huge runs filled by prefetches of the whole region
+/// (ahead.rs: a prefetch fills a whole run as one huge page, the same
+/// fill as a stream's window).
+#[test]
+fn stores_racing_huge_run_prefetches_are_kept() {
+    stores_racing_huge_fills(|r| {
+        r.prefetch(0, r.len() as u64).unwrap();
+        assert!(r.wait_prefetch(std::time::Duration::from_secs(60)));
+    });
+}
+
+/// A writer's 40,000 stores to random pages of a writable region with
+/// huge runs, while `pass` (at least 3 times, until the writer is done)
+/// fills runs around them: no store is lost, the budget is held.
+fn stores_racing_huge_fills(pass: impl Fn(&Region) + Sync) {
     if !thp_available() {
         return;
     }
@@ -299,9 +321,7 @@ fn stores_racing_huge_run_fills_are_kept() {
         let scanner = s.spawn(|| {
             let mut passes = 0u32;
             while passes < 3 || (!stop.load(Relaxed) && passes < 50) {
-                for i in (0..nwords).step_by((PAGE / 8) as usize) {
-                    let _ = r.words()[i].load(Relaxed);
-                }
+                pass(&r);
                 passes += 1;
             }
             passes
@@ -335,6 +355,10 @@ fn stores_racing_huge_run_fills_are_kept() {
         }
     }
     let s = pager.stats();
+    eprintln!(
+        "{passes} passes: {} huge runs filled, {} raced by a store",
+        s.thp_fills, s.thp_fill_raced
+    );
     assert_eq!(
         lost,
         0,
