@@ -10,12 +10,13 @@
 //! | `UMAP_BUFSIZE` | buffer size in pages, 90 % of available memory | the hard budget: pages × page size; any size works |
 //! | `UMAP_PAGE_FILLERS` | filler threads, CPUs | fault-handler threads (1..64) |
 //! | `UMAP_PAGE_EVICTORS` | evictor threads, CPUs | reported only: one reclaimer thread plus direct reclaim |
-//! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` / `_LOW_` | % of the buffer where eviction starts / stops, 90 / 70 | their difference sets the eviction batch (capped at 4 MiB and 1024 pages: one TLB shootdown per batch) |
+//! | `UMAP_EVICT_HIGH_WATER_THRESHOLD` / `_LOW_` | % of the buffer where eviction starts / stops, 90 / 70 | their difference sets the eviction batch in bytes (capped at 4 MiB and 1024 pages: one TLB shootdown per batch), the same for a region of larger pages (a store's, `UPAGER_UMAP_STORE`) |
 //! | `UMAP_MAX_FAULT_EVENTS` | fault messages read at once, 256 | reported only |
 //! | `UMAP_READ_AHEAD` | pages read ahead of every fault, 0 | largest readahead (pages) on sequential faults; unset = upager's adaptive 2 MiB |
 //! | `UMAP_LOG_LEVEL` | ERROR/WARNING/INFO/DEBUG, INFO (on stdout) | same names, default WARNING, on stderr |
 //! | `UPAGER_FAULT_MODE` | (upager's own) | `handlers` (default) or `in-thread`: read by the engine's builder default when the pager is created; a name that is no mode makes `umap()` fail with EINVAL |
 //! | `UPAGER_WARM` | (upager's own) | warm starts of `umap()` file regions: `off` (default), `on` (replay the trace beside the file, `FILE.upager-trace`, if it matches the file, else record one, written at `uunmap`; not at exit), `record` (always record anew) |
+//! | `UPAGER_UMAP_STORE` | (upager's own) | `PATH=URL[;PATH=URL...]`: a `umap()` of the file at PATH pages from the store URL names instead (`redis-cluster://HOST:PORT/NAME`, `s3://BUCKET/KEY`, `s3://BUCKET/NAME/`), the file (the data uploaded from it, or a placeholder of its size) only naming it; see [`store_for`] |
 //!
 //! Regions live in a table keyed by their address; `uunmap` writes dirty
 //! data back and releases the memory; regions still mapped at `exit()` are
@@ -24,9 +25,12 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_long, c_void};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use engine::{MapOptions, Pager, Region};
+use upager_stores::AnyUrl;
 
 use crate::error::{self, Failure};
 use crate::native;
@@ -63,6 +67,34 @@ struct Config {
     /// UPAGER_WARM: record and replay the order file regions' pages are
     /// first needed.
     warm: engine::WarmStart,
+    /// UPAGER_UMAP_STORE: files whose data a store serves, or why the
+    /// variable names none (then every `umap()` of a file fails: a
+    /// placeholder's zeros must not be served as the data).
+    stores: Result<Vec<(PathBuf, AnyUrl)>, String>,
+}
+
+/// Parses `UPAGER_UMAP_STORE`: `PATH=URL` entries separated by `;` (a PATH
+/// holds no `=`; blank entries are skipped).
+fn parse_stores(v: &str) -> Result<Vec<(PathBuf, AnyUrl)>, String> {
+    v.split(';')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .enumerate()
+        .map(|(i, e)| {
+            // The entry is not quoted: its URL may hold a password.
+            let (path, url) = e.split_once('=').ok_or_else(|| {
+                format!("UPAGER_UMAP_STORE: entry {} is not PATH=URL", i + 1)
+            })?;
+            let (path, url) = (path.trim(), url.trim());
+            if path.is_empty() {
+                return Err(format!("UPAGER_UMAP_STORE: entry {} has no PATH before its =", i + 1));
+            }
+            let url = url
+                .parse::<AnyUrl>()
+                .map_err(|err| format!("UPAGER_UMAP_STORE: the URL for {path}: {err}"))?;
+            Ok((PathBuf::from(path), url))
+        })
+        .collect()
 }
 
 const SYS_PAGE: u64 = 4096;
@@ -167,6 +199,7 @@ impl Config {
                 }
             },
         };
+        let stores = std::env::var("UPAGER_UMAP_STORE").map_or(Ok(Vec::new()), |v| parse_stores(&v));
         (
             Config {
                 page_size,
@@ -179,6 +212,7 @@ impl Config {
                 read_ahead,
                 level,
                 warm,
+                stores,
             },
             w,
         )
@@ -190,6 +224,16 @@ impl Config {
         let between = self.buf_pages * (self.high - self.low).max(0) as u64 / 100;
         let cap = (MAX_BATCH_BYTES / self.page_size.max(1)).clamp(1, 1024);
         between.clamp(1, cap) as usize
+    }
+
+    /// Bytes per eviction batch: [`batch`](Self::batch) pages (a region
+    /// whose pages are larger, a store's, evicts as many bytes per batch in
+    /// fewer pages), within 4 KiB and the budget.
+    fn batch_bytes(&self) -> u64 {
+        let budget = self.buf_pages.saturating_mul(self.page_size).max(SYS_PAGE);
+        (self.batch() as u64)
+            .saturating_mul(self.page_size)
+            .clamp(SYS_PAGE, budget)
     }
 
     fn read_ahead_pages(&self) -> u64 {
@@ -235,7 +279,7 @@ fn pager() -> Result<&'static Pager, Failure> {
         // if unset); a bad value fails build() with EINVAL, naming it.
         let mut b = Pager::builder()
             .budget(c.buf_pages.saturating_mul(c.page_size))
-            .batch(c.batch())
+            .batch_bytes(c.batch_bytes())
             .handler_threads(c.fillers.clamp(1, 64) as usize);
         if let Some(pages) = c.read_ahead {
             b = b.readahead(pages.saturating_mul(c.page_size));
@@ -399,7 +443,27 @@ fn umap_inner(
         Source::Fd(fd) => {
             let file = native::dup_fd(fd, writable)?;
             let opts = opts.warm(c.warm);
-            (pager()?.map_open_file(file, &opts)?, format!("fd {fd}"))
+            match store_for(&file, fd)? {
+                Some((path, url, size)) => {
+                    let store = upager_stores::open_for(url, writable)?;
+                    if store.len() != size {
+                        return Err(Failure::inval(format!(
+                            "UPAGER_UMAP_STORE: {} is {size} bytes but {url} holds {}: they are not the same data (upload the file again, e.g. `upager load FILE {url}`, or give a placeholder of the data's size)",
+                            path.display(),
+                            store.len()
+                        )));
+                    }
+                    // A folio below the store's unit (a Redis dataset's
+                    // chunk) cannot be read or written alone.
+                    let folio = c.page_size.max(store.unit());
+                    if folio != c.page_size {
+                        log(Level::Info, &format!("umap(fd {fd}): {url} is kept in units of {folio} bytes: its region's pages are {folio} bytes (UMAP_PAGESIZE {})", c.page_size));
+                    }
+                    let region = pager()?.map_store(store, &opts.folio(folio))?;
+                    (region, format!("fd {fd} ({}) from {url}", path.display()))
+                }
+                None => (pager()?.map_open_file(file, &opts)?, format!("fd {fd}")),
+            }
         }
         Source::Store(store) => (
             pager()?.map_store(Arc::new(store), &opts)?,
@@ -413,6 +477,47 @@ fn umap_inner(
     );
     regions().insert(base as usize, Arc::new(region));
     Ok(base.cast())
+}
+
+/// The `UPAGER_UMAP_STORE` entry for the file open as `file` (descriptor
+/// `fd`), and the file's size: the entry whose PATH is that file (the same
+/// device and inode, so any name of it matches), if any.
+///
+/// The store's data must be the file's: what its size can check is
+/// checked (by the caller, against the store's); a warm-start trace is the
+/// store's, tied to its version of the data as for any store region. A
+/// PATH that cannot be looked up is logged at every `umap()` and skipped:
+/// a map of another file is no reason to fail.
+fn store_for(
+    file: &std::fs::File,
+    fd: c_int,
+) -> Result<Option<(&'static PathBuf, &'static AnyUrl, u64)>, Failure> {
+    let entries = cfg().stores.as_ref().map_err(|m| Failure::inval(m.clone()))?;
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    let this = file.metadata().map_err(|e| {
+        Failure::new(
+            e.raw_os_error().unwrap_or(libc::EBADF),
+            format!("fstat of file descriptor {fd}: {e}"),
+        )
+    })?;
+    for (path, url) in entries {
+        match std::fs::metadata(path) {
+            Ok(m) if (m.dev(), m.ino()) == (this.dev(), this.ino()) => {
+                return Ok(Some((path, url, this.len())))
+            }
+            Ok(_) => {}
+            Err(e) => log(
+                Level::Warning,
+                &format!(
+                    "UPAGER_UMAP_STORE: {}: {e}; its entry is skipped",
+                    path.display()
+                ),
+            ),
+        }
+    }
+    Ok(None)
 }
 
 /// `umap`: maps `length` bytes of `fd` from `offset`; UMAP_FAILED and errno
@@ -766,14 +871,40 @@ mod tests {
             read_ahead: None,
             level: Level::Warning,
             warm: engine::WarmStart::Off,
+            stores: Ok(Vec::new()),
         };
         assert_eq!(c.batch(), 20);
+        assert_eq!(c.batch_bytes(), 20 * 4096);
         c.buf_pages = 2;
         assert_eq!(c.batch(), 1);
         c.buf_pages = 1 << 30;
         assert_eq!(c.batch(), 1024);
         c.page_size = 64 << 10;
         assert_eq!(c.batch(), 64);
+        assert_eq!(c.batch_bytes(), 4 << 20);
         assert_eq!(c.read_ahead_pages(), 32);
+    }
+
+    #[test]
+    fn store_entries_are_path_equals_url() {
+        let e = parse_stores(
+            " /data/g.csr = redis-cluster://127.0.0.1:7000/g ;; w.bin=s3://bucket/k=1;",
+        )
+        .unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[0].0, PathBuf::from("/data/g.csr"));
+        assert!(matches!(&e[0].1, AnyUrl::Redis(u) if u.name.as_deref() == Some("g")));
+        assert_eq!(e[1].0, PathBuf::from("w.bin"));
+        assert!(matches!(&e[1].1, AnyUrl::S3(_)));
+        assert!(parse_stores("").unwrap().is_empty());
+        // Errors name the entry, never print its URL (a password).
+        let err = parse_stores("a=redis-cluster://h:1/x;redis-cluster://:pw@h:1/y").unwrap_err();
+        assert!(err.contains("entry 2 is not PATH=URL"), "{err}");
+        assert!(!err.contains("pw"), "{err}");
+        let err = parse_stores("=s3://b/k").unwrap_err();
+        assert!(err.contains("no PATH"), "{err}");
+        let err = parse_stores("f=ftp://:secret@h/x").unwrap_err();
+        assert!(err.starts_with("UPAGER_UMAP_STORE: the URL for f:"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
     }
 }

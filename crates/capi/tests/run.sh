@@ -49,6 +49,7 @@ build unmap_race "$SRC/unmap_race.c" $(pkg-config --cflags --libs upager) $RPATH
 build fork "$SRC/fork.c" $(pkg-config --cflags --libs upager) $RPATH
 build umap_warm "$SRC/umap_warm.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 build umap_fixed_sort "$SRC/umap_fixed_sort.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
+build umap_store_url "$SRC/umap_store_url.c" -I"$PREFIX/include" -L"$PREFIX/lib" -lumap $RPATH
 # UMap's C++ API (header-only over the C library): the system's g++.
 CXX=${CXX:-g++}
 CXXFLAGS="-O2 -g -Wall -Wextra -Werror -std=c++17 -pthread"
@@ -121,6 +122,10 @@ if command -v redis-server >/dev/null; then
     bash "$REPO/scripts/redis-cluster.sh" start >/dev/null
     trap 'bash "$REPO/scripts/redis-cluster.sh" stop >/dev/null 2>&1; rm -rf "$OUT"' EXIT
     run "$OUT/store_redis" "redis-cluster://127.0.0.1:$UPAGER_REDIS_PORT"
+    # A UMap program's file paged from the cluster (UPAGER_UMAP_STORE).
+    for mode in handlers in-thread; do
+        run env UPAGER_FAULT_MODE="$mode" UMAP_BUFSIZE=6144 "$OUT/umap_store_url" "redis-cluster://127.0.0.1:$UPAGER_REDIS_PORT"
+    done
     bash "$REPO/scripts/redis-cluster.sh" stop >/dev/null
 elif [ "${CI:-}" = true ]; then
     echo "store_redis: redis-server is missing (scripts/setup.sh installs it)"; exit 1

@@ -129,12 +129,24 @@ pub fn map_anonymous(
 /// Opens the dataset or object `url` names read-only, with its store's
 /// default options.
 pub fn open(url: &AnyUrl) -> Result<Arc<dyn upager::Store>, OpenError> {
+    open_for(url, false)
+}
+
+/// Opens the dataset or object `url` names with its store's default
+/// options, read-write when `writable`: a dataset (Redis, or S3
+/// `s3://BUCKET/NAME/`) either way, an object read-only (a writable open
+/// is refused: [`upager_s3::OpenError::Writable`]).
+pub fn open_for(url: &AnyUrl, writable: bool) -> Result<Arc<dyn upager::Store>, OpenError> {
     Ok(match url {
         AnyUrl::Redis(u) => {
-            RedisStore::open(u, false, &RedisOptions::default())? as Arc<dyn upager::Store>
+            RedisStore::open(u, writable, &RedisOptions::default())? as Arc<dyn upager::Store>
         }
         AnyUrl::S3(u) if upager_s3::dataset::is_dataset(u) => {
-            upager_s3::S3Dataset::open(u, false, &S3Options::default())? as Arc<dyn upager::Store>
+            upager_s3::S3Dataset::open(u, writable, &S3Options::default())?
+                as Arc<dyn upager::Store>
+        }
+        AnyUrl::S3(u) if writable => {
+            return Err(upager_s3::OpenError::Writable { url: u.to_string() }.into())
         }
         AnyUrl::S3(u) => S3Store::open(u, &S3Options::default())? as Arc<dyn upager::Store>,
     })

@@ -208,6 +208,7 @@ pub const DEFAULT_DIRTY_EXPIRE: std::time::Duration = std::time::Duration::from_
 pub struct PagerBuilder {
     pub(crate) budget: u64,
     pub(crate) batch: Option<usize>,
+    pub(crate) batch_bytes: Option<u64>,
     pub(crate) handler_threads: usize,
     pub(crate) uffd_shards: Option<usize>,
     pub(crate) background_reclaim: bool,
@@ -237,6 +238,7 @@ impl Default for PagerBuilder {
         PagerBuilder {
             budget: 256 << 20,
             batch: None,
+            batch_bytes: None,
             handler_threads: upager_sys::io::online_cpus().clamp(1, 4),
             uffd_shards: None,
             background_reclaim: true,
@@ -271,6 +273,14 @@ impl PagerBuilder {
     /// folio by folio (for comparison).
     pub fn batch(mut self, folios: usize) -> Self {
         self.batch = Some(folios);
+        self
+    }
+    /// Bytes evicted per batch, whatever the folio size of each region
+    /// (regions of 64 KiB folios evict a sixteenth as many folios per batch
+    /// as regions of 4 KiB ones): 4 KiB up to the budget. [`batch`](Self::batch)
+    /// wins when both are set. Default: as [`batch`](Self::batch) says.
+    pub fn batch_bytes(mut self, bytes: u64) -> Self {
+        self.batch_bytes = Some(bytes);
         self
     }
     /// Fault-handler threads. Default: the number of CPUs, at most 4.

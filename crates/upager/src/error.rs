@@ -38,6 +38,13 @@ pub enum PagerError {
     },
     /// the eviction batch must be 1 to 1024 folios, got {0}
     Batch(usize),
+    /// the eviction batch must be 4 KiB to the budget ({budget} bytes), got {bytes} bytes
+    BatchBytes {
+        /// The batch asked for.
+        bytes: u64,
+        /// The pager's budget.
+        budget: u64,
+    },
     /// the dirty limit must be at least 4 KiB and at most the budget ({budget} bytes), got {limit} bytes
     DirtyLimit {
         /// The dirty limit asked for.
@@ -451,6 +458,7 @@ impl ErrorCode for PagerError {
             | PagerError::HandlerThreads(_)
             | PagerError::UffdShards { .. }
             | PagerError::Batch(_)
+            | PagerError::BatchBytes { .. }
             | PagerError::DirtyLimit { .. }
             | PagerError::Readahead(_)
             | PagerError::FaultMode(_) => errno::EINVAL,

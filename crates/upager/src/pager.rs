@@ -94,6 +94,14 @@ impl Pager {
                 return Err(PagerError::Batch(b));
             }
         }
+        if let Some(bytes) = cfg.batch_bytes {
+            if !(MIN_FOLIO..=cfg.budget).contains(&bytes) {
+                return Err(PagerError::BatchBytes {
+                    bytes,
+                    budget: cfg.budget,
+                });
+            }
+        }
         let shared = Arc::new(Shared::new(cfg)?);
         // The mode is known once the userfaultfd is open (Shared::new).
         if shared.mode == crate::FaultMode::InThread {

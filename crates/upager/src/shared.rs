@@ -420,13 +420,15 @@ impl Shared {
     pub fn stop_fd(&self) -> &upager_sys::io::EventFd {
         &self.stop_fd
     }
-    /// Bytes an eviction batch covers when no batch size was chosen: 4 MiB,
-    /// or half the budget if that is less (small budgets work with the
-    /// defaults).
+    /// Bytes an eviction batch covers when no batch of folios was chosen:
+    /// the builder's `batch_bytes`, else 4 MiB, or half the budget if that
+    /// is less (small budgets work with the defaults).
     pub fn batch_bytes(&self) -> u64 {
-        DEFAULT_BATCH_BYTES
-            .min(self.budget.limit() / 2)
-            .max(MIN_FOLIO)
+        self.cfg.batch_bytes.unwrap_or_else(|| {
+            DEFAULT_BATCH_BYTES
+                .min(self.budget.limit() / 2)
+                .max(MIN_FOLIO)
+        })
     }
     /// Folios per eviction batch for a folio size.
     pub fn batch_folios(&self, folio: u64) -> usize {
