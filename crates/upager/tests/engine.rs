@@ -358,6 +358,53 @@ fn eviction_batches_take_the_reclaim_locks_once_per_batch() {
     }
 }
 
+/// `PagerBuilder::batch_bytes`: one eviction batch is so many bytes in
+/// regions of any folio size (the UMap drop-in's watermarks are a share of
+/// its buffer, whatever a region's page size), where `batch` counts folios.
+#[test]
+fn an_eviction_batch_in_bytes_holds_for_every_folio_size() {
+    for folio in [PAGE, 64 << 10] {
+        let pager = Pager::builder()
+            .budget(4 * MIB)
+            .batch_bytes(MIB)
+            .background_reclaim(false)
+            .build()
+            .unwrap();
+        let r = pager
+            .map_anonymous(32 * MIB, &MapOptions::new().folio(folio))
+            .unwrap();
+        for w in (0..r.len() / 8).step_by(512) {
+            r.words()[w].store(w as u64, Relaxed);
+        }
+        let s = pager.stats();
+        eprintln!(
+            "folio {folio}: {} evictions in {} batches",
+            s.evictions, s.evict_batches
+        );
+        assert!(s.evictions * folio >= 24 * MIB, "{s:?}");
+        // Whole batches of 1 MiB: as many folios as cover it, none more.
+        assert!(s.evictions <= s.evict_batches * (MIB / folio), "{s:?}");
+        assert!(s.evictions * 2 >= s.evict_batches * (MIB / folio), "{s:?}");
+    }
+    // 64 KiB folios under a folio-counted batch of 256 (16 MiB) do not fit
+    // a 4 MiB budget; a batch in bytes does.
+    let by_folios = Pager::builder().budget(4 * MIB).batch(256).build().unwrap();
+    assert!(by_folios
+        .map_anonymous(8 * MIB, &MapOptions::new().folio(64 << 10))
+        .is_err());
+    for bytes in [100, 8 * MIB] {
+        assert_eq!(
+            Pager::builder()
+                .budget(4 * MIB)
+                .batch_bytes(bytes)
+                .build()
+                .unwrap_err()
+                .to_string(),
+            format!("the eviction batch must be 4 KiB to the budget (4194304 bytes), got {bytes} bytes")
+        );
+    }
+}
+
 #[test]
 fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
     let dir = ram_dir();
