@@ -5,7 +5,8 @@
 //! ```text
 //! cargo run --release -p upager-bench --example umap-bfs -- \
 //!     --umap-src DIR [--scale 20] [--budget-mib 64] [--rounds 5] \
-//!     [--threads 2] [--dir DIR] [--out FILE.json]
+//!     [--threads 2] [--dir DIR] [--source URL [--added-latency-ms N]] \
+//!     [--out FILE.json]
 //! ```
 //!
 //! What it measures and why: UMap users run graph analytics over files
@@ -30,13 +31,26 @@
 //! faults, replay reads, hits and waste, peak resident. The kernel's peak
 //! is the cgroup's. Every run's level counts must equal the first's (the
 //! traversal's result, checked).
+//!
+//! `--source URL` keeps the graph on a remote store instead, where every
+//! miss is a round trip: a Redis Cluster dataset
+//! (`redis-cluster://HOST:PORT/NAME`, uploaded in chunks of 64 KiB) or an
+//! S3 object (`s3://BUCKET/KEY`, credentials and endpoint from the `AWS_*`
+//! variables). bfs still runs unchanged: it opens the graph's file, now a
+//! placeholder of the graph's size (zeros: the data is only on the store),
+//! and the drop-in pages it from the store (`UPAGER_UMAP_STORE`); pages
+//! are 64 KiB (`UMAP_PAGESIZE`, the dataset's chunk) and the budget
+//! `--budget-mib` as for a file. The trace is kept by the store. The
+//! kernel's mmap cannot map a store: no baseline then.
+//! `--added-latency-ms N` routes every request through proxies that hold
+//! it N ms (`upager_bench::remote`): a network's round trip.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use upager_bench::report::Machine;
-use upager_bench::Cgroup;
+use upager_bench::{Cgroup, Remote};
 
 struct Args {
     umap_src: PathBuf,
@@ -46,7 +60,13 @@ struct Args {
     threads: u32,
     dir: Option<PathBuf>,
     out: Option<PathBuf>,
+    source: Option<String>,
+    added_latency_ms: u64,
 }
+
+/// Pages of a graph on a remote store: the chunk its dataset is uploaded
+/// in (and the S3 store's default folio).
+const REMOTE_PAGE: u64 = upager_s3::DEFAULT_FOLIO;
 
 fn parse() -> Result<Args, String> {
     let mut a = Args {
@@ -57,6 +77,8 @@ fn parse() -> Result<Args, String> {
         threads: 2,
         dir: None,
         out: None,
+        source: None,
+        added_latency_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -70,8 +92,10 @@ fn parse() -> Result<Args, String> {
             "--threads" => a.threads = num(v()?)?.max(1) as u32,
             "--dir" => a.dir = Some(PathBuf::from(v()?)),
             "--out" => a.out = Some(PathBuf::from(v()?)),
+            "--source" => a.source = Some(v()?),
+            "--added-latency-ms" => a.added_latency_ms = num(v()?)?,
             "-h" | "--help" => {
-                println!("usage: umap-bfs --umap-src DIR [--scale 20] [--budget-mib 64] [--rounds 5] [--threads 2] [--dir DIR] [--out FILE.json]");
+                println!("usage: umap-bfs --umap-src DIR [--scale 20] [--budget-mib 64] [--rounds 5] [--threads 2] [--dir DIR] [--source URL [--added-latency-ms N]] [--out FILE.json]");
                 std::process::exit(0);
             }
             _ => return Err(format!("unknown argument {k} (try --help)")),
@@ -79,6 +103,12 @@ fn parse() -> Result<Args, String> {
     }
     if a.umap_src.as_os_str().is_empty() {
         return Err("--umap-src DIR is needed: a checkout of https://github.com/LLNL/umap (its examples/bfs is built here)".into());
+    }
+    if a.added_latency_ms > 0 && a.source.is_none() {
+        return Err("--added-latency-ms needs --source (s3:// or redis-cluster://)".into());
+    }
+    if a.source.as_deref().is_some_and(|u| u.contains('@')) {
+        return Err("--source: a URL with credentials is not supported here (give S3's in the AWS_* variables)".into());
     }
     if !(10..=26).contains(&a.scale) {
         return Err(format!("--scale {}: give 10..26", a.scale));
@@ -196,12 +226,14 @@ fn bfs_once(
     a: &Args,
     bfs: &Path,
     graph: &Path,
+    remote: Option<&Remote>,
     e: Engine,
 ) -> Result<Run, Box<dyn std::error::Error>> {
     drop_cache(graph)?;
     let n = 1u64 << a.scale;
     let m = n * 32;
     let budget = a.budget_mib << 20;
+    let page = if remote.is_some() { REMOTE_PAGE } else { 4096 };
     let mut cmd = Command::new(bfs);
     cmd.arg("-n")
         .arg(n.to_string())
@@ -210,7 +242,8 @@ fn bfs_once(
         .arg("-g")
         .arg(graph)
         .env("OMP_NUM_THREADS", a.threads.to_string())
-        .env("UMAP_BUFSIZE", (budget / 4096).to_string())
+        .env("UMAP_PAGESIZE", page.to_string())
+        .env("UMAP_BUFSIZE", (budget / page).to_string())
         .env("UMAP_LOG_LEVEL", "INFO")
         .env(
             "UPAGER_WARM",
@@ -220,6 +253,17 @@ fn bfs_once(
                 _ => "off",
             },
         );
+    if let Some(r) = remote {
+        cmd.env(
+            "UPAGER_UMAP_STORE",
+            format!("{}={}", graph.display(), r.url()),
+        );
+        if let Remote::S3(u) = r {
+            if let Some(ep) = &u.endpoint {
+                cmd.env("AWS_ENDPOINT_URL", ep);
+            }
+        }
+    }
     let cg = if e == Engine::Kernel {
         let cg = Cgroup::create("bfs", budget)?;
         // The shell moves itself into the cgroup, then becomes bfs.
@@ -341,6 +385,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t.elapsed().as_secs_f64()
     );
     let _ = std::fs::remove_file(upager::trace_path(&graph));
+    // On a store: the graph (bfs's size, a multiple of the page) uploaded,
+    // the file left a placeholder of its size.
+    let mut remote = match &a.source {
+        None => None,
+        Some(u) => {
+            let r = Remote::parse(u)?;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&graph)?
+                .set_len(size.next_multiple_of(REMOTE_PAGE))?;
+            let t = Instant::now();
+            r.upload(&graph, REMOTE_PAGE)?;
+            let f = std::fs::OpenOptions::new().write(true).open(&graph)?;
+            let len = f.metadata()?.len();
+            f.set_len(0)?;
+            f.set_len(len)?;
+            eprintln!(
+                "graph uploaded to {} in {:.0} s; {} is a placeholder of its size",
+                r.url(),
+                t.elapsed().as_secs_f64(),
+                graph.display()
+            );
+            Some(r)
+        }
+    };
+    let _announced = match &mut remote {
+        Some(r) => r.add_latency(std::time::Duration::from_millis(a.added_latency_ms))?,
+        None => None,
+    };
+    let remote = remote.as_ref();
 
     let mut runs: Vec<(Engine, Run)> = Vec::new();
     let mut record = |e: Engine, r: Run| -> Result<(), String> {
@@ -369,8 +443,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         runs.push((e, r));
         Ok(())
     };
-    record(Engine::Record, bfs_once(&a, &bfs, &graph, Engine::Record)?)?;
-    if !upager::trace_path(&graph).exists() {
+    record(
+        Engine::Record,
+        bfs_once(&a, &bfs, &graph, remote, Engine::Record)?,
+    )?;
+    let traced = match remote {
+        None => upager::trace_path(&graph).exists(),
+        Some(r) => r.store()?.load_trace()?.is_some(),
+    };
+    if !traced {
         return Err("the recording run left no trace beside the graph".into());
     }
     // On tmpfs the kernel's mmap maps the file's own pages (nothing read,
@@ -379,7 +460,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .args(["-n", "-o", "FSTYPE", "--target"])
         .arg(&dir))
     .unwrap_or_default();
-    let kernel = if fstype.lines().any(|l| l.trim() == "tmpfs") {
+    let kernel = if remote.is_some() {
+        eprintln!("the graph is on a store: no kernel baseline (mmap cannot map it)");
+        false
+    } else if fstype.lines().any(|l| l.trim() == "tmpfs") {
         eprintln!("{} is tmpfs: the kernel's mmap is left out (it maps the file's pages, reading nothing)", dir.display());
         false
     } else if Cgroup::create("probe", a.budget_mib << 20).is_err() {
@@ -391,14 +475,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..a.rounds {
         record(
             Engine::OnDemand,
-            bfs_once(&a, &bfs, &graph, Engine::OnDemand)?,
+            bfs_once(&a, &bfs, &graph, remote, Engine::OnDemand)?,
         )?;
         record(
             Engine::Replayed,
-            bfs_once(&a, &bfs, &graph, Engine::Replayed)?,
+            bfs_once(&a, &bfs, &graph, remote, Engine::Replayed)?,
         )?;
         if kernel {
-            record(Engine::Kernel, bfs_once(&a, &bfs, &graph, Engine::Kernel)?)?;
+            record(Engine::Kernel, bfs_once(&a, &bfs, &graph, remote, Engine::Kernel)?)?;
         }
     }
 
@@ -412,9 +496,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let base = med(Engine::OnDemand, &|r| r.wall).unwrap_or(f64::NAN);
     println!(
-        "\nUMap bfs, scale {} ({} MiB graph), {} threads, budget {} MiB, medians of {} interleaved rounds",
+        "\nUMap bfs, scale {} ({} MiB graph) from {} (+{} ms per request), {} threads, budget {} MiB, medians of {} interleaved rounds",
         a.scale,
         size >> 20,
+        remote.map_or("a file".to_string(), |r| r.url()),
+        a.added_latency_ms,
         a.threads,
         a.budget_mib,
         a.rounds
@@ -473,6 +559,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "scale": a.scale, "graph_bytes": size, "threads": a.threads,
             "budget_bytes": a.budget_mib << 20, "rounds": a.rounds,
             "data": dir.display().to_string(),
+            "source": remote.map_or("file".to_string(), |r| r.url()),
+            "added_latency_ms": a.added_latency_ms,
             "medians": table, "runs": all,
         });
         std::fs::write(out, serde_json::to_string_pretty(&doc)?)?;
@@ -480,6 +568,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     std::fs::remove_file(&graph)?;
     let _ = std::fs::remove_file(upager::trace_path(&graph));
+    if let Some(r) = remote {
+        r.delete();
+    }
     std::fs::remove_dir_all(&work)?;
     Ok(())
 }

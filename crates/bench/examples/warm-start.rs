@@ -59,26 +59,21 @@
 //! (the server keeps its own caches, as a real one does).
 //!
 //! `--added-latency-ms N` (remote sources): the client talks to the
-//! server through a TCP proxy in this process that holds every chunk of a
-//! request N ms before passing it on — what a network between program and
-//! store adds to each round trip (a cloud object store's first byte comes
-//! after tens of ms). For S3 the endpoint is the proxy. For a Redis
-//! Cluster each node gets a proxy and announces the proxy's port
-//! (`CONFIG SET cluster-announce-port`, with `redis-cli`), so the client
-//! reaches every node through one as it learns the cluster's layout; the
-//! nodes announce their own ports again when the bench ends. Without it the server is on the same two vCPUs as
+//! server through proxies that hold every request N ms
+//! (`upager_bench::remote`: what a network between program and store adds
+//! to each round trip). Without it the server is on the same two vCPUs as
 //! the program, and a GET costs the server's CPU more than it waits, so
 //! many GETs in flight gain little: the store here is CPU-bound, a remote
 //! one is latency-bound. (No `tc netem` on these machines: its module is
 //! not built.)
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use upager::{MapOptions, Pager, Region, Store, WarmStart};
-use upager_redis::{RedisOptions, RedisStore, StoreUrl};
-use upager_s3::{S3Options, S3Store, S3Url};
+use upager::{MapOptions, Pager, Region, WarmStart};
+use upager_bench::Remote;
+use upager_redis::RedisOptions;
+use upager_s3::S3Options;
 
 const PAGE: u64 = 4096;
 const SEED: u64 = 77;
@@ -228,8 +223,7 @@ fn span_words(spans: &[Span]) -> impl Iterator<Item = u64> + '_ {
 /// Where the array lives, and its warm-start trace beside it.
 enum Source {
     File(PathBuf),
-    Redis(StoreUrl),
-    S3(S3Url),
+    Remote(Remote),
 }
 
 /// Folio of the remote sources: the S3 store's default, and the chunk a
@@ -240,37 +234,23 @@ impl Source {
     fn parse(url: Option<&str>, file: &Path) -> Result<Source, Box<dyn std::error::Error>> {
         Ok(match url {
             None => Source::File(file.to_path_buf()),
-            Some(u) if u.starts_with("s3://") => Source::S3(u.parse()?),
-            Some(u) => Source::Redis(u.parse()?),
+            Some(u) => Source::Remote(Remote::parse(u)?),
         })
     }
 
     fn folio(&self) -> u64 {
         match self {
             Source::File(_) => PAGE,
-            _ => REMOTE_FOLIO,
+            Source::Remote(_) => REMOTE_FOLIO,
         }
     }
 
     /// Puts the file's bytes where the source says (a file is there).
     fn upload(&self, file: &Path) -> Result<(), Box<dyn std::error::Error>> {
         match self {
-            Source::File(_) => {}
-            Source::Redis(url) => {
-                let _ = upager_redis::delete(url, &RedisOptions::default(), &mut |_, _| {});
-                upager_redis::upload(
-                    file,
-                    url,
-                    REMOTE_FOLIO,
-                    &RedisOptions::default(),
-                    &mut |_, _| {},
-                )?;
-            }
-            Source::S3(url) => {
-                upager_s3::Objects::open(url, &S3Options::default())?.upload(file, &url.key)?;
-            }
+            Source::File(_) => Ok(()),
+            Source::Remote(r) => r.upload(file, REMOTE_FOLIO),
         }
-        Ok(())
     }
 
     fn delete(&self) {
@@ -278,22 +258,7 @@ impl Source {
             Source::File(f) => {
                 let _ = std::fs::remove_file(upager::trace_path(f));
             }
-            Source::Redis(url) => {
-                let _ = upager_redis::delete(url, &RedisOptions::default(), &mut |_, _| {});
-            }
-            Source::S3(url) => {
-                if let Ok(o) = upager_s3::Objects::open(url, &S3Options::default()) {
-                    let _ = o.delete(&url.key);
-                }
-            }
-        }
-    }
-
-    fn store(&self) -> Arc<dyn Store> {
-        match self {
-            Source::File(_) => unreachable!("a file's trace is a file"),
-            Source::Redis(url) => RedisStore::open(url, false, &RedisOptions::default()).unwrap(),
-            Source::S3(url) => S3Store::open(url, &S3Options::default()).unwrap(),
+            Source::Remote(r) => r.delete(),
         }
     }
 
@@ -301,8 +266,9 @@ impl Source {
     fn trace(&self) -> Vec<u8> {
         match self {
             Source::File(f) => std::fs::read(upager::trace_path(f)).unwrap(),
-            _ => self
+            Source::Remote(r) => r
                 .store()
+                .unwrap()
                 .load_trace()
                 .unwrap()
                 .expect("a trace was recorded"),
@@ -314,7 +280,7 @@ impl Source {
     fn set_trace(&self, trace: &[u8]) {
         match self {
             Source::File(f) => std::fs::write(upager::trace_path(f), trace).unwrap(),
-            _ => self.store().save_trace(trace).unwrap(),
+            Source::Remote(r) => r.store().unwrap().save_trace(trace).unwrap(),
         }
     }
 
@@ -327,10 +293,12 @@ impl Source {
                 upager_bench::evict_file(f).unwrap();
                 pager.map_file(f, &opts).unwrap()
             }
-            Source::Redis(url) => {
+            Source::Remote(Remote::Redis(url)) => {
                 upager_redis::map(pager, url, &opts, &RedisOptions::default()).unwrap()
             }
-            Source::S3(url) => upager_s3::map(pager, url, &opts, &S3Options::default()).unwrap(),
+            Source::Remote(Remote::S3(url)) => {
+                upager_s3::map(pager, url, &opts, &S3Options::default()).unwrap()
+            }
         }
     }
 }
@@ -346,136 +314,6 @@ struct Run {
     cpu_secs: f64,
     /// Faults that waited on a folio another thread was filling.
     deferred: u64,
-}
-
-/// Starts a TCP proxy on a loopback port to `server` (host:port) that
-/// holds each chunk of a request `delay` before passing it on (answers
-/// pass at once); returns its address. Threads: two per connection, for
-/// the life of the process.
-fn delay_proxy(server: String, delay: Duration) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, TcpListener, TcpStream};
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?.to_string();
-    std::thread::spawn(move || {
-        for client in listener.incoming().flatten() {
-            let Ok(upstream) = TcpStream::connect(&server) else {
-                continue;
-            };
-            let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
-            let (mut c_in, mut u_out) =
-                (client.try_clone().unwrap(), upstream.try_clone().unwrap());
-            let (mut u_in, mut c_out) = (upstream, client);
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n @ 1..) = c_in.read(&mut buf) {
-                    std::thread::sleep(delay);
-                    if u_out.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = u_out.shutdown(Shutdown::Write);
-            });
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut u_in, &mut c_out);
-                let _ = c_out.shutdown(Shutdown::Write);
-            });
-        }
-    });
-    Ok(addr)
-}
-
-/// A Redis Cluster whose nodes announce the ports of delaying proxies
-/// (`redis_through_proxies`); dropped, they announce their own again.
-struct Announced {
-    host: String,
-    ports: Vec<u16>,
-}
-
-impl Drop for Announced {
-    fn drop(&mut self) {
-        for p in &self.ports {
-            let _ = redis_cli(
-                &self.host,
-                *p,
-                &["config", "set", "cluster-announce-port", "0"],
-            );
-        }
-    }
-}
-
-/// `redis-cli -h HOST -p PORT ARGS...`: its output, or why it failed.
-fn redis_cli(host: &str, port: u16, args: &[&str]) -> Result<String, String> {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-h", host, "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .map_err(|e| format!("redis-cli: {e} (install redis-tools)"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() || text.starts_with("ERR") {
-        return Err(format!("redis-cli -p {port} {}: {text}", args.join(" ")));
-    }
-    Ok(text)
-}
-
-/// Puts a delaying proxy (`delay_proxy`) before every node of the
-/// cluster `url` names, has each node announce its proxy's port, waits
-/// until every node's `CLUSTER SLOTS` names only proxies, and points
-/// `url` at the first node's proxy.
-fn redis_through_proxies(
-    url: &mut StoreUrl,
-    delay: Duration,
-) -> Result<Announced, Box<dyn std::error::Error>> {
-    let (host, seed) = url.nodes[0].clone();
-    let nodes = redis_cli(&host, seed, &["cluster", "nodes"])?;
-    let ports: Vec<u16> = nodes
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .filter_map(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
-        .collect();
-    let mut announced = Announced {
-        host: host.clone(),
-        ports: Vec::new(),
-    };
-    let mut proxies = Vec::new();
-    for &p in &ports {
-        let proxy = delay_proxy(format!("{host}:{p}"), delay)?;
-        let pp: u16 = proxy.rsplit(':').next().unwrap_or("").parse()?;
-        redis_cli(
-            &host,
-            p,
-            &["config", "set", "cluster-announce-port", &pp.to_string()],
-        )?;
-        announced.ports.push(p);
-        proxies.push(pp);
-    }
-    let through_proxies = |p: u16| {
-        redis_cli(&host, p, &["cluster", "slots"]).is_ok_and(|slots| {
-            let named: Vec<u16> = slots
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect();
-            !named.is_empty()
-                && named
-                    .iter()
-                    .all(|n| proxies.contains(n) || !ports.contains(n))
-        })
-    };
-    let t = Instant::now();
-    while !ports.iter().all(|&p| through_proxies(p)) {
-        if t.elapsed() > Duration::from_secs(30) {
-            return Err(
-                "the cluster's nodes did not all announce their proxies within 30 s".into(),
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let k = ports
-        .iter()
-        .position(|&p| p == seed)
-        .ok_or("the seed node is not in CLUSTER NODES")?;
-    url.nodes = vec![(host, proxies[k])];
-    Ok(announced)
 }
 
 /// The word at byte `off` of the array.
@@ -551,30 +389,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut src = Source::parse(a.source.as_deref(), &path)?;
     // Uploaded straight to the server; the runs go through the proxy.
     src.upload(&path)?;
-    let delay = Duration::from_millis(a.added_latency_ms);
-    let mut _announced = None;
-    if a.added_latency_ms > 0 {
-        if let Source::Redis(url) = &mut src {
-            _announced = Some(redis_through_proxies(url, delay)?);
-        }
-    }
-    if a.added_latency_ms > 0 && !matches!(src, Source::Redis(_)) {
-        let Source::S3(url) = &mut src else {
+    let _announced = match &mut src {
+        Source::Remote(r) => r.add_latency(Duration::from_millis(a.added_latency_ms))?,
+        Source::File(_) if a.added_latency_ms > 0 => {
             return Err(
                 "--added-latency-ms needs a remote source (s3:// or redis-cluster://)".into(),
-            );
-        };
-        let server = match &url.endpoint {
-            Some(e) => e.clone(),
-            None => std::env::var("AWS_ENDPOINT_URL")
-                .map_err(|_| "--added-latency-ms needs the endpoint (AWS_ENDPOINT_URL)")?,
-        };
-        let host = server
-            .strip_prefix("http://")
-            .ok_or("--added-latency-ms: an http:// endpoint only")?;
-        let proxy = delay_proxy(host.to_string(), delay)?;
-        url.endpoint = Some(format!("http://{proxy}"));
-    }
+            )
+        }
+        Source::File(_) => None,
+    };
     let elems = len / 8;
     let (rows, other) = if a.model {
         (

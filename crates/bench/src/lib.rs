@@ -40,6 +40,7 @@
 //! | module | role | uses |
 //! |---|---|---|
 //! | `raw` | the only `unsafe`: mmap, madvise, getrusage, affinity, fadvise | — |
+//! | `remote` | [`Remote`]: data on a Redis Cluster or S3 for the examples, uploaded, deleted, reached through delaying proxies | — |
 //! | `host` | [`SetupError`], root and CI checks, tools, knob files, names | — |
 //! | `latency` | [`Histogram`] of access latencies, [`LatencySummary`] | — |
 //! | `undo` | undo actions, Ctrl-C cleanup | host |
@@ -77,6 +78,7 @@ mod meter;
 pub mod numpy_engine;
 mod pattern;
 mod raw;
+pub mod remote;
 pub mod report;
 pub mod scenario;
 pub mod suite;
@@ -99,6 +101,7 @@ pub use latency::{Histogram, LatencySummary};
 pub use measurement::{Measurement, Metric};
 pub use numpy_engine::NumpyEngine;
 pub use pattern::{create_pattern_file, evict_file};
+pub use remote::Remote;
 pub use report::{plot, Report, ReportError};
 pub use scenario::{
     DataFile, DataKind, ParseDataKindError, ParseScenarioError, Phase, Scenario, ScenarioParams,
