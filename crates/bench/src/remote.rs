@@ -3,9 +3,9 @@
 //! file, deleted, and reached through proxies that add a network's latency.
 //!
 //! [`Remote::add_latency`]: the client talks to the server through a TCP
-//! proxy in this process that holds every chunk of a request N ms before
-//! passing it on — what a network between program and store adds to each
-//! round trip (a cloud object store's first byte comes after tens of ms).
+//! proxy in this process that passes every chunk of a request on N ms
+//! after it arrived — what a network between program and store adds to
+//! each round trip, however many requests are in flight (a cloud object store's first byte comes after tens of ms).
 //! For S3 the endpoint becomes the proxy. For a Redis Cluster each node
 //! gets a proxy and announces the proxy's port (`CONFIG SET
 //! cluster-announce-port`, with `redis-cli`), so the client reaches every
@@ -117,8 +117,8 @@ impl Remote {
 }
 
 /// Starts a TCP proxy on a loopback port to `server` (host:port) that
-/// holds each chunk of a request `delay` before passing it on (answers
-/// pass at once); returns its address. Threads: two per connection, for
+/// passes each chunk of a request on `delay` after it arrived (answers
+/// pass at once); returns its address. Threads: three per connection, for
 /// the life of the process.
 pub fn delay_proxy(server: String, delay: Duration) -> std::io::Result<String> {
     use std::io::{Read, Write};
@@ -135,11 +135,23 @@ pub fn delay_proxy(server: String, delay: Duration) -> std::io::Result<String> {
                 continue;
             };
             let (mut u_in, mut c_out) = (upstream, client);
+            // A line of latency, not of throughput: each chunk is passed on
+            // `delay` after it arrived, whatever came before it (a client
+            // that writes 100 pipelined commands one by one waits one delay,
+            // not 100).
+            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 64 << 10];
                 while let Ok(n @ 1..) = c_in.read(&mut buf) {
-                    std::thread::sleep(delay);
-                    if u_out.write_all(&buf[..n]).is_err() {
+                    if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            });
+            std::thread::spawn(move || {
+                for (at, chunk) in rx {
+                    std::thread::sleep((at + delay).saturating_duration_since(Instant::now()));
+                    if u_out.write_all(&chunk).is_err() {
                         break;
                     }
                 }

@@ -300,7 +300,7 @@ impl Shared {
             fault_mode: mode,
             user_mode_only,
             batched_unmap: pidfd.batched(),
-            io_uring: upager_sys::uring::WriteRing::new(2).is_ok(),
+            io_uring: uring_available(),
             uffd_move: can_move,
             uffd_poison: can_poison,
             pagemap_scan: scan,
@@ -675,3 +675,20 @@ impl Drop for Owner {
         }
     }
 }
+
+/// Whether io_uring write-back rings can be made here: probed on a thread
+/// of its own. A ring made and closed on the program's thread (the one
+/// creating the pager) leaves the kernel's teardown work queued for that
+/// thread (`task_work` with `TWA_SIGNAL`), and its next blocking socket
+/// read with a timeout fails with `EINTR` (seen: the first Redis Cluster
+/// GET of a warm start after `Pager::new`, which then reconnected to
+/// every node, 0.2-0.4 s on a network of 10 ms round trips).
+fn uring_available() -> bool {
+    std::thread::Builder::new()
+        .name("upager-probe".into())
+        .spawn(|| upager_sys::uring::WriteRing::new(2).is_ok())
+        .ok()
+        .and_then(|t| t.join().ok())
+        .unwrap_or(false)
+}
+

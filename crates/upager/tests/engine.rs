@@ -1381,3 +1381,33 @@ fn invalidate_drops_clean_folios_so_the_next_access_reads_the_store() {
         "beyond the region"
     );
 }
+
+/// Making a pager leaves nothing pending on the calling thread: its next
+/// blocking socket read with a timeout is not cut short with EINTR (the
+/// io_uring probe once ran here, and the ring's teardown interrupted the
+/// thread's first Redis GETs: a reconnect to every node).
+#[test]
+fn a_new_pager_does_not_interrupt_the_callers_next_socket_read() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(30));
+            s.write_all(b"x").unwrap();
+        }
+    });
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _pager = small_pager(4 * MIB);
+    let mut b = [0u8; 1];
+    // read(), not read_exact(): std retries EINTR there, unseen.
+    for i in 0..5 {
+        match c.read(&mut b) {
+            Ok(1) => {}
+            r => panic!("read {i} after Pager::new: {r:?}"),
+        }
+    }
+    server.join().unwrap();
+}
