@@ -482,7 +482,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bfs_once(&a, &bfs, &graph, remote, Engine::Replayed)?,
         )?;
         if kernel {
-            record(Engine::Kernel, bfs_once(&a, &bfs, &graph, remote, Engine::Kernel)?)?;
+            record(
+                Engine::Kernel,
+                bfs_once(&a, &bfs, &graph, remote, Engine::Kernel)?,
+            )?;
         }
     }
 

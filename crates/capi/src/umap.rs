@@ -82,12 +82,15 @@ fn parse_stores(v: &str) -> Result<Vec<(PathBuf, AnyUrl)>, String> {
         .enumerate()
         .map(|(i, e)| {
             // The entry is not quoted: its URL may hold a password.
-            let (path, url) = e.split_once('=').ok_or_else(|| {
-                format!("UPAGER_UMAP_STORE: entry {} is not PATH=URL", i + 1)
-            })?;
+            let (path, url) = e
+                .split_once('=')
+                .ok_or_else(|| format!("UPAGER_UMAP_STORE: entry {} is not PATH=URL", i + 1))?;
             let (path, url) = (path.trim(), url.trim());
             if path.is_empty() {
-                return Err(format!("UPAGER_UMAP_STORE: entry {} has no PATH before its =", i + 1));
+                return Err(format!(
+                    "UPAGER_UMAP_STORE: entry {} has no PATH before its =",
+                    i + 1
+                ));
             }
             let url = url
                 .parse::<AnyUrl>()
@@ -199,7 +202,8 @@ impl Config {
                 }
             },
         };
-        let stores = std::env::var("UPAGER_UMAP_STORE").map_or(Ok(Vec::new()), |v| parse_stores(&v));
+        let stores =
+            std::env::var("UPAGER_UMAP_STORE").map_or(Ok(Vec::new()), |v| parse_stores(&v));
         (
             Config {
                 page_size,
@@ -492,7 +496,10 @@ fn store_for(
     file: &std::fs::File,
     fd: c_int,
 ) -> Result<Option<(&'static PathBuf, &'static AnyUrl, u64)>, Failure> {
-    let entries = cfg().stores.as_ref().map_err(|m| Failure::inval(m.clone()))?;
+    let entries = cfg()
+        .stores
+        .as_ref()
+        .map_err(|m| Failure::inval(m.clone()))?;
     if entries.is_empty() {
         return Ok(None);
     }
@@ -904,7 +911,10 @@ mod tests {
         let err = parse_stores("=s3://b/k").unwrap_err();
         assert!(err.contains("no PATH"), "{err}");
         let err = parse_stores("f=ftp://:secret@h/x").unwrap_err();
-        assert!(err.starts_with("UPAGER_UMAP_STORE: the URL for f:"), "{err}");
+        assert!(
+            err.starts_with("UPAGER_UMAP_STORE: the URL for f:"),
+            "{err}"
+        );
         assert!(!err.contains("secret"), "{err}");
     }
 }

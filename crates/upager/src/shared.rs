@@ -691,4 +691,3 @@ fn uring_available() -> bool {
         .and_then(|t| t.join().ok())
         .unwrap_or(false)
 }
-

@@ -400,7 +400,9 @@ fn an_eviction_batch_in_bytes_holds_for_every_folio_size() {
                 .build()
                 .unwrap_err()
                 .to_string(),
-            format!("the eviction batch must be 4 KiB to the budget (4194304 bytes), got {bytes} bytes")
+            format!(
+                "the eviction batch must be 4 KiB to the budget (4194304 bytes), got {bytes} bytes"
+            )
         );
     }
 }
