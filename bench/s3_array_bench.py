@@ -27,7 +27,12 @@ is a fresh Python process in a fresh memory cgroup, rounds interleaved:
   only): ``cache_type="none"``, one ranged GET per read — the best a
   user of the file object can do for scattered reads;
 - ``upager``: ``upager.memmap("s3://...", np.float64, mode="r",
-  budget="192MiB")``, every other option its default.
+  budget="192MiB")``, every other option its default;
+- ``upager-user`` (only when asked for with --sides): the same as an
+  ordinary account (--user, default ``upbench``, made with ``useradd``
+  if missing): no root, so a userfaultfd that catches user-mode faults
+  only (``/dev/userfaultfd`` or ``vm.unprivileged_userfaultfd``), as most
+  users run it.
 
 Workloads: ``pass`` = the sum of the whole array in 8 MiB slices;
 ``random`` = element reads at a fixed random index set (up to --reads,
@@ -84,18 +89,22 @@ from s3bench_common import (Cgroup, Mount, Weed, add_output_args, bars, cli,  # 
 PORT = 22640
 BUCKET = "upager-array-bench"
 KINDS = ("random", "ramp")
-PASS_SIDES = ("limit", "download", "s3fs-fuse", "fsspec", "upager")
-RANDOM_SIDES = ("download", "s3fs-fuse", "fsspec", "fsspec-nocache", "upager")
+PASS_SIDES = ("limit", "download", "s3fs-fuse", "fsspec", "upager", "upager-user")
+RANDOM_SIDES = ("download", "s3fs-fuse", "fsspec", "fsspec-nocache", "upager", "upager-user")
+# Sides run only when --sides names them.
+ASKED_ONLY = ("upager-user",)
 MIB = 1 << 20
 
 CHILD = r'''
 import json, os, sys, time
 side, work, url, path, n, reads, cap, seed = sys.argv[1:9]
 n, reads, cap, seed = int(n), int(reads), float(cap), int(seed)
+side = "upager" if side == "upager-user" else side  # who runs it differs, not what
+stats0 = {"uid": os.getuid()}  # the upager-user side's: not 0
 import numpy as np
 SLICE = 1 << 20  # elements: 8 MiB
 GATHER = 25_000  # indices per fancy-indexing call
-stats = {}
+stats = dict(stats0)
 def opened():
     """The array as the side sees it (after its download, if any)."""
     if side in ("download", "s3fs-fuse"):
@@ -193,6 +202,17 @@ def run_one(side: str, work: str, url: str, n: int, a: argparse.Namespace) -> Di
     mount = (Mount(os.environ["AWS_ENDPOINT_URL"], BUCKET, url.split("/", 3)[3], cg)
              if side == "s3fs-fuse" else None)
     lo0 = loopback_bytes()
+    env, start = None, cg.join
+    if side == "upager-user":
+        import pwd
+        pw = pwd.getpwnam(a.user)
+        env = dict(os.environ, HOME="/tmp", USER=a.user, LOGNAME=a.user)
+
+        def start() -> None:  # in the child: into the cgroup as root, then the user
+            cg.join()
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
     try:
         if mount is not None:
             path = str(mount.__enter__())
@@ -200,7 +220,7 @@ def run_one(side: str, work: str, url: str, n: int, a: argparse.Namespace) -> Di
             [sys.executable, "-c", CHILD, side, work, url, path, str(n), str(a.reads),
              str(a.cap), "11"],
             capture_output=True, text=True, timeout=a.cap + 900, check=False,
-            preexec_fn=cg.join)
+            preexec_fn=start, env=env, cwd="/tmp")
         res = dict(peak=cg.peak())
     finally:
         if mount is not None:
@@ -227,7 +247,10 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="64 MiB, 2,000 reads, 1 round")
     ap.add_argument("--sides", default=None,
                     help="run only these sides, comma-separated (e.g. limit,upager: an A/B of "
-                         "two builds run with two interpreters); default all")
+                         "two builds run with two interpreters); default all but upager-user")
+    ap.add_argument("--user", default="upbench",
+                    help="the ordinary account of the upager-user side (default upbench, "
+                         "created if missing)")
     a = ap.parse_args()
     if a.plot:
         plot(*a.plot)
@@ -236,7 +259,8 @@ def main() -> None:
         a.size_mib, a.reads, a.rounds = 64, 2000, 1
     if os.geteuid() != 0:
         sys.exit("run as root: each run gets its own memory cgroup (and s3fs-fuse a mount)")
-    require_cli()
+    only = None if a.sides is None else set(a.sides.split(","))
+    require_cli(s3fs=only is None or bool(only & {"download", "fsspec", "fsspec-nocache"}))
     s3bench = cli().parent / "examples" / "s3bench"
     if not s3bench.exists():
         sys.exit(f"s3bench is not built ({s3bench}): "
@@ -244,10 +268,15 @@ def main() -> None:
     os.environ["S3BENCH"] = str(s3bench)
     n = a.size_mib * MIB // 8
     kinds = a.kinds.split(",")
-    only = None if a.sides is None else set(a.sides.split(","))
     if only is not None and not only <= set(PASS_SIDES + RANDOM_SIDES):
         sys.exit(f"--sides: unknown side(s) {sorted(only - set(PASS_SIDES + RANDOM_SIDES))}; "
                  f"the sides are {sorted(set(PASS_SIDES + RANDOM_SIDES))}")
+    if only is not None and "upager-user" in only:
+        import pwd
+        try:
+            pwd.getpwnam(a.user)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", a.user], check=True)
     fuse = have_s3fs()
     if not fuse:
         print("s3fs-fuse skipped: s3fs is missing (apt-get install s3fs)", flush=True)
@@ -274,6 +303,8 @@ def main() -> None:
                         if side == "s3fs-fuse" and not fuse:
                             continue
                         if only is not None and side not in only:
+                            continue
+                        if only is None and side in ASKED_ONLY:
                             continue
                         res = run_one(side, work, url, n, a)
                         res.update(side=side, work=work, kind=kind, round=rnd + 1)

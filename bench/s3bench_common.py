@@ -27,14 +27,15 @@ def cli() -> pathlib.Path:
     return pathlib.Path(os.environ.get("UPAGER_CLI", target / "release" / "upager"))
 
 
-def require_cli() -> None:
+def require_cli(s3fs: bool = True) -> None:
     """Exits with what to do when the release CLI or the Python packages
-    the comparisons run (numpy, s3fs: bench/requirements-s3.txt) are
-    missing, before anything is uploaded."""
+    the comparisons run (numpy, and s3fs unless no side run needs it:
+    bench/requirements-s3.txt) are missing, before anything is uploaded."""
     if not cli().exists():
         sys.exit(f"the CLI is not built ({cli()}): cargo build --release -p upager-cli")
     import importlib.util
-    missing = [m for m in ("numpy", "s3fs") if importlib.util.find_spec(m) is None]
+    missing = [m for m in ("numpy", "s3fs")[:2 if s3fs else 1]
+               if importlib.util.find_spec(m) is None]
     if missing:
         sys.exit(f"{', '.join(missing)} not installed: "
                  "python3 -m pip install -r bench/requirements-s3.txt")
