@@ -38,8 +38,9 @@
 //! S3 object (`s3://BUCKET/KEY`, credentials and endpoint from the `AWS_*`
 //! variables). bfs still runs unchanged: it opens the graph's file, now a
 //! placeholder of the graph's size (zeros: the data is only on the store),
-//! and the drop-in pages it from the store (`UPAGER_UMAP_STORE`); pages
-//! are 64 KiB (`UMAP_PAGESIZE`, the dataset's chunk) and the budget
+//! and the drop-in pages it from the store (`UPAGER_UMAP_STORE`), with
+//! `UMAP_PAGESIZE` unset as users leave it: the store's default page
+//! (64 KiB: the Redis dataset's chunk, the S3 store's default), the budget
 //! `--budget-mib` as for a file. The trace is kept by the store. The
 //! kernel's mmap cannot map a store: no baseline then.
 //! `--added-latency-ms N` routes every request through proxies that hold
@@ -233,7 +234,6 @@ fn bfs_once(
     let n = 1u64 << a.scale;
     let m = n * 32;
     let budget = a.budget_mib << 20;
-    let page = if remote.is_some() { REMOTE_PAGE } else { 4096 };
     let mut cmd = Command::new(bfs);
     cmd.arg("-n")
         .arg(n.to_string())
@@ -242,8 +242,10 @@ fn bfs_once(
         .arg("-g")
         .arg(graph)
         .env("OMP_NUM_THREADS", a.threads.to_string())
-        .env("UMAP_PAGESIZE", page.to_string())
-        .env("UMAP_BUFSIZE", (budget / page).to_string())
+        // UMAP_PAGESIZE unset, as a user leaves it: 4 KiB pages from a
+        // file, the store's default page from a store (64 KiB).
+        .env_remove("UMAP_PAGESIZE")
+        .env("UMAP_BUFSIZE", (budget / 4096).to_string())
         .env("UMAP_LOG_LEVEL", "INFO")
         .env(
             "UPAGER_WARM",

@@ -55,6 +55,9 @@ enum Level {
 #[derive(Debug)]
 struct Config {
     page_size: u64,
+    /// Whether UMAP_PAGESIZE was given (else a store region gets its
+    /// store's default page, [`upager_stores::default_folio`]).
+    page_size_set: bool,
     buf_pages: u64,
     fillers: u64,
     evictors: u64,
@@ -159,7 +162,8 @@ impl Config {
                 }
             },
         };
-        let page_size = read_env("UMAP_PAGESIZE", &mut w).unwrap_or(SYS_PAGE);
+        let page_size_env = read_env("UMAP_PAGESIZE", &mut w);
+        let page_size = page_size_env.unwrap_or(SYS_PAGE);
         let buf_pages = match read_env("UMAP_BUFSIZE", &mut w) {
             Some(0) => {
                 w.push("UMAP_BUFSIZE=0: using 1 page".into());
@@ -207,6 +211,7 @@ impl Config {
         (
             Config {
                 page_size,
+                page_size_set: page_size_env.is_some(),
                 buf_pages,
                 fillers,
                 evictors,
@@ -458,10 +463,17 @@ fn umap_inner(
                         )));
                     }
                     // A folio below the store's unit (a Redis dataset's
-                    // chunk) cannot be read or written alone.
-                    let folio = c.page_size.max(store.unit());
+                    // chunk) cannot be read or written alone; without
+                    // UMAP_PAGESIZE the store's own default (an S3 GET
+                    // per 4 KiB page would be a round trip each).
+                    let least = if c.page_size_set {
+                        store.unit()
+                    } else {
+                        upager_stores::default_folio(url, store.as_ref())
+                    };
+                    let folio = c.page_size.max(least);
                     if folio != c.page_size {
-                        log(Level::Info, &format!("umap(fd {fd}): {url} is kept in units of {folio} bytes: its region's pages are {folio} bytes (UMAP_PAGESIZE {})", c.page_size));
+                        log(Level::Info, &format!("umap(fd {fd}): {url}: its region's pages are {folio} bytes (the store's unit or default; UMAP_PAGESIZE {})", c.page_size));
                     }
                     let region = pager()?.map_store(store, &opts.folio(folio))?;
                     (region, format!("fd {fd} ({}) from {url}", path.display()))
@@ -869,6 +881,7 @@ mod tests {
     fn batch_follows_the_watermarks() {
         let mut c = Config {
             page_size: 4096,
+            page_size_set: false,
             buf_pages: 100,
             fillers: 2,
             evictors: 2,

@@ -126,6 +126,18 @@ pub fn map_anonymous(
     })
 }
 
+/// The folio a region of `store` (opened from `url`) gets when its map
+/// sets none, as [`map`] maps it: a Redis dataset's chunk (its unit), an
+/// S3 object's or dataset's [`upager_s3::DEFAULT_FOLIO`] (64 KiB: a GET
+/// costs a round trip, 4 KiB ones would be thousands), at least the
+/// store's unit.
+pub fn default_folio(url: &AnyUrl, store: &dyn upager::Store) -> u64 {
+    match url {
+        AnyUrl::Redis(_) => store.unit(),
+        AnyUrl::S3(_) => upager_s3::DEFAULT_FOLIO.max(store.unit()),
+    }
+}
+
 /// Opens the dataset or object `url` names read-only, with its store's
 /// default options.
 pub fn open(url: &AnyUrl) -> Result<Arc<dyn upager::Store>, OpenError> {

@@ -382,6 +382,7 @@ fn an_eviction_batch_in_bytes_holds_for_every_folio_size() {
             s.evictions, s.evict_batches
         );
         assert!(s.evictions * folio >= 24 * MIB, "{s:?}");
+        assert!(s.resident_peak_bytes <= 4 * MIB, "budget held: {s:?}");
         // Whole batches of 1 MiB: as many folios as cover it, none more.
         assert!(s.evictions <= s.evict_batches * (MIB / folio), "{s:?}");
         assert!(s.evictions * 2 >= s.evict_batches * (MIB / folio), "{s:?}");
