@@ -14,7 +14,9 @@ is a fresh Python process in a fresh memory cgroup, rounds interleaved:
   object_store client upager's S3 store uses, 2 MiB GETs, 8 in flight,
   64 MiB at a time into one buffer, nothing else done with the bytes
   (crates/s3/examples/s3bench.rs with UPAGER_S3_BENCH_ONLY=limit): what
-  the store can give one reader;
+  the store can give one reader; ``limit-8m`` the same with 8 MiB GETs,
+  4 in flight (on SeaweedFS a GET's cost is mostly per request: larger
+  GETs reach more, 2026-11-29);
 - ``download``: s3fs (fsspec) ``get_file`` to /dev/shm, then
   ``numpy.memmap`` of the copy; its cgroup has no limit (the copy is
   tmpfs memory charged to it, so a 256 MiB limit would kill it): its
@@ -89,7 +91,7 @@ from s3bench_common import (Cgroup, Mount, Weed, add_output_args, bars, cli,  # 
 PORT = 22640
 BUCKET = "upager-array-bench"
 KINDS = ("random", "ramp")
-PASS_SIDES = ("limit", "download", "s3fs-fuse", "fsspec", "upager", "upager-user")
+PASS_SIDES = ("limit", "limit-8m", "download", "s3fs-fuse", "fsspec", "upager", "upager-user")
 RANDOM_SIDES = ("download", "s3fs-fuse", "fsspec", "fsspec-nocache", "upager", "upager-user")
 # Sides run only when --sides names them.
 ASKED_ONLY = ("upager-user",)
@@ -124,11 +126,12 @@ if side == "download":
     s3fs.S3FileSystem().get_file(url, path)
 if work == "pass":
     total = 0.0
-    if side == "limit":
+    if side in ("limit", "limit-8m"):
         import subprocess
+        grid = "2M:8" if side == "limit" else "8M:4"
         out = subprocess.run([os.environ["S3BENCH"], url, "0"], check=True, text=True,
                              capture_output=True, env=dict(os.environ, UPAGER_S3_BENCH_ONLY="limit",
-                                                           UPAGER_S3_BENCH_GRID="2M:8"))
+                                                           UPAGER_S3_BENCH_GRID=grid))
         assert out.stdout.startswith("limit"), out.stdout
         total = None
     elif side == "fsspec":

@@ -5,15 +5,17 @@
 //!    `read_at` of 64 MiB at a time: GETs of `--part`, `--in-flight` at
 //!    once, into one buffer; no paging), for each part size and depth in
 //!    UPAGER_S3_BENCH_GRID ("PART:DEPTH,...", default
-//!    "2M:1,2M:8,512K:4,512K:16");
+//!    "2M:1,2M:8,512K:4,512K:16"; UPAGER_S3_BENCH_LIMIT_CALL: bytes per
+//!    `read_at`, default 64 MiB, a barrier per call);
 //! 2. a sequential pass through upager (sum of every u64, one thread)
-//!    under BUDGET, 64 KiB folios, readahead 2 MiB, async readahead on;
+//!    under BUDGET, 64 KiB folios, readahead 2 MiB, async readahead on
+//!    (its faults, waits for folios being read, and async windows);
 //! 3. 100,000 random 8-byte reads through upager (4 KiB and 64 KiB
 //!    folios), one thread, against the same reads as single 4 KiB GETs
 //!    one at a time (the limit of a reader that waits for each);
 //!
 //! and prints time, MiB/s, peak resident bytes and bytes fetched
-//! (`UPAGER_S3_BENCH_GETS=16,64,16:256K`: also the request-rate limit,
+//! (`UPAGER_S3_BENCH_GETS=16,64,16:256K,16:512K:8M` (DEPTH[:GAP[:PART]]): also the request-rate limit,
 //! 25,000 random 4 KiB folios as one `read_batch` at each depth and gap,
 //! as a gather's fetch sends them; `UPAGER_S3_BENCH_ONLY=limit`: the limits alone, the side
 //! bench/s3_array_bench.py compares with). The
@@ -46,7 +48,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (p, d) = g.split_once(':').ok_or("grid: PART:DEPTH")?;
         let o = S3Options::default().part(size(p)).in_flight(d.parse()?);
         let st = S3Store::open(&url, &o)?;
-        let mut buf = vec![0u8; 64 << 20];
+        // UPAGER_S3_BENCH_LIMIT_CALL: bytes per read_at (default 64 MiB),
+        // each call waiting for all its GETs (a barrier per call).
+        let call = std::env::var("UPAGER_S3_BENCH_LIMIT_CALL").map_or(64 << 20, |v| size(&v));
+        let mut buf = vec![0u8; call as usize];
         let t = Instant::now();
         let mut off = 0;
         while off < st.len() {
@@ -61,10 +66,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    // 1b. The request-rate limit (UPAGER_S3_BENCH_GETS="DEPTH[:GAP],..."):
+    // 1b. The request-rate limit (UPAGER_S3_BENCH_GETS="DEPTH[:GAP[:PART]],..."):
     // 25,000 random 4 KiB folios of the object in address order as ONE
-    // read_batch at each depth and S3Options::gap (default 0: a GET per
-    // folio), as a gather's Region::fetch sends them.
+    // read_batch at each depth, S3Options::gap (default 0: a GET per
+    // folio) and part (default the store's), as a gather's Region::fetch
+    // sends them.
     if let Ok(depths) = std::env::var("UPAGER_S3_BENCH_GETS") {
         let mut x = 0x9E37_79B9u64;
         let st0 = S3Store::open(&url, &S3Options::default())?;
@@ -80,8 +86,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         offs.sort_unstable();
         offs.dedup();
         for g in depths.split(',') {
-            let (d, gap) = g.split_once(':').unwrap_or((g, "0"));
-            let o = S3Options::default().in_flight(d.parse()?).gap(size(gap));
+            let mut f = g.split(':');
+            let d = f.next().unwrap_or("16");
+            let gap = f.next().unwrap_or("0");
+            let mut o = S3Options::default().in_flight(d.parse()?).gap(size(gap));
+            if let Some(p) = f.next() {
+                o = o.part(size(p));
+            }
             let st = S3Store::open(&url, &o)?;
             let mut bufs = vec![0u8; offs.len() * 4096];
             let mut reqs: Vec<upager::ReadReq<'_>> = bufs
@@ -95,8 +106,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let bad = res.iter().filter(|r| r.is_err()).count();
             let c = st.counters();
             println!(
-                "gets   {} random 4 KiB folios, depth {d:<3} gap {gap:>5} {:>8.2} s {:>8.0} folios/s  gets {} ({:.0}/s)  received {} MiB  errors {bad}",
+                "gets   {} random 4 KiB folios, depth {d:<3} gap {gap:>5} part {:>5} KiB {:>8.2} s {:>8.0} folios/s  gets {} ({:.0}/s)  received {} MiB  errors {bad}",
                 offs.len(),
+                o.part >> 10,
                 el,
                 offs.len() as f64 / el,
                 c.gets,
@@ -132,7 +144,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let el = t.elapsed().as_secs_f64();
         let s = pager.stats();
         println!(
-            "upager pass (part {} KiB, readahead {} KiB, runtime threads {threads}) {:>8.2} s {:>8.1} MiB/s  peak {} MiB of {} MiB  fetched {} MiB  gets {} in flight peak {} (sum {sum:x})",
+            "upager pass (part {} KiB, readahead {} KiB, runtime threads {threads}) {:>8.2} s {:>8.1} MiB/s  peak {} MiB of {} MiB  fetched {} MiB  gets {} in flight peak {}  faults {} waits {} async windows {} (sum {sum:x})",
             part >> 10,
             ra >> 10,
             el,
@@ -142,6 +154,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             st.counters().bytes_received >> 20,
             st.counters().gets,
             st.counters().gets_in_flight_peak,
+            s.faults_missing,
+            s.faults_deferred,
+            s.readahead_async,
         );
     }
 

@@ -11,7 +11,9 @@
 //!   on a store whose reads are round trips, a prefetch batch
 //!   ([`FETCH_BATCH_BYTES`]): its reads in flight together (the S3
 //!   store cuts it in GETs of its part size) in the buffer such a batch
-//!   uses anyway, the folios charged to the budget as any.
+//!   uses anyway, the folios charged to the budget as any; a window the
+//!   stream reached while it was read is followed by the next at once
+//!   (readahead.rs, `note_reached`).
 //! - Warm-start replay windows (warm.rs, [`Shared::replay_step`]): the
 //!   trace's next window, as runs of folios in recorded order.
 //! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs), in the
@@ -239,6 +241,19 @@ impl Shared {
         };
         if self.read_ahead(ctx, &r, idx..end, how, &mut |_| {}) > 0 {
             self.counters.readahead_async.inc();
+        }
+        // A stream that reached this window while it was read
+        // (readahead.rs, `note_reached`): the next window, now.
+        let (first, past) = (r.folio_addr(idx), r.folio_addr(end));
+        let reached = &self.ahead.reached;
+        let at = reached.load(Ordering::SeqCst);
+        if (first..past).contains(&at)
+            && reached
+                .compare_exchange(at, 0, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            && end < r.nfolios()
+        {
+            let _ = self.ask_ahead(past);
         }
     }
 

@@ -240,6 +240,7 @@ impl Shared {
                     if !ctx.in_signal {
                         return Outcome::Done;
                     }
+                    self.note_reached(r, idx);
                     if folio::add_waiter(w) {
                         self.counters.faults_deferred.inc();
                         let v = folio::load(w);
@@ -262,6 +263,7 @@ impl Shared {
                     }
                 }
                 Kind::Busy => {
+                    self.note_reached(r, idx);
                     if folio::add_waiter(w) {
                         self.counters.faults_deferred.inc();
                         return Outcome::Done;

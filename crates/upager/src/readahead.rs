@@ -26,6 +26,13 @@
 //! reading a window costs more than working on it (a numpy sum over data
 //! decompressed from zram: 1.4 ms against 0.2 ms per 2 MiB).
 //!
+//! On a store whose reads are round trips (`Store::round_trips`), a
+//! stream whose fault waits for a folio of a window still being read
+//! notes it ([`Shared::note_reached`]); the prefetch thread, that window
+//! done, reads the next one at once (ahead.rs, `fill_ahead`), so windows
+//! are read back to back while the stream works (the kernel's readahead
+//! marker, with the one access a userfaultfd pager sees: a fault).
+//!
 //! Ordering: each folio is claimed (CAS to BUSY) only after its budget is
 //! charged without reclaim; a claim that fails gives its charge back and
 //! ends the window there (a window is consecutive folios). Nothing here
@@ -115,6 +122,32 @@ impl Shared {
                     break;
                 }
             }
+        }
+    }
+
+    /// Async readahead kept going on a store whose reads are round trips
+    /// (`Store::round_trips`): a fault that waits for BUSY folio `idx`,
+    /// the two folios before it resident, is a stream that reached a
+    /// window still being read; it notes where (`Ahead::reached`), and
+    /// the prefetch thread, its window done, reads the next one at once
+    /// (ahead.rs, `fill_ahead`), while the stream works on this one — the
+    /// kernel's readahead marker: the next window is asked for when the
+    /// stream reaches one, not when it has passed it. Not for local
+    /// stores: there the stream's own faults read every other window on
+    /// the second CPU (a read is CPU work), which chaining would take
+    /// away. Noted before the fault registers as a waiter, so that the
+    /// window's filler, which releases the folio after that, sees it.
+    /// Async-signal-safe.
+    pub(crate) fn note_reached(&self, r: &Area, idx: usize) {
+        if !self.cfg.readahead_async || r.is_anon() || idx < 2 || !r.store.round_trips() {
+            return;
+        }
+        let resident =
+            |k: usize| matches!(folio::load(r.state(k)).kind(), Kind::Clean | Kind::Dirty);
+        if resident(idx - 1) && resident(idx - 2) {
+            self.ahead
+                .reached
+                .store(r.folio_addr(idx), std::sync::atomic::Ordering::SeqCst);
         }
     }
 

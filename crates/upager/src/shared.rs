@@ -96,11 +96,14 @@ pub(crate) const AHEAD_SLOTS: usize = 8;
 
 /// Async readahead requests: the address of a window's first folio per
 /// slot (0: free), and the prefetch thread's doorbell, bumped for each
-/// request (a futex word: a SIGBUS handler may post one).
+/// request (a futex word: a SIGBUS handler may post one); `reached`: the
+/// address of the last folio a stream on a network store waited for
+/// while it was read ahead (readahead.rs, `note_reached`; 0: none).
 #[derive(Default)]
 pub(crate) struct Ahead {
     pub bell: AtomicU32,
     pub slots: [AtomicU64; AHEAD_SLOTS],
+    pub reached: AtomicU64,
 }
 
 /// Most faults that can wait for a resolver thread at once (in-thread
