@@ -217,18 +217,8 @@ fn async_readahead_windows_of_a_network_store_are_a_prefetch_batch() {
     let len = 64 * MIB;
     let path = pattern_file(dir.path(), "data", len, 13);
     for (round_trips, window) in [(false, 2 * MIB), (true, 8 * MIB)] {
-        let mut rec = Recorder::new(upager::FileStore::open(&path, false, true).unwrap());
-        rec.round_trips = round_trips;
-        let store = Arc::new(rec);
-        let budget = 32 * MIB;
-        let pager = Pager::new(budget).unwrap();
-        let r = pager
-            .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
-            .unwrap();
-        assert_words(&r, 512, 13);
+        let (store, _) = stream(&path, round_trips, Duration::ZERO, 512, 13);
         let sizes = store.batch_bytes.lock().unwrap().clone();
-        let s = pager.stats();
-        assert!(s.readahead_async > 0, "round trips {round_trips}: {s:?}");
         assert!(
             sizes.iter().filter(|&&b| b as u64 == window).count() >= 2,
             "round trips {round_trips}: windows of {window} bytes: {sizes:?}"
@@ -237,8 +227,35 @@ fn async_readahead_windows_of_a_network_store_are_a_prefetch_batch() {
             sizes.iter().all(|&b| b as u64 <= window),
             "round trips {round_trips}: {sizes:?}"
         );
-        assert!(s.resident_peak_bytes <= budget, "{s:?}");
     }
+}
+
+/// A sequential stream over the pattern file at `path` (`seed`), every
+/// `step`-th word checked, through a 32 MiB budget and 64 KiB folios,
+/// from a store whose reads are round trips or not and whose
+/// `read_batch` calls take `delay` first: the store and the stats, the
+/// budget held and async readahead used.
+fn stream(
+    path: &std::path::Path,
+    round_trips: bool,
+    delay: Duration,
+    step: usize,
+    seed: u64,
+) -> (Arc<Recorder<upager::FileStore>>, upager::Stats) {
+    let mut rec = Recorder::new(upager::FileStore::open(path, false, true).unwrap());
+    rec.round_trips = round_trips;
+    rec.batch_delay = delay;
+    let store = Arc::new(rec);
+    let budget = 32 * MIB;
+    let pager = Pager::new(budget).unwrap();
+    let r = pager
+        .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
+        .unwrap();
+    assert_words(&r, step, seed);
+    let s = pager.stats();
+    assert!(s.readahead_async > 0, "round trips {round_trips}: {s:?}");
+    assert!(s.resident_peak_bytes <= budget, "{s:?}");
+    (store, s)
 }
 
 /// A stream over a network store that reaches each async readahead
@@ -253,25 +270,16 @@ fn a_stream_that_waits_for_a_network_window_gets_the_next_one_at_once() {
     let dir = ram_dir();
     let len = 128 * MIB;
     let path = pattern_file(dir.path(), "data", len, 17);
-    let mut faults = Vec::new();
-    for round_trips in [false, true] {
-        let mut rec = Recorder::new(upager::FileStore::open(&path, false, true).unwrap());
-        rec.round_trips = round_trips;
-        rec.batch_delay = Duration::from_millis(30);
-        let store = Arc::new(rec);
-        let budget = 32 * MIB;
-        let pager = Pager::new(budget).unwrap();
-        let r = pager
-            .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
-            .unwrap();
-        // Every word: the stream works on a window (as a program does)
-        // while the prefetch thread gets to the next.
-        assert_words(&r, 1, 17);
-        let s = pager.stats();
-        assert!(s.resident_peak_bytes <= budget, "{s:?}");
-        assert!(s.readahead_async > 0, "round trips {round_trips}: {s:?}");
-        faults.push(s.faults_missing);
-    }
+    // Every word: the stream works on a window (as a program does)
+    // while the prefetch thread gets to the next.
+    let faults: Vec<u64> = [false, true]
+        .into_iter()
+        .map(|rt| {
+            stream(&path, rt, Duration::from_millis(30), 1, 17)
+                .1
+                .faults_missing
+        })
+        .collect();
     // 128 MiB: a local store's stream faults every 4 MiB (its 2 MiB
     // window, then the async one): 36-37 faults; a network store's,
     // unchained, every 10 MiB (2 MiB, then 8 MiB): 18-19 (measured with
