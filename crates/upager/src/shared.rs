@@ -98,7 +98,9 @@ pub(crate) const AHEAD_SLOTS: usize = 8;
 /// slot (0: free), and the prefetch thread's doorbell, bumped for each
 /// request (a futex word: a SIGBUS handler may post one); `reached`: the
 /// address of the last folio a stream on a network store waited for
-/// while it was read ahead (readahead.rs, `note_reached`; 0: none).
+/// while it was read ahead (readahead.rs, `note_reached`; 0: none) — one
+/// word for all streams: a second stream's note may replace the first's,
+/// whose next window then waits for its next fault, as without it.
 #[derive(Default)]
 pub(crate) struct Ahead {
     pub bell: AtomicU32,
