@@ -254,7 +254,7 @@ fn stream(
         .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
         .unwrap();
     let per_mib = (MIB / 8) as usize;
-    for w in (0..r.len() as usize / 8).step_by(step) {
+    for w in (0..r.len() / 8).step_by(step) {
         assert_eq!(
             r.words()[w].load(Relaxed),
             word(w as u64 * 8, seed),
