@@ -34,8 +34,8 @@ def require_cli(s3fs: bool = True) -> None:
     if not cli().exists():
         sys.exit(f"the CLI is not built ({cli()}): cargo build --release -p upager-cli")
     import importlib.util
-    missing = [m for m in ("numpy", "s3fs")[:2 if s3fs else 1]
-               if importlib.util.find_spec(m) is None]
+    wanted = ["numpy", "s3fs"] if s3fs else ["numpy"]
+    missing = [m for m in wanted if importlib.util.find_spec(m) is None]
     if missing:
         sys.exit(f"{', '.join(missing)} not installed: "
                  "python3 -m pip install -r bench/requirements-s3.txt")

@@ -101,12 +101,22 @@ impl<S: Store> Store for Recorder<S> {
 
 /// Checks every `step`-th word of `r` against the pattern of `seed`.
 fn assert_words(r: &upager::Region, step: usize, seed: u64) {
+    assert_words_working(r, step, seed, Duration::ZERO);
+}
+
+/// [`assert_words`], sleeping `work` after each MiB (a program working on
+/// its data as it streams).
+fn assert_words_working(r: &upager::Region, step: usize, seed: u64, work: Duration) {
+    let per_mib = (MIB / 8) as usize;
     for w in (0..r.len() / 8).step_by(step) {
         assert_eq!(
             r.words()[w].load(Relaxed),
             word(w as u64 * 8, seed),
             "word {w}"
         );
+        if !work.is_zero() && (w + step) / per_mib != w / per_mib {
+            std::thread::sleep(work);
+        }
     }
 }
 
@@ -253,17 +263,7 @@ fn stream(
     let r = pager
         .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
         .unwrap();
-    let per_mib = (MIB / 8) as usize;
-    for w in (0..r.len() / 8).step_by(step) {
-        assert_eq!(
-            r.words()[w].load(Relaxed),
-            word(w as u64 * 8, seed),
-            "word {w}"
-        );
-        if (w + step) / per_mib != w / per_mib && !work.is_zero() {
-            std::thread::sleep(work);
-        }
-    }
+    assert_words_working(&r, step, seed, work);
     let s = pager.stats();
     assert!(s.readahead_async > 0, "round trips {round_trips}: {s:?}");
     assert!(s.resident_peak_bytes <= budget, "{s:?}");
@@ -272,9 +272,9 @@ fn stream(
 
 /// A stream over a network store that reaches each async readahead
 /// window while it is still being read (every `read_batch` takes 30 ms,
-/// the stream's work on 8 MiB 8 ms)
-/// gets the next window read at once (readahead.rs, `note_reached`): its
-/// own faults stop once the windows have grown, where without the chain
+/// the stream's work on 8 MiB 8 ms) gets the next window read at once
+/// (readahead.rs, `note_reached`): its own faults stop once the windows
+/// have grown, where without the chain
 /// it faulted (and read a window itself) every two windows. A local
 /// store's stream keeps faulting every other window (its faults read
 /// on the second CPU). The data is the file's, the budget held.
