@@ -13,7 +13,9 @@
 //!   store cuts it in GETs of its part size) in the buffer such a batch
 //!   uses anyway, the folios charged to the budget as any; a window the
 //!   stream reached while it was read is followed by the next at once
-//!   (readahead.rs, `note_reached`).
+//!   (readahead.rs, `note_reached`), read by the other window reader
+//!   (the window thread, [`Shared::window_main`]), so that two windows
+//!   are in flight.
 //! - Warm-start replay windows (warm.rs, [`Shared::replay_step`]): the
 //!   trace's next window, as runs of folios in recorded order.
 //! - Prefetch requests (`Region::prefetch`, `WILLNEED`: advice.rs), in the
@@ -24,7 +26,9 @@
 //! The pipeline, a batch at a time (batches of [`PREFETCH_BATCH_BYTES`] of
 //! folios; [`FETCH_BATCH_BYTES`] where the store's reads are round trips,
 //! `Store::round_trips`, and for a caller's fetch; a readahead window is
-//! one batch): room (at most one batch of reclaim per batch) → claim the
+//! one batch): room (at most one batch of reclaim per batch; on a network
+//! store room for the whole batch, so that it is one read: the reclaim a
+//! batch read in parts would take anyway) → claim the
 //! batch's non-resident folios, each charged to the budget without
 //! reclaim before it is claimed (BUSY) → read them with one
 //! [`Store::read_batch`](crate::Store::read_batch) (a network store sends
@@ -49,7 +53,11 @@
 //! handler may run it, where the pipeline's batches (which allocate) may
 //! not.
 //!
-//! The prefetch thread ([`Shared::prefetch_main`]) serves windows first:
+//! The window thread ([`Shared::window_main`]) serves the windows of
+//! network stores only, beside the prefetch thread, so that a stream's
+//! next window is read while the prefetch thread reads this one; each
+//! reader says which window it is reading (`Ahead::reading`) for a stream
+//! that reaches it. The prefetch thread ([`Shared::prefetch_main`]) serves windows first:
 //! between the batches of a request (a replay window runs to 64 MiB) it
 //! fills the readahead windows posted meanwhile, as a stream needs its
 //! next window sooner than the request its next batch. The batch buffer
@@ -173,14 +181,48 @@ impl Shared {
         }
     }
 
+    /// Body of the window thread, the second window reader: serves the
+    /// async readahead windows of stores whose reads are round trips, so
+    /// that a stream there has two windows in flight (the next one asked
+    /// for when the stream reaches the one being read: readahead.rs,
+    /// `note_reached`), each one GET or more, where one thread kept one
+    /// in flight and the stream waited for each (a 1 GiB pass over an S3
+    /// object: 8 MiB windows of 15 ms back to back, the stream working
+    /// on each for under 1 ms). Leaves every other window, and replay
+    /// steps, to the prefetch thread.
+    pub(crate) fn window_main(self: Arc<Self>) {
+        let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
+        ctx.reader = 1;
+        loop {
+            let bell = self.ahead.bell.load(Ordering::Acquire);
+            let worked = self.serve_windows(&mut ctx, false);
+            if self.stopping() {
+                return;
+            }
+            if !worked && !futex::wait(&self.ahead.bell, bell, Some(IDLE)) {
+                self.shrink_ctx(&mut ctx);
+            }
+        }
+    }
+
     /// Serves the posted readahead windows (`replay_too`: and replay
     /// steps; else those stay posted, for when the request in progress,
-    /// which may be the replay, is done). Whether it served any.
+    /// which may be the replay, is done; the window thread, reader 1,
+    /// serves network stores' windows only). Whether it served any.
     fn serve_windows(&self, ctx: &mut Ctx, replay_too: bool) -> bool {
         let mut worked = false;
         for slot in &self.ahead.slots {
             let addr = slot.load(Ordering::Acquire);
             if addr == 0 || (!replay_too && addr & 1 == 1) || self.stopping() {
+                continue;
+            }
+            if ctx.reader > 0
+                && (addr & 1 == 1
+                    || !self
+                        .table
+                        .lookup(addr)
+                        .is_some_and(|r| r.store.round_trips()))
+            {
                 continue;
             }
             if slot
@@ -239,12 +281,23 @@ impl Shared {
             install: Install::Read,
             windows_between: false,
         };
+        let (first, past) = (r.folio_addr(idx), r.folio_addr(end));
+        // Where a stream reaching it finds it (readahead.rs, `note_reached`):
+        // set before its folios are claimed, cleared once they went in.
+        let reading = &self.ahead.reading[ctx.reader];
+        let network = r.store.round_trips() && end < r.nfolios();
+        if network {
+            reading.first.store(first, Ordering::SeqCst);
+            reading.past.store(past, Ordering::SeqCst);
+        }
         if self.read_ahead(ctx, &r, idx..end, how, &mut |_| {}) > 0 {
             self.counters.readahead_async.inc();
         }
-        // A stream that reached this window while it was read
-        // (readahead.rs, `note_reached`): the next window, now.
-        let (first, past) = (r.folio_addr(idx), r.folio_addr(end));
+        if network {
+            reading.past.store(0, Ordering::SeqCst);
+        }
+        // A stream that reached this window while it was read and found
+        // no reader's window there yet: the next window, now.
         let reached = &self.ahead.reached;
         let at = reached.load(Ordering::SeqCst);
         if (first..past).contains(&at)
@@ -368,6 +421,16 @@ impl Shared {
             let need = r.folio * if whole { run as u64 } else { 1 };
             if !self.budget.fits(need) && self.evict_batch(crate::gather::Mode::Background) == 0 {
                 return read;
+            }
+            // On a network store a batch is one GET only if it is claimed
+            // whole: room for all of it, the same bytes evicted as for its
+            // parts (a 1 GiB pass over an S3 object: 195 GETs for 128
+            // windows of 8 MiB when each took the room there was).
+            if r.store.round_trips() {
+                let all = r.folio * queue.len().min(per_batch) as u64;
+                while !self.budget.fits(all)
+                    && self.evict_batch(crate::gather::Mode::Background) > 0
+                {}
             }
             if whole {
                 if let Some(n) = self.fill_run_ahead(ctx, r, queue[0]) {

@@ -136,6 +136,13 @@ impl Pager {
         let s = Arc::clone(&shared);
         owner.adopt(
             std::thread::Builder::new()
+                .name("upager-window".into())
+                .spawn(move || s.window_main())
+                .map_err(PagerError::Spawn)?,
+        );
+        let s = Arc::clone(&shared);
+        owner.adopt(
+            std::thread::Builder::new()
                 .name("upager-reclaim".into())
                 .spawn(move || s.reclaimer_main())
                 .map_err(PagerError::Spawn)?,

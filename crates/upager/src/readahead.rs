@@ -28,10 +28,12 @@
 //!
 //! On a store whose reads are round trips (`Store::round_trips`), a
 //! stream whose fault waits for a folio of a window still being read
-//! notes it ([`Shared::note_reached`]); the prefetch thread, that window
-//! done, reads the next one at once (ahead.rs, `fill_ahead`), so windows
-//! are read back to back while the stream works (the kernel's readahead
-//! marker, with the one access a userfaultfd pager sees: a fault).
+//! notes it ([`Shared::note_reached`]) and asks for the next window at
+//! once, which the other window reader (the prefetch thread or the
+//! window thread, ahead.rs) reads while this one is read: two windows in
+//! flight (the kernel's readahead marker, with the one access a
+//! userfaultfd pager sees: a fault). A window the stream reached before
+//! its reader said so is followed by the next when it is done.
 //!
 //! Ordering: each folio is claimed (CAS to BUSY) only after its budget is
 //! charged without reclaim; a claim that fails gives its charge back and
@@ -46,6 +48,7 @@
 use crate::area::Area;
 use crate::folio::{self, Kind, State};
 use crate::shared::Shared;
+use std::sync::atomic::Ordering::SeqCst;
 
 impl Shared {
     /// Claims up to the readahead window of non-resident folios after `idx`
@@ -128,11 +131,13 @@ impl Shared {
     /// Async readahead kept going on a store whose reads are round trips
     /// (`Store::round_trips`): a fault that waits for BUSY folio `idx`,
     /// the two folios before it resident, is a stream that reached a
-    /// window still being read; it notes where (`Ahead::reached`), and
-    /// the prefetch thread, its window done, reads the next one at once
-    /// (ahead.rs, `fill_ahead`), while the stream works on this one — the
-    /// kernel's readahead marker: the next window is asked for when the
-    /// stream reaches one, not when it has passed it. Not for local
+    /// window still being read. It notes where (`Ahead::reached`: the
+    /// reader, its window done, asks for the next, ahead.rs `fill_ahead`)
+    /// and, if a window reader says it is reading that window
+    /// (`Ahead::reading`), asks for the next window now, which the other
+    /// reader reads while this one is read — the kernel's
+    /// readahead marker: the next window is asked for when the stream
+    /// reaches one, not when it has passed it. Not for local
     /// stores: there the stream's own faults read every other window on
     /// the second CPU (a read is CPU work), which chaining would take
     /// away. Noted before the fault registers as a waiter, so that the
@@ -144,10 +149,20 @@ impl Shared {
         }
         let resident =
             |k: usize| matches!(folio::load(r.state(k)).kind(), Kind::Clean | Kind::Dirty);
-        if resident(idx - 1) && resident(idx - 2) {
-            self.ahead
-                .reached
-                .store(r.folio_addr(idx), std::sync::atomic::Ordering::SeqCst);
+        if !(resident(idx - 1) && resident(idx - 2)) {
+            return;
+        }
+        let addr = r.folio_addr(idx);
+        self.ahead.reached.store(addr, SeqCst);
+        // A window a reader is reading now: the next one goes to the other
+        // reader at once, so that two are in flight while the stream waits
+        // for this one. (`past` is inside the region: fill_ahead registers
+        // no window that ends the region.)
+        for w in &self.ahead.reading {
+            let past = w.past.load(SeqCst);
+            if (w.first.load(SeqCst)..past).contains(&addr) {
+                let _ = self.ask_ahead(past);
+            }
         }
     }
 

@@ -100,12 +100,32 @@ pub(crate) const AHEAD_SLOTS: usize = 8;
 /// address of the last folio a stream on a network store waited for
 /// while it was read ahead (readahead.rs, `note_reached`; 0: none) — one
 /// word for all streams: a second stream's note may replace the first's,
-/// whose next window then waits for its next fault, as without it.
+/// whose next window then waits for its next fault, as without it;
+/// `reading`: the window each window reader (the prefetch thread, the
+/// window thread) is reading from a network store now, so that a stream
+/// reaching it asks for the next one at once (`note_reached`).
 #[derive(Default)]
 pub(crate) struct Ahead {
     pub bell: AtomicU32,
     pub slots: [AtomicU64; AHEAD_SLOTS],
     pub reached: AtomicU64,
+    pub reading: [Reading; WINDOW_READERS],
+}
+
+/// Threads that read async readahead windows: the prefetch thread (any
+/// window, reader 0) and the window thread (windows of stores whose reads
+/// are round trips, reader 1), so that a stream on a network store has
+/// two windows in flight.
+pub(crate) const WINDOW_READERS: usize = 2;
+
+/// The folio addresses `[first, past)` of the window one reader is reading
+/// (`past` 0: none). Set before its folios are claimed, cleared after they
+/// went in; read without a lock (a stale pair asks for a window the
+/// readers then find taken or resident).
+#[derive(Default)]
+pub(crate) struct Reading {
+    pub first: AtomicU64,
+    pub past: AtomicU64,
 }
 
 /// Most faults that can wait for a resolver thread at once (in-thread
@@ -162,6 +182,9 @@ pub(crate) struct Ctx {
     /// The prefetch thread's: it serves posted readahead windows between
     /// the batches of a request (ahead.rs).
     pub prefetcher: bool,
+    /// Which window reader this is (`Ahead::reading`): 0 the prefetch
+    /// thread, 1 the window thread.
+    pub reader: usize,
     /// A warm-start replay's batches are being filled (ahead.rs,
     /// `replay_step`): not the program's own fills, which a replay that
     /// the program left records for the next map (warm.rs).
@@ -222,6 +245,7 @@ impl Ctx {
             pre: None,
             pre_buf: None,
             prefetcher: false,
+            reader: 0,
             replaying: false,
         }
     }
@@ -533,12 +557,12 @@ impl Shared {
     /// folio state tables of the regions (the chunks in use), and
     /// [`THREAD_BYTES`] per engine thread.
     pub fn overhead_bytes(&self) -> u64 {
-        let ctxs = self.cfg.handler_threads + 1 + self.sig_ctxs.len();
+        let ctxs = self.cfg.handler_threads + WINDOW_READERS + self.sig_ctxs.len();
         let per_ctx = (CTX_KEEP.min(self.fill_buf_bytes())
             + MSGS_PER_READ * upager_sys::uffd::MSG_SIZE) as u64;
         let tables: u64 = self.table.all().iter().map(|r| r.table_bytes()).sum();
-        // Handlers (or resolvers), the prefetch thread, the reclaimer.
-        let threads = self.cfg.handler_threads as u64 + 2;
+        // Handlers (or resolvers), the window readers, the reclaimer.
+        let threads = (self.cfg.handler_threads + WINDOW_READERS) as u64 + 1;
         ctxs as u64 * per_ctx
             + self.buf_grown.load(Ordering::Relaxed)
             + tables
@@ -589,11 +613,13 @@ impl Shared {
         false
     }
 
-    /// Wakes the prefetch thread (a request or the stop is waiting).
+    /// Wakes the window readers: the prefetch thread and the window thread
+    /// (a window, a request or the stop is waiting; the window thread
+    /// goes back to sleep if it is not a network store's window).
     /// Async-signal-safe.
     pub fn ring_prefetch(&self) {
         self.ahead.bell.fetch_add(1, Ordering::AcqRel);
-        futex::wake(&self.ahead.bell, 1);
+        futex::wake(&self.ahead.bell, WINDOW_READERS as u32);
     }
 
     /// Tells every thread to stop.
