@@ -272,7 +272,10 @@ impl Region {
     /// calling thread, in batches of up to 8 MiB of folios, each batch one
     /// [`Store::read_batch`](crate::Store::read_batch): a network store
     /// has a batch's reads in flight together, where faults one at a time
-    /// would each wait a round trip (a GET of an object store: milliseconds).
+    /// would each wait a round trip (a GET of an object store: milliseconds);
+    /// on such a store, adjacent folios of 16 MiB or more (a tensor) are
+    /// read by this thread and a helper, a half each, so that two batches
+    /// are in flight (each one GET of the part size when adjacent).
     /// For a gather whose index set is known before it runs (numpy fancy
     /// indexing: `upager.memmap` arrays do this for large index arrays).
     /// Folios already resident are skipped; offsets may repeat and come in
@@ -360,13 +363,42 @@ impl Region {
         } else {
             Install::Read
         };
-        let idxs = folios.iter().map(|f| f.0);
-        let how = Batches {
+        let how = |install| Batches {
             bytes: crate::ahead::FETCH_BATCH_BYTES,
             install,
             windows_between: false,
         };
-        let read = sh.read_ahead(&mut ctx, &r, idxs, how, &mut |_| {});
+        // On a network store, adjacent folios of two batches or more (a
+        // tensor) are read by two threads, a half each: a batch of
+        // adjacent folios is one GET of the part size, so one thread had
+        // one GET in flight. Not a gather's scattered folios, whose
+        // batch has its GETs in flight together already (and a second
+        // batch buffer took the random-read benchmark past its cgroup).
+        let batch = (crate::ahead::FETCH_BATCH_BYTES / r.folio).max(1) as usize;
+        let adjacent = folios.len() >= 2 * batch
+            && folios[folios.len() - 1].0 - folios[0].0 + 1 == folios.len();
+        let half = if !write && adjacent && r.store.round_trips() {
+            (folios.len() / 2).next_multiple_of(batch)
+        } else {
+            folios.len()
+        };
+        let (mine, theirs) = folios.split_at(half);
+        let read = std::thread::scope(|s| {
+            let other = (!theirs.is_empty()).then(|| {
+                s.spawn(|| {
+                    let mut ctx = Ctx::new(sh.fill_buf_bytes(), false);
+                    let idxs = theirs.iter().map(|f| f.0);
+                    let read = sh.read_ahead(&mut ctx, &r, idxs, how(Install::Read), &mut |_| {});
+                    sh.shrink_ctx(&mut ctx);
+                    read
+                })
+            });
+            let idxs = mine.iter().map(|f| f.0);
+            let read = sh.read_ahead(&mut ctx, &r, idxs, how(install), &mut |_| {});
+            read + other.map_or(0, |t| {
+                t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+            })
+        });
         sh.shrink_ctx(&mut ctx);
         Ok(read)
     }

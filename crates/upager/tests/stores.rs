@@ -458,6 +458,50 @@ fn fetch_reads_the_folios_of_scattered_offsets_in_batches() {
     assert_eq!(r.fetch(&offsets).unwrap(), 0, "resident folios are skipped");
 }
 
+/// `Region::fetch` of adjacent folios on a network store (a tensor, 32
+/// MiB) reads them on two threads, a half each: two batches of 8 MiB in
+/// flight at once, each one read, every folio once; the data is the
+/// file's and nothing faults after. A gather's scattered folios and a
+/// local store's adjacent ones stay one batch at a time.
+#[test]
+fn fetch_of_adjacent_folios_on_a_network_store_has_two_batches_in_flight() {
+    let dir = ram_dir();
+    let path = pattern_file(dir.path(), "data", 64 * MIB, 31);
+    for (round_trips, adjacent, two) in [
+        (true, true, true),
+        (true, false, false),
+        (false, true, false),
+    ] {
+        let mut rec = Recorder::new(upager::FileStore::open(&path, false, true).unwrap());
+        rec.round_trips = round_trips;
+        rec.batch_delay = Duration::from_millis(30);
+        let store = Arc::new(rec);
+        let pager = Pager::new(64 * MIB).unwrap();
+        let r = pager
+            .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
+            .unwrap();
+        // 32 MiB of folios: adjacent, or every other folio of 64 MiB.
+        let step = if adjacent { 64 << 10 } else { 128 << 10 };
+        let offsets: Vec<u64> = (0..512u64).map(|i| i * step).collect();
+        assert_eq!(r.fetch(&offsets).unwrap(), 512, "each folio once");
+        let what = format!("round trips {round_trips}, adjacent {adjacent}");
+        let bytes = store.batch_bytes.lock().unwrap().clone();
+        let peak = store.windows_peak.load(Relaxed);
+        assert_eq!(peak >= 2, two, "{what}: {peak} in flight, reads {bytes:?}");
+        assert_eq!(bytes.len(), 4, "{what}: batches of 8 MiB: {bytes:?}");
+        let faults = pager.stats().faults_missing;
+        for &o in &offsets {
+            let w = (o / 8) as usize;
+            assert_eq!(r.words()[w].load(Relaxed), word(o, 31), "{what}: word {w}");
+        }
+        assert_eq!(
+            pager.stats().faults_missing,
+            faults,
+            "{what}: no fault after fetch"
+        );
+    }
+}
+
 /// `Region::fetch_for_write` reads the folios of scattered offsets in
 /// batches as `fetch` does, but writable and dirty: the writes that follow
 /// fault neither for the data nor on a protection, and a flush writes back
