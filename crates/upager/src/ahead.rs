@@ -425,9 +425,11 @@ impl Shared {
             // On a network store a batch is one GET only if it is claimed
             // whole: room for all of it, the same bytes evicted as for its
             // parts (a 1 GiB pass over an S3 object: 195 GETs for 128
-            // windows of 8 MiB when each took the room there was).
+            // windows of 8 MiB when each took the room there was); at most
+            // a quarter of the budget, so that a batch never empties it.
             if r.store.round_trips() {
-                let all = r.folio * queue.len().min(per_batch) as u64;
+                let all =
+                    (r.folio * queue.len().min(per_batch) as u64).min(self.budget.limit() / 4);
                 while !self.budget.fits(all)
                     && self.evict_batch(crate::gather::Mode::Background) > 0
                 {}
