@@ -301,16 +301,9 @@ struct Conn {
     /// The endpoint, for messages.
     endpoint: String,
     guard: std::time::Duration,
-    /// Last: dropped after the client, without waiting (see `Drop`).
-    rt: Option<tokio::runtime::Runtime>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
+    /// The runtime the client's connections run on (both shared with the
+    /// process's other opens of the bucket: client.rs).
+    rt: Arc<crate::client::Rt>,
 }
 
 impl Conn {
@@ -321,8 +314,9 @@ impl Conn {
             });
         }
         let res = config::resolve(url, env).map_err(OpenError::from)?;
+        let (client, rt) = crate::client::connect(url, &res, opts, opts.threads)?;
         Ok(Conn {
-            client: store::client(url, &res, opts)?,
+            client,
             url: url.clone(),
             prefix: url.key.clone(),
             endpoint: res
@@ -330,7 +324,7 @@ impl Conn {
                 .clone()
                 .unwrap_or_else(|| format!("AWS S3 ({})", res.region)),
             guard: opts.timeout * 4 + opts.retry_for,
-            rt: Some(store::runtime(url, opts.threads)?),
+            rt,
         })
     }
 
@@ -343,7 +337,7 @@ impl Conn {
     }
 
     fn rt(&self) -> &tokio::runtime::Runtime {
-        self.rt.as_ref().expect("runtime lives until drop")
+        &self.rt
     }
 
     /// Runs `fut` bounded by the guard; a timeout or client error becomes

@@ -37,6 +37,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod client;
 pub mod config;
 pub mod dataset;
 pub mod store;
@@ -154,7 +155,8 @@ pub struct Objects {
     client: Arc<dyn ObjectStore>,
     url: S3Url,
     guard: std::time::Duration,
-    rt: Option<tokio::runtime::Runtime>,
+    /// Shared with the process's other opens of the bucket (client.rs).
+    rt: Arc<client::Rt>,
 }
 
 impl std::fmt::Debug for Objects {
@@ -162,14 +164,6 @@ impl std::fmt::Debug for Objects {
         f.debug_struct("Objects")
             .field("bucket", &self.url.bucket)
             .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Objects {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
     }
 }
 
@@ -187,11 +181,12 @@ impl Objects {
         env: &dyn config::Env,
     ) -> Result<Objects, OpenError> {
         let res = config::resolve(url, env)?;
+        let (client, rt) = client::connect(url, &res, s3, 1)?;
         Ok(Objects {
-            client: store::client(url, &res, s3)?,
+            client,
             url: url.clone(),
             guard: s3.timeout * 4 + s3.retry_for,
-            rt: Some(store::runtime(url, 1)?),
+            rt,
         })
     }
 
@@ -200,8 +195,7 @@ impl Objects {
         key: &str,
         fut: impl std::future::Future<Output = object_store::Result<T>> + Send,
     ) -> Result<T, UploadError> {
-        let rt = self.rt.as_ref().expect("runtime lives until drop");
-        match store::run(rt, self.guard, fut) {
+        match store::run(&self.rt, self.guard, fut) {
             None => Err(UploadError::Timeout {
                 url: self.url.with_key(key).to_string(),
                 secs: self.guard.as_secs(),

@@ -59,12 +59,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjPath;
-use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig,
-};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
+use crate::client::{self, Rt};
 use crate::config::{self, ConfigError, Resolved};
 use crate::url::S3Url;
 
@@ -356,9 +354,9 @@ pub struct S3Store {
     opts: S3Options,
     counters: Counters,
     replaced_logged: AtomicBool,
-    /// Last: dropped after the client (its connections run on it), and
-    /// shut down without waiting (see `Drop`).
-    rt: Option<tokio::runtime::Runtime>,
+    /// The runtime the client's connections run on (both shared with the
+    /// process's other opens of the bucket: client.rs).
+    rt: Arc<Rt>,
 }
 
 impl fmt::Debug for S3Store {
@@ -373,118 +371,10 @@ impl fmt::Debug for S3Store {
     }
 }
 
-impl Drop for S3Store {
-    fn drop(&mut self) {
-        // Not Runtime::drop: it waits for the workers, and panics when the
-        // last region is dropped inside another runtime's task.
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 /// The object beside `key` that keeps its warm-start trace (as a file's
 /// trace is kept beside the file: [`upager::TRACE_SUFFIX`]).
 pub fn trace_key(key: &str) -> String {
     format!("{key}{}", upager::TRACE_SUFFIX)
-}
-
-/// Builds the object_store client for `res` and bucket `bucket`.
-pub(crate) fn client(
-    url: &S3Url,
-    res: &Resolved,
-    opts: &S3Options,
-) -> Result<Arc<dyn ObjectStore>, OpenError> {
-    // The rustls provider of the process (reqwest is built without one):
-    // ring, unless the program installed another.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut copts = ClientOptions::new()
-        .with_connect_timeout(opts.connect_timeout)
-        .with_timeout(opts.timeout)
-        .with_pool_max_idle_per_host(opts.in_flight.max(8));
-    if let Some(ca) = &res.ca {
-        let pem = std::fs::read(ca).map_err(|e| OpenError::CaFile {
-            path: ca.clone(),
-            detail: e.to_string(),
-        })?;
-        let certs =
-            object_store::Certificate::from_pem_bundle(&pem).map_err(|e| OpenError::CaFile {
-                path: ca.clone(),
-                detail: e.to_string(),
-            })?;
-        if certs.is_empty() {
-            return Err(OpenError::CaFile {
-                path: ca.clone(),
-                detail: "no PEM certificate in it".into(),
-            });
-        }
-        for c in certs {
-            copts = copts.with_root_certificate(c);
-        }
-    }
-    let mut b = if res.credentials.is_none() && !res.unsigned {
-        // AWS without static credentials: the client's own chain
-        // (container credentials, web identity, instance metadata).
-        AmazonS3Builder::from_env()
-    } else {
-        AmazonS3Builder::new()
-    };
-    b = b
-        .with_bucket_name(&url.bucket)
-        .with_region(&res.region)
-        .with_virtual_hosted_style_request(false)
-        .with_client_options(copts)
-        .with_retry(RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(50),
-                max_backoff: Duration::from_secs(2),
-                base: 2.0,
-            },
-            max_retries: opts.retries,
-            retry_timeout: opts.retry_for,
-        });
-    if let Some(e) = &res.endpoint {
-        b = b.with_allow_http(e.starts_with("http://"));
-        if res.path_style {
-            b = b.with_endpoint(e);
-        } else {
-            // Virtual-hosted at a custom endpoint: the bucket in the host.
-            let (scheme, host) = e.split_once("://").unwrap_or(("https", e));
-            b = b
-                .with_endpoint(format!("{scheme}://{}.{host}", url.bucket))
-                .with_virtual_hosted_style_request(true);
-        }
-    } else if !res.path_style {
-        b = b.with_virtual_hosted_style_request(true);
-    }
-    if res.unsigned {
-        b = b.with_skip_signature(true);
-    }
-    if let Some(c) = &res.credentials {
-        b = b
-            .with_access_key_id(&c.key_id)
-            .with_secret_access_key(c.secret.expose());
-        if let Some(t) = &c.token {
-            b = b.with_token(t.expose());
-        }
-    }
-    let s = b.build().map_err(|source| OpenError::Client {
-        url: url.to_string(),
-        source,
-    })?;
-    Ok(Arc::new(s))
-}
-
-pub(crate) fn runtime(url: &S3Url, threads: usize) -> Result<tokio::runtime::Runtime, OpenError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
-        .thread_name("upager-s3")
-        .enable_all()
-        .build()
-        .map_err(|source| OpenError::Runtime {
-            url: url.to_string(),
-            source,
-        })
 }
 
 /// Runs `fut` to completion on `rt` from any thread, bounded by `guard`:
@@ -600,8 +490,7 @@ impl S3Store {
             });
         }
         let res = config::resolve(url, env)?;
-        let client = client(url, &res, opts)?;
-        let rt = runtime(url, opts.threads)?;
+        let (client, rt) = client::connect(url, &res, opts, opts.threads)?;
         let endpoint = endpoint_of(url, &res);
         let path = ObjPath::from(url.key.as_str());
         let head =
@@ -654,7 +543,7 @@ impl S3Store {
             opts: opts.clone(),
             counters: Counters::default(),
             replaced_logged: AtomicBool::new(false),
-            rt: Some(rt),
+            rt,
         }))
     }
 
@@ -683,7 +572,7 @@ impl S3Store {
     }
 
     fn rt(&self) -> &tokio::runtime::Runtime {
-        self.rt.as_ref().expect("runtime lives until drop")
+        &self.rt
     }
 
     /// One ranged GET of `range` (non-empty, inside the object) into
