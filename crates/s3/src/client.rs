@@ -13,7 +13,8 @@
 //!   opened one after another); an older one goes with its last user.
 //! - Never across a fork: an entry another process made (a fork parent's)
 //!   is forgotten, never dropped (its runtime's threads do not exist here)
-//!   nor used.
+//!   nor used; a child that finds the lock held by a parent's thread (gone,
+//!   so held for ever) makes its clients without keeping them.
 //! - Not kept: a client on the AWS credential chain (no static
 //!   credentials, not unsigned), whose credentials may change between
 //!   opens.
@@ -22,7 +23,8 @@
 //! Lock: `CLIENTS`, held to look up, make or insert a client; never
 //! across a request.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use object_store::aws::AmazonS3Builder;
@@ -88,6 +90,10 @@ static CLIENTS: Mutex<Clients> = Mutex::new(Clients {
     calls: 0,
 });
 
+/// The process whose thread last took `CLIENTS`: in a fork child that
+/// finds it held, a thread of the parent (gone) held it at the fork.
+static LOCKER: AtomicU32 = AtomicU32::new(0);
+
 /// The client of the bucket of `url` with settings `res` and `opts`, and
 /// the runtime of `threads` workers its connections run on: the kept one
 /// for the same settings in this process, else a new one (kept).
@@ -97,12 +103,14 @@ pub(crate) fn connect(
     opts: &S3Options,
     threads: usize,
 ) -> Result<(Arc<dyn ObjectStore>, Arc<Rt>), OpenError> {
-    let chain = res.credentials.is_none() && !res.unsigned;
-    if chain {
-        return Ok((
+    let uncached = || -> Result<_, OpenError> {
+        Ok((
             build_client(url, res, opts)?,
             Arc::new(Rt(Some(runtime(url, threads)?))),
-        ));
+        ))
+    };
+    if res.credentials.is_none() && !res.unsigned {
+        return uncached(); // the AWS credential chain
     }
     let key = Key {
         bucket: url.bucket.clone(),
@@ -115,7 +123,15 @@ pub(crate) fn connect(
         threads,
     };
     let pid = std::process::id();
-    let mut c = CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = match CLIENTS.try_lock() {
+        Ok(c) => c,
+        Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        // Held by a thread of the process that forked this one (it does
+        // not exist here: the lock stays held): no kept clients here.
+        Err(TryLockError::WouldBlock) if LOCKER.load(Relaxed) != pid => return uncached(),
+        Err(TryLockError::WouldBlock) => CLIENTS.lock().unwrap_or_else(|e| e.into_inner()),
+    };
+    LOCKER.store(pid, Relaxed);
     c.calls += 1;
     let now = c.calls;
     // A fork parent's: forgotten (its runtime's threads are not here).
