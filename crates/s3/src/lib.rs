@@ -25,8 +25,10 @@
 //! (the crypto the Redis store's TLS uses already), it adds ~130 crates
 //! against ~175 for the AWS SDK (aws-sdk-s3 + aws-config, which also
 //! builds aws-lc's C code). It does not read the AWS profile files:
-//! [`config`] does. It is async: the store owns a small runtime and the
-//! engine's threads block on it (the [`store`] module's contract).
+//! [`config`] does. It is async: the store uses a small runtime (one per
+//! bucket and settings in the process, shared with the client:
+//! client.rs) and the engine's threads block on it (the [`store`]
+//! module's contract).
 //!
 //! A prefix URL, `s3://BUCKET/NAME/`, names a read-write dataset instead
 //! ([`dataset`]: group objects and a manifest written last, conditional

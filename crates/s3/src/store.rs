@@ -28,8 +28,9 @@
 //!             credentials) is logged and the next map starts cold
 //! ```
 //!
-//! Threads: the store owns one tokio runtime with `threads` workers
-//! (default 1): they run the HTTP connections (socket reads, HTTP and TLS
+//! Threads: the store runs on one tokio runtime with `threads` workers
+//! (default 1), with its client shared by the process's opens of the same
+//! bucket with the same settings (client.rs): they run the HTTP connections (socket reads, HTTP and TLS
 //! decoding); the engine's thread that calls `read_at` drives its own GETs
 //! with `block_on` and copies each body into the folio buffer itself, so
 //! the copy is spread over the calling threads. One worker keeps up with
