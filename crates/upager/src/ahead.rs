@@ -194,12 +194,12 @@ impl Shared {
         let mut ctx = Ctx::new(self.fill_buf_bytes(), false);
         ctx.reader = 1;
         loop {
-            let bell = self.ahead.bell.load(Ordering::Acquire);
+            let bell = self.ahead.window_bell.load(Ordering::Acquire);
             let worked = self.serve_windows(&mut ctx, false);
             if self.stopping() {
                 return;
             }
-            if !worked && !futex::wait(&self.ahead.bell, bell, Some(IDLE)) {
+            if !worked && !futex::wait(&self.ahead.window_bell, bell, Some(IDLE)) {
                 self.shrink_ctx(&mut ctx);
             }
         }
@@ -306,7 +306,7 @@ impl Shared {
                 .is_ok()
             && end < r.nfolios()
         {
-            let _ = self.ask_ahead(past);
+            let _ = self.ask_window(&r, past);
         }
     }
 

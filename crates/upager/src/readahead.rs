@@ -161,7 +161,7 @@ impl Shared {
         for w in &self.ahead.reading {
             let past = w.past.load(SeqCst);
             if (w.first.load(SeqCst)..past).contains(&addr) {
-                let _ = self.ask_ahead(past);
+                let _ = self.ask_window(r, past);
             }
         }
     }
@@ -180,7 +180,7 @@ impl Shared {
         if n > 1 && n >= self.window_max(r) && self.cfg.readahead_async {
             let next = idx + n;
             if next < r.nfolios() && r.store_offset(next, old).is_some_and(|o| o < r.store.len()) {
-                let _ = self.ask_ahead(r.folio_addr(next));
+                let _ = self.ask_window(r, r.folio_addr(next));
             }
         }
     }

@@ -110,6 +110,8 @@ pub(crate) struct Ahead {
     pub slots: [AtomicU64; AHEAD_SLOTS],
     pub reached: AtomicU64,
     pub reading: [Reading; WINDOW_READERS],
+    /// The window thread's doorbell (`ring_window`).
+    pub window_bell: AtomicU32,
 }
 
 /// Threads that read async readahead windows: the prefetch thread (any
@@ -613,13 +615,32 @@ impl Shared {
         false
     }
 
-    /// Wakes the window readers: the prefetch thread and the window thread
-    /// (a window, a request or the stop is waiting; the window thread
-    /// goes back to sleep if it is not a network store's window).
+    /// [`Shared::ask_ahead`] for a window of `r`, waking the window thread
+    /// too where `r`'s store is a network store's (its windows are the
+    /// window thread's as well; a local stream's wake no one else: a
+    /// second wake per 2 MiB window: a local numpy pass 2-4% slower,
+    /// within the noise of 8 runs).
     /// Async-signal-safe.
+    pub fn ask_window(&self, r: &Area, addr: u64) -> bool {
+        let asked = self.ask_ahead(addr);
+        if asked && r.store.round_trips() {
+            self.ring_window();
+        }
+        asked
+    }
+
+    /// Wakes the prefetch thread (a window, a request or the stop is
+    /// waiting). Async-signal-safe.
     pub fn ring_prefetch(&self) {
         self.ahead.bell.fetch_add(1, Ordering::AcqRel);
-        futex::wake(&self.ahead.bell, WINDOW_READERS as u32);
+        futex::wake(&self.ahead.bell, 1);
+    }
+
+    /// Wakes the window thread (a network store's window or the stop is
+    /// waiting). Async-signal-safe.
+    pub fn ring_window(&self) {
+        self.ahead.window_bell.fetch_add(1, Ordering::AcqRel);
+        futex::wake(&self.ahead.window_bell, 1);
     }
 
     /// Tells every thread to stop.
@@ -631,6 +652,7 @@ impl Shared {
         self.handoff.bell.fetch_add(1, Ordering::AcqRel);
         futex::wake(&self.handoff.bell, u32::MAX);
         self.ring_prefetch();
+        self.ring_window();
     }
 }
 
