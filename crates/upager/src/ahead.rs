@@ -217,11 +217,10 @@ impl Shared {
                 continue;
             }
             if ctx.reader > 0
-                && (addr & 1 == 1
-                    || !self
-                        .table
-                        .lookup(addr)
-                        .is_some_and(|r| r.store.round_trips()))
+                && !self
+                    .table
+                    .lookup(addr)
+                    .is_some_and(|r| r.store.round_trips())
             {
                 continue;
             }

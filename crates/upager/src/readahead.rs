@@ -32,8 +32,9 @@
 //! once, which the other window reader (the prefetch thread or the
 //! window thread, ahead.rs) reads while this one is read: two windows in
 //! flight (the kernel's readahead marker, with the one access a
-//! userfaultfd pager sees: a fault). A window the stream reached before
-//! its reader said so is followed by the next when it is done.
+//! userfaultfd pager sees: a fault). A stream that reaches a window just
+//! as its reader is done (the reader no longer says so) is still seen by
+//! the reader's check of the note, which then asks for the next.
 //!
 //! Ordering: each folio is claimed (CAS to BUSY) only after its budget is
 //! charged without reclaim; a claim that fails gives its charge back and
