@@ -259,8 +259,10 @@ def test_memmap_of_a_dataset_writes_back_under_the_budget(s3: Dict[str, str],
                                                           tmp_path: pathlib.Path) -> None:
     """A dataset (s3://BUCKET/NAME/, uploaded with `upager load`) maps
     "r+" under a budget a quarter of its size: scattered writes go back
-    as conditional PUTs of their groups and read back from a fresh map;
-    "w+" creates one (zeros), and delete_dataset removes it."""
+    as conditional PUTs of their groups (whole: the writable map's folio
+    is the group, so none is read back first) and read back from a fresh
+    map (read-only: 64 KiB folios); "w+" creates one (zeros), and
+    delete_dataset removes it."""
     want = np.random.default_rng(5).random(2 * MIB)  # 16 MiB of float64
     f = tmp_path / "d.f64"
     want.tofile(f)
@@ -274,8 +276,10 @@ def test_memmap_of_a_dataset_writes_back_under_the_budget(s3: Dict[str, str],
     st = a._mmap.stats()
     assert st["resident_peak_bytes"] <= 4 * MIB, st
     assert st["store_puts"] > 0 and st["store_bytes_sent"] > 0, st
+    assert a._mmap.folio == 256 << 10 and st["store_rmw_groups"] == 0, st
     del a
     b = upager.memmap(url, np.float64, mode="r", budget="4MiB")
+    assert b._mmap.folio == 64 << 10
     assert np.array_equal(b, want)
     del b
     new = f"s3://{BUCKET}/sets/new/"

@@ -635,7 +635,9 @@ def open_array(path: Any, dtype: DTypeLike, shape: ShapeArg = None, mode: str = 
     dataset on such a store, named by a prefix, "s3://BUCKET/NAME/"
     ("r", "r+", or "w+" to create it; group objects of 256 KiB, each
     write-back a conditional PUT, so a second writer of a group gets an
-    error instead of losing the first one's writes).
+    error instead of losing the first one's writes; "r+" and "w+" map it
+    in folios of its group, up to 1 MiB, unless one is given, so that a
+    write-back never reads a group back first).
 
     The array keeps its region and pager alive; they are unmapped
     (flushing changes) when the last array using them goes.

@@ -1049,6 +1049,11 @@ impl upager::Store for S3Dataset {
         true
     }
 
+    /// A group: a write-back of less reads the group back first.
+    fn write_unit(&self) -> u64 {
+        self.manifest.group
+    }
+
     fn describe(&self) -> String {
         if self.swap {
             return format!("S3 swap space {} at {}", self.conn.url, self.conn.endpoint);

@@ -668,6 +668,84 @@ fn a_dataset_loads_maps_writable_and_keeps_every_write() {
     assert_eq!(e.errno(), libc::ENOENT);
 }
 
+/// A writable dataset's region takes its group as its default folio
+/// (`upager_s3::default_folio`): scattered writes, evicted under a budget
+/// smaller than them and flushed, go back as whole-group PUTs, none read
+/// back first; a read-only map, and a dataset of groups over 1 MiB, keep
+/// 64 KiB folios.
+#[test]
+fn a_writable_dataset_is_mapped_in_folios_of_its_group_and_never_reads_one_back() {
+    use upager_s3::dataset;
+    let Some(s) = shared("datasets") else { return };
+    let env = s.env();
+    let opts = S3Options::default();
+    let url = s.url("datasets", "rw/groupfolio/");
+    let big = s.url("datasets", "rw/groupfolio4m/");
+    let _ = dataset::delete(&url, &opts, &env);
+    let _ = dataset::delete(&big, &opts, &env);
+    let len = 4 * MIB;
+    dataset::create(&url, len, dataset::DEFAULT_GROUP, &opts, &env).unwrap();
+    dataset::create(&big, 8 * MIB, 4 * MIB, &opts, &env).unwrap();
+    let open = |u: &upager_s3::S3Url, w: bool| -> Arc<dyn Store> {
+        upager_s3::S3Dataset::open_with(u, w, &opts, &env).unwrap()
+    };
+    assert_eq!(
+        upager_s3::default_folio(&*open(&url, true)),
+        dataset::DEFAULT_GROUP
+    );
+    assert_eq!(
+        upager_s3::default_folio(&*open(&url, false)),
+        upager_s3::DEFAULT_FOLIO
+    );
+    assert_eq!(
+        upager_s3::default_folio(&*open(&big, true)),
+        upager_s3::DEFAULT_FOLIO
+    );
+
+    let st = upager_s3::S3Dataset::open_with(&url, true, &opts, &env).unwrap();
+    let folio = upager_s3::default_folio(&*st);
+    let budget = MIB; // four groups: the writes below evict each other
+    let pager = Pager::new(budget).unwrap();
+    let r = pager
+        .map_store(
+            Arc::clone(&st) as Arc<dyn Store>,
+            &MapOptions::new().writable(true).folio(folio),
+        )
+        .unwrap();
+    assert_eq!(r.folio_size(), folio);
+    let w = r.words();
+    // One word in each group, at a different place in each.
+    let groups = (len / dataset::DEFAULT_GROUP) as usize;
+    let per = (dataset::DEFAULT_GROUP / 8) as usize;
+    let at = |g: usize| g * per + (g * 4099) % per;
+    for g in 0..groups {
+        w[at(g)].store(0x5eed_0000 + g as u64, Relaxed);
+    }
+    r.flush().unwrap();
+    let c = st.counters();
+    assert_eq!(c.rmw_groups, 0, "no group read back: {c:?}");
+    assert!(c.puts >= groups as u64, "{c:?}");
+    assert_eq!((c.conflicts, c.put_errors), (0, 0), "{c:?}");
+    assert!(pager.stats().resident_peak_bytes <= budget);
+    drop(r);
+    drop(st);
+    let st = open(&url, false);
+    let mut buf = vec![0u8; len as usize];
+    assert_eq!(st.read_at(&mut buf, 0).unwrap(), len as usize);
+    for i in 0..(len / 8) as usize {
+        let got = u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
+        let g = i / per;
+        let want = if i == at(g) {
+            0x5eed_0000 + g as u64
+        } else {
+            0
+        };
+        assert_eq!(got, want, "word {i}");
+    }
+    dataset::delete(&url, &opts, &env).unwrap();
+    dataset::delete(&big, &opts, &env).unwrap();
+}
+
 /// Two writers of one dataset: the second to write back a group the first
 /// changed is refused with a message (its writes stay dirty, flush says
 /// why) and the first writer's data is kept; an interrupted upload is

@@ -128,13 +128,13 @@ pub fn map_anonymous(
 
 /// The folio a region of `store` (opened from `url`) gets when its map
 /// sets none, as [`map`] maps it: a Redis dataset's chunk (its unit), an
-/// S3 object's or dataset's [`upager_s3::DEFAULT_FOLIO`] (64 KiB: a GET
-/// costs a round trip, 4 KiB ones would be thousands), at least the
-/// store's unit.
+/// S3 object's or dataset's [`upager_s3::default_folio`] (64 KiB: a GET
+/// costs a round trip, 4 KiB ones would be thousands; a writable
+/// dataset's group of up to 1 MiB).
 pub fn default_folio(url: &AnyUrl, store: &dyn upager::Store) -> u64 {
     match url {
         AnyUrl::Redis(_) => store.unit(),
-        AnyUrl::S3(_) => upager_s3::DEFAULT_FOLIO.max(store.unit()),
+        AnyUrl::S3(_) => upager_s3::default_folio(store),
     }
 }
 

@@ -254,6 +254,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn unit(&self) -> u64 {
         crate::config::MIN_FOLIO
     }
+    /// The run of bytes a write-back covers without reading anything
+    /// back: a write of less is a read-modify-write in the store (an S3
+    /// dataset's group: a GET of the group, then its PUT). A multiple of
+    /// [`Store::unit`]; the store's maps may choose it as their default
+    /// folio (upager_s3). Default [`Store::unit`].
+    fn write_unit(&self) -> u64 {
+        self.unit()
+    }
     /// A store that keeps warm-start traces with its data
     /// ([`MapOptions::warm`](crate::MapOptions::warm)) says which version
     /// of the data it holds: a number that changes when the data is
