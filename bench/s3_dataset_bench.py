@@ -43,18 +43,21 @@ CHILD = r"""
 import json, os, sys, time
 import numpy as np
 side, url, n, writes, budget, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+folio = sys.argv[7] or None  # None: the map's default (a writable dataset's group, up to 1 MiB)
 idx = np.random.default_rng(seed).integers(0, n, writes)
 t0 = time.perf_counter()
 out = {}
 if side == "upager":
     import upager
-    a = upager.memmap(url, np.float64, mode="r+", budget=budget)
+    a = upager.memmap(url, np.float64, mode="r+", budget=budget, folio=folio)
+    out["folio"] = a._mmap.folio
     a[idx] = -2.0
     a.flush()
     out["seconds"] = time.perf_counter() - t0
     s = a._mmap.stats()
     out["resident_peak_bytes"] = s["resident_peak_bytes"]
     out["writebacks"] = s["writebacks"]
+    out["store_rmw_groups"] = s["store_rmw_groups"]
     del a
 else:
     import boto3
@@ -105,6 +108,18 @@ def weed(*args):
                           check=True, capture_output=True, text=True, env=env).stdout
 
 
+def delete(url):
+    """Removes `url` and has SeaweedFS compact its volumes: a deleted
+    object's bytes stay in its volume files (on /dev/shm, twice with
+    replication 001) until a vacuum, and a run of many sides and rounds
+    would otherwise fill the machine's memory."""
+    import urllib.request
+    subprocess.run([str(CLI), "delete", url], capture_output=True)
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/vol/vacuum?garbageThreshold=0.01",
+                                timeout=300) as r:
+        r.read()
+
+
 def plot(json_path, png_path):
     """Bars of the medians in a JSON report of this script."""
     import matplotlib
@@ -112,7 +127,7 @@ def plot(json_path, png_path):
     import matplotlib.pyplot as plt
     d = json.loads(pathlib.Path(json_path).read_text())
     rs = d["results"]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))
     if rs and "group" in rs[0]:
         groups = list(dict.fromkeys(r["group"] for r in rs))
         med = {(g, k): statistics.median(r[k] for r in rs if r["group"] == g)
@@ -123,7 +138,9 @@ def plot(json_path, png_path):
         ax.set_xticks(list(xs), [f"group {g}" for g in groups])
         title = "S3 dataset: group size"
     else:
-        names = [f"{r['side']}\n({r['peak_rss_mib_median']:.0f} MiB peak)" for r in rs]
+        import textwrap
+        names = [textwrap.fill(r["side"], 20) + f"\n({r['peak_rss_mib_median']:.0f} MiB peak)"
+                 for r in rs]
         ax.bar(range(len(rs)), [r["seconds_median"] for r in rs])
         ax.set_xticks(range(len(rs)), names, fontsize=8)
         title = f"S3 dataset: {rs[0]['writes']} random writes + flush" if rs else ""
@@ -143,7 +160,8 @@ def main():
     ap.add_argument("--budget", default="64MiB")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--groups", default="4M",
-                    help="group sizes of the dataset side, e.g. 4M,256K (upager load --group)")
+                    help="group sizes of the dataset side, e.g. 4M,256K (upager load --group); "
+                         "GROUP@FOLIO maps that side with that folio instead of the default")
     ap.add_argument("--sweep", action="store_true",
                     help="per group size: upager load and a sequential pass, timed")
     ap.add_argument("--json")
@@ -171,22 +189,25 @@ def main():
             for rnd in range(a.rounds):
                 for g in a.groups.split(","):
                     url = f"s3://{BUCKET}/sweep{g}r{rnd}/"
-                    subprocess.run([str(CLI), "delete", url], capture_output=True)
+                    delete(url)
                     t0 = time.perf_counter()
-                    sh(str(CLI), "load", str(f), url, "--group", g)
+                    sh(str(CLI), "load", str(f), url, "--group", g.split("@")[0])
                     load_s = time.perf_counter() - t0
                     p = json.loads(sh(sys.executable, "-c", PASS, url, a.budget))
                     r = {"group": g, "round": rnd, "load_s": load_s, "pass_s": p["seconds"]}
                     print(r, flush=True)
                     results.append(r)
-                    subprocess.run([str(CLI), "delete", url], capture_output=True)
+                    delete(url)
             for g in a.groups.split(","):
                 rs = [r for r in results if r["group"] == g]
                 print(f"group {g:>5}: load {statistics.median(r['load_s'] for r in rs):6.2f} s, "
                       f"sequential pass {statistics.median(r['pass_s'] for r in rs):6.2f} s (medians)")
             a.writes = ""
         for writes in [int(w) for w in a.writes.split(",") if w]:
-            sides = [f"upager dataset, groups of {g}" for g in a.groups.split(",")]
+            specs = {f"upager dataset, groups of {g.split('@')[0]}"
+                     + (f" (folio {g.split('@')[1]})" if "@" in g else ""): g
+                     for g in a.groups.split(",")}
+            sides = list(specs)
             sides.append("download + upload")
             runs = {s: [] for s in sides}
             for rnd in range(a.rounds):
@@ -195,16 +216,19 @@ def main():
                     # An object and a dataset of one name cannot both be on
                     # SeaweedFS (its filer has files and directories).
                     url = f"s3://{BUCKET}/s{k}w{writes}r{rnd}" + ("/" if ds else "")
-                    subprocess.run([str(CLI), "delete", url], capture_output=True)
-                    group = ["--group", side.rsplit(" ", 1)[1]] if ds else []
+                    delete(url)
+                    # "GROUP@FOLIO": the map sets that folio, else the default.
+                    spec = specs.get(side, "")
+                    group = ["--group", spec.split("@")[0]] if ds else []
+                    folio = spec.split("@")[1] if "@" in spec else ""
                     sh(str(CLI), "load", str(f), url, *group)
                     out = json.loads(sh(sys.executable, "-c", CHILD, "upager" if ds else "boto3",
-                                        url, str(n), str(writes), a.budget, str(rnd)))
+                                        url, str(n), str(writes), a.budget, str(rnd), folio))
                     check = sh(sys.executable, "-c", CHECK, url, str(n), str(writes), str(rnd)).strip()
                     out["check"] = check
                     runs[side].append(out)
                     print(f"writes {writes} round {rnd + 1} {side}: {out}", flush=True)
-                    subprocess.run([str(CLI), "delete", url], capture_output=True)
+                    delete(url)
             for side, rs in runs.items():
                 results.append({
                     "writes": writes, "side": side,
@@ -223,7 +247,8 @@ def main():
     if a.json:
         meta = {"date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename,
                 "size_mib": a.size_mib, "budget": a.budget, "rounds": a.rounds,
-                "groups": a.groups, "folio": "64 KiB (default)"}
+                "groups": a.groups,
+                "folio": "the default (a writable dataset's group up to 1 MiB, else 64 KiB) unless GROUP@FOLIO"}
         pathlib.Path(a.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 

@@ -27,7 +27,9 @@
 //!             reads as zeros
 //! write_batch writes grouped by group; a group the batch covers whole is one PUT,
 //!             another is read whole (GET), patched, and PUT (read-modify-write);
-//!             every GET of one batch in flight together, then every PUT
+//!             every GET of one batch in flight together, then every PUT (a
+//!             writable map's default folio is the group, `write_unit`: its
+//!             write-backs cover whole groups, crate::default_folio)
 //! versions    the store keeps each group's ETag as it last read or wrote it;
 //!             a GET sends If-Match, a PUT If-Match (or If-None-Match: * for a
 //!             group known not to exist): a group another writer changed is
@@ -67,13 +69,15 @@ use crate::config;
 use crate::store::{self, OpenError, S3Options};
 use crate::url::S3Url;
 
-/// Default group: 4 folios of [`crate::DEFAULT_FOLIO`] (64 KiB), 256 KiB.
-/// Larger groups mean fewer objects and requests for an upload; smaller
-/// ones less read-modify-write for scattered writes (a write-back batch
-/// of scattered folios rewrites a whole group per folio). Measured with
-/// bench/s3_dataset_bench.py (2,000 random float64 writes + flush to a
-/// 128 MiB array under a 64 MiB budget, SeaweedFS on loopback, one run):
-/// groups of 4 MiB 41.0 s, 256 KiB 14.1 s, 64 KiB 8.5 s.
+/// Default group: 256 KiB, 4 folios of [`crate::DEFAULT_FOLIO`] (64 KiB)
+/// when read-only; a writable map's folio is the group
+/// ([`crate::default_folio`]). Larger groups mean fewer objects and
+/// requests for an upload and a pass; smaller ones less to read and write
+/// per scattered write. Measured with bench/s3_dataset_bench.py (512 MiB,
+/// 2,000 random float64 writes + flush under a 64 MiB budget, SeaweedFS on
+/// loopback, medians of 3; docs/benchmarks.md): 256 KiB groups 3.73 s,
+/// 64 KiB 2.63 s, 1 MiB 3.92 s; a load 1.8x and a pass 1.9x faster with
+/// 256 KiB groups than with 64 KiB ones.
 pub const DEFAULT_GROUP: u64 = 4 * crate::DEFAULT_FOLIO;
 
 /// Smallest and largest group.
