@@ -557,6 +557,16 @@ fn load_dataset(
     upager_s3::dataset::load(url, file, group, &opts, env, &cancel, &mut |_, _| {})
 }
 
+/// The first `len` bytes of `st` (all of them there), as little-endian
+/// words.
+fn store_words(st: &dyn Store, len: u64) -> Vec<u64> {
+    let mut buf = vec![0u8; len as usize];
+    assert_eq!(st.read_at(&mut buf, 0).unwrap(), len as usize);
+    buf.chunks_exact(8)
+        .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
+        .collect()
+}
+
 /// A dataset (`s3://BUCKET/NAME/`) loaded from a file, mapped writable
 /// under a budget smaller than it: every byte reads back, scattered writes
 /// go back as read-modify-writes of their groups and whole-group PUTs, and
@@ -647,10 +657,7 @@ fn a_dataset_loads_maps_writable_and_keeps_every_write() {
     drop(st);
     // A fresh open sees every write, and the rest as loaded.
     let st = upager_s3::S3Dataset::open_with(&url, false, &opts, &env).unwrap();
-    let mut buf = vec![0u8; len as usize];
-    assert_eq!(st.read_at(&mut buf, 0).unwrap(), len as usize);
-    for i in 0..(len / 8) as usize {
-        let got = u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
+    for (i, got) in store_words(&*st, len).into_iter().enumerate() {
         let want = written.get(&i).copied().unwrap_or_else(|| expect(i));
         assert_eq!(got, want, "word {i} after a fresh open");
     }
@@ -730,10 +737,7 @@ fn a_writable_dataset_is_mapped_in_folios_of_its_group_and_never_reads_one_back(
     drop(r);
     drop(st);
     let st = open(&url, false);
-    let mut buf = vec![0u8; len as usize];
-    assert_eq!(st.read_at(&mut buf, 0).unwrap(), len as usize);
-    for i in 0..(len / 8) as usize {
-        let got = u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
+    for (i, got) in store_words(&*st, len).into_iter().enumerate() {
         let g = i / per;
         let want = if i == at(g) {
             0x5eed_0000 + g as u64
