@@ -17,7 +17,8 @@
 //!   so held for ever) makes its clients without keeping them.
 //! - Not kept: a client on the AWS credential chain (no static
 //!   credentials, not unsigned), whose credentials may change between
-//!   opens.
+//!   opens; it is asked for a credential when made, so that none found
+//!   is one clear error ([`OpenError::NoCredentials`]).
 //! - A runtime is shut down without waiting for its workers ([`Rt`]).
 //!
 //! Lock: `CLIENTS`, held to look up, make or insert a client; never
@@ -27,7 +28,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
 use crate::config::Resolved;
@@ -104,10 +105,12 @@ pub(crate) fn connect(
     threads: usize,
 ) -> Result<(Arc<dyn ObjectStore>, Arc<Rt>), OpenError> {
     let uncached = || -> Result<_, OpenError> {
-        Ok((
-            build_client(url, res, opts)?,
-            Arc::new(Rt(Some(runtime(url, threads)?))),
-        ))
+        let client = build_client(url, res, opts)?;
+        let rt = Arc::new(Rt(Some(runtime(url, threads)?)));
+        if res.credentials.is_none() && !res.unsigned {
+            chain_credential(&client, &rt, url, res, opts)?;
+        }
+        Ok((Arc::new(client) as Arc<dyn ObjectStore>, rt))
     };
     if res.credentials.is_none() && !res.unsigned {
         return uncached(); // the AWS credential chain
@@ -142,7 +145,7 @@ pub(crate) fn connect(
         e.used = now;
         return Ok((Arc::clone(&e.client), Arc::clone(&e.rt)));
     }
-    let client = build_client(url, res, opts)?;
+    let client: Arc<dyn ObjectStore> = Arc::new(build_client(url, res, opts)?);
     let rt = Arc::new(Rt(Some(runtime(url, threads)?)));
     c.entries.push(Entry {
         key,
@@ -166,12 +169,36 @@ fn pool_size(opts: &S3Options) -> usize {
     opts.in_flight.max(8)
 }
 
-/// Builds the object_store client for `res` and the bucket of `url`.
-fn build_client(
+/// Asks the AWS credential chain of `client` (no static credentials:
+/// container, web identity, instance metadata) for a credential once, so
+/// that finding none is one clear error at open ([`OpenError::NoCredentials`])
+/// rather than the metadata service's refusal at each request. The
+/// provider keeps what it got for the requests.
+fn chain_credential(
+    client: &AmazonS3,
+    rt: &Rt,
     url: &S3Url,
     res: &Resolved,
     opts: &S3Options,
-) -> Result<Arc<dyn ObjectStore>, OpenError> {
+) -> Result<(), OpenError> {
+    let detail = if res.no_chain {
+        "AWS_EC2_METADATA_DISABLED is set, and no container or web identity variables".to_string()
+    } else {
+        match crate::store::run(rt, opts.guard(), client.credentials().get_credential()) {
+            Some(Ok(_)) => return Ok(()),
+            Some(Err(e)) => crate::store::error_chain(&e),
+            None => format!("no answer within {} s", opts.guard().as_secs()),
+        }
+    };
+    Err(OpenError::NoCredentials {
+        url: url.to_string(),
+        profile: res.profile.clone(),
+        detail,
+    })
+}
+
+/// Builds the object_store client for `res` and the bucket of `url`.
+fn build_client(url: &S3Url, res: &Resolved, opts: &S3Options) -> Result<AmazonS3, OpenError> {
     // The rustls provider of the process (reqwest is built without one):
     // ring, unless the program installed another.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -202,7 +229,11 @@ fn build_client(
     let mut b = if res.credentials.is_none() && !res.unsigned {
         // AWS without static credentials: the client's own chain
         // (container credentials, web identity, instance metadata).
-        AmazonS3Builder::from_env()
+        let b = AmazonS3Builder::from_env();
+        match &res.metadata_endpoint {
+            Some(e) => b.with_metadata_endpoint(e),
+            None => b,
+        }
     } else {
         AmazonS3Builder::new()
     };
@@ -245,11 +276,10 @@ fn build_client(
             b = b.with_token(t.expose());
         }
     }
-    let s = b.build().map_err(|source| OpenError::Client {
+    b.build().map_err(|source| OpenError::Client {
         url: url.to_string(),
         source,
-    })?;
-    Ok(Arc::new(s))
+    })
 }
 
 /// A runtime of `threads` workers for a client's connections.
@@ -282,6 +312,73 @@ mod tests {
         fn home(&self) -> Option<PathBuf> {
             None
         }
+    }
+
+    /// No static credentials at AWS: the credential chain is asked when
+    /// the client is made, and finding none is one error that says where
+    /// to put them (EACCES), within its bound: an instance metadata
+    /// service that refuses (a closed port), or one disabled with nothing
+    /// else in the chain (no request made).
+    #[test]
+    fn no_credentials_in_the_chain_is_one_clear_error_at_open() {
+        // The client's chain reads the process's own AWS_* variables too:
+        // with credentials or another source there, this is not the case.
+        let own = [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        ];
+        if own.iter().any(|v| std::env::var_os(v).is_some()) {
+            eprintln!("skipped: the process has AWS credentials of its own");
+            return;
+        }
+        let opts = S3Options::default()
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(2))
+            .retry(1, Duration::from_secs(1));
+        let cases = [
+            (
+                Vars(vec![(
+                    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+                    "http://127.0.0.1:1/",
+                )]),
+                "127.0.0.1:1",
+            ),
+            (
+                Vars(vec![("AWS_EC2_METADATA_DISABLED", "true")]),
+                "AWS_EC2_METADATA_DISABLED is set",
+            ),
+        ];
+        for (env, says) in cases {
+            let url: S3Url = "s3://chain-test/x".parse().unwrap();
+            let res = config::resolve(&url, &env).unwrap();
+            assert!(res.credentials.is_none() && res.endpoint.is_none());
+            let t = std::time::Instant::now();
+            let e = connect(&url, &res, &opts, 1).map(|_| ()).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, OpenError::NoCredentials { .. }), "{msg}");
+            for part in [
+                "AWS_ACCESS_KEY_ID",
+                "profile 'default'",
+                "?unsigned=1",
+                says,
+            ] {
+                assert!(msg.contains(part), "{part}: {msg}");
+            }
+            assert_eq!(upager::ErrorCode::errno(&e), libc::EACCES);
+            assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+        }
+        // A metadata URL without its scheme is refused when read.
+        let env = Vars(vec![(
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+            "169.254.169.254",
+        )]);
+        let e = config::resolve(&"s3://chain-test/x".parse().unwrap(), &env).unwrap_err();
+        assert!(
+            e.to_string().contains("AWS_EC2_METADATA_SERVICE_ENDPOINT"),
+            "{e}"
+        );
     }
 
     /// Another object of the bucket with the same settings gets the same

@@ -23,9 +23,14 @@
 //! with no value, as `s3 =` is written).
 //!
 //! Without static credentials, an AWS endpoint falls back to the client's
-//! own chain (container credentials, web identity, instance metadata); a
-//! custom endpoint is an error that says where to put them (a local server
-//! with no instance metadata would otherwise wait for it to time out).
+//! own chain (container credentials, web identity, instance metadata),
+//! asked once when the client is made (client.rs: finding none is one
+//! error that says where to put them); a custom endpoint is that error at
+//! once (a local server with no instance metadata would otherwise wait for
+//! it to time out). The instance metadata service as the SDKs configure
+//! it: `AWS_EC2_METADATA_SERVICE_ENDPOINT` (its URL) and
+//! `AWS_EC2_METADATA_DISABLED=true` (not asked: with no container or web
+//! identity variables either, the chain has nothing to ask).
 //!
 //! Secrets are [`Secret`]s: `Debug` and `Display` print `***`.
 
@@ -90,6 +95,14 @@ pub struct Resolved {
     pub ca: Option<PathBuf>,
     /// The profile read.
     pub profile: String,
+    /// The instance metadata service of the credential chain
+    /// (`AWS_EC2_METADATA_SERVICE_ENDPOINT`; None: the default,
+    /// http://169.254.169.254).
+    pub metadata_endpoint: Option<String>,
+    /// The credential chain has no source to ask: the instance metadata
+    /// service is disabled (`AWS_EC2_METADATA_DISABLED=true`) and no
+    /// container or web identity credentials are set.
+    pub no_chain: bool,
 }
 
 /// The settings could not be resolved.
@@ -285,15 +298,21 @@ pub fn resolve(url: &S3Url, env: &dyn Env) -> Result<Resolved, ConfigError> {
             found
         }
     };
-    let endpoint = match endpoint {
-        Some(e) if !(e.starts_with("http://") || e.starts_with("https://")) => {
-            return Err(ConfigError::Endpoint {
-                name: endpoint_from,
-                value: crate::url::redact(&e),
-            })
-        }
-        e => e.map(|e| e.trim_end_matches('/').to_string()),
-    };
+    let endpoint = http_url(endpoint, endpoint_from)?;
+    let metadata_endpoint = http_url(
+        env.var("AWS_EC2_METADATA_SERVICE_ENDPOINT"),
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT".to_string(),
+    )?;
+    let no_chain = env
+        .var("AWS_EC2_METADATA_DISABLED")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        && [
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        ]
+        .iter()
+        .all(|v| env.var(v).is_none());
     let region = url
         .region
         .clone()
@@ -364,7 +383,23 @@ pub fn resolve(url: &S3Url, env: &dyn Env) -> Result<Resolved, ConfigError> {
         path_style,
         ca,
         profile,
+        metadata_endpoint,
+        no_chain,
     })
+}
+
+/// An endpoint URL from `name` (a variable or a profile key), its trailing
+/// `/` dropped; one without its scheme is refused.
+fn http_url(value: Option<String>, name: String) -> Result<Option<String>, ConfigError> {
+    match value {
+        Some(e) if !(e.starts_with("http://") || e.starts_with("https://")) => {
+            Err(ConfigError::Endpoint {
+                name,
+                value: crate::url::redact(&e),
+            })
+        }
+        e => Ok(e.map(|e| e.trim_end_matches('/').to_string())),
+    }
 }
 
 #[cfg(test)]

@@ -319,7 +319,7 @@ impl upager::ErrorCode for OpenError {
     fn errno(&self) -> i32 {
         match self {
             OpenError::NoBucket { .. } | OpenError::NoObject { .. } => libc::ENOENT,
-            OpenError::Denied { .. } => libc::EACCES,
+            OpenError::Denied { .. } | OpenError::NoCredentials { .. } => libc::EACCES,
             OpenError::Unreachable { .. } => libc::ECONNREFUSED,
             OpenError::Timeout { .. } => libc::ETIMEDOUT,
             OpenError::Writable { .. } => libc::EROFS,

@@ -157,7 +157,7 @@ impl S3Options {
         self
     }
     /// The bound on one whole call: retries, one more request, and slack.
-    fn guard(&self) -> Duration {
+    pub(crate) fn guard(&self) -> Duration {
         self.retry_for + self.timeout + Duration::from_secs(5)
     }
 }
@@ -245,6 +245,15 @@ pub enum OpenError {
         endpoint: String,
         /// The bound.
         secs: u64,
+    },
+    /// {url}: no credentials for AWS S3: none in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or in profile '{profile}' of ~/.aws/credentials, and the AWS credential chain (container, web identity, instance metadata) gave none ({detail}): set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, add them to the profile (or choose one with AWS_PROFILE or ?profile=), set AWS_ENDPOINT_URL for another S3-compatible server, or add ?unsigned=1 to the URL for a bucket that allows anonymous reads
+    NoCredentials {
+        /// The URL.
+        url: String,
+        /// The profile looked in.
+        profile: String,
+        /// What the chain said.
+        detail: String,
     },
     /// {url}: the server gave the object no ETag, so a replaced object could not be told from the one opened: use a server that returns ETags
     NoEtag {
