@@ -308,6 +308,21 @@ fn a_writable_region_keeps_its_writes_under_replay() {
                 &MapOptions::new().writable(true).warm(WarmStart::Auto),
             )
             .unwrap();
+        if want_replay {
+            // Replay reads its first window at the map: let it start
+            // before the writes, which are its point (under load the
+            // 2,000 in-thread faults could all come before the prefetch
+            // thread ran at all: replay_reads 0, seen once in the suite).
+            let t = Instant::now();
+            while pager.stats().replay_reads == 0 {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "round {round}: replay never started: {:?}",
+                    pager.stats()
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         for &idx in &order {
             r.words()[(idx * PAGE / 8) as usize].store(round << 56 | idx, Relaxed);
         }
