@@ -107,12 +107,12 @@ pub(crate) fn connect(
     let uncached = || -> Result<_, OpenError> {
         let client = build_client(url, res, opts)?;
         let rt = Arc::new(Rt(Some(runtime(url, threads)?)));
-        if res.credentials.is_none() && !res.unsigned {
+        if res.uses_chain() {
             chain_credential(&client, &rt, url, res, opts)?;
         }
         Ok((Arc::new(client) as Arc<dyn ObjectStore>, rt))
     };
-    if res.credentials.is_none() && !res.unsigned {
+    if res.uses_chain() {
         return uncached(); // the AWS credential chain
     }
     let key = Key {
@@ -226,7 +226,7 @@ fn build_client(url: &S3Url, res: &Resolved, opts: &S3Options) -> Result<AmazonS
             copts = copts.with_root_certificate(c);
         }
     }
-    let mut b = if res.credentials.is_none() && !res.unsigned {
+    let mut b = if res.uses_chain() {
         // AWS without static credentials: the client's own chain
         // (container credentials, web identity, instance metadata).
         let b = AmazonS3Builder::from_env();

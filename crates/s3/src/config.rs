@@ -105,6 +105,14 @@ pub struct Resolved {
     pub no_chain: bool,
 }
 
+impl Resolved {
+    /// Whether the client finds its own credentials (the AWS credential
+    /// chain: no static credentials, requests signed).
+    pub fn uses_chain(&self) -> bool {
+        self.credentials.is_none() && !self.unsigned
+    }
+}
+
 /// The settings could not be resolved.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 #[non_exhaustive]
