@@ -48,11 +48,13 @@ static uint64_t gather(const char *path) {
 
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: umap_store_url redis-cluster://HOST:PORT");
-    char url[512], path[256], other[300], plain[300], env[1600];
+    char url[512], path[256], other[300], plain[300], plain_trace[320], env[1600];
     snprintf(url, sizeof url, "%s/c-umap-%d", argv[1], (int)getpid());
     snprintf(path, sizeof path, "%s/upager-umap-store-%d", scratch_dir(), (int)getpid());
     snprintf(other, sizeof other, "%s.other", path);
     snprintf(plain, sizeof plain, "%s.plain", path);
+    /* UPAGER_WARM=on records the plain file's trace at its uunmap. */
+    snprintf(plain_trace, sizeof plain_trace, "%s.upager-trace", plain);
     make_file(path, LEN);
     CHECK(upager_store_load(path, url, 65536) == 0, "upager_store_load: %s",
           upager_last_error());
@@ -125,6 +127,7 @@ int main(int argc, char **argv) {
     unlink(path);
     unlink(other);
     unlink(plain);
+    CHECK(unlink(plain_trace) == 0, "the plain file's trace %s: %s", plain_trace, strerror(errno));
     printf("umap_store_url: %" PRIu64 " faults cold, %" PRIu64 " replayed (%" PRIu64
            " folios read ahead); writes on the cluster, none in the placeholder\n",
            cold, warm, replayed);
