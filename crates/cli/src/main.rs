@@ -6,8 +6,11 @@
 //!   throughput and the engine's counters.
 //! - `upager bench <scenario>`: the benchmark suite (see docs/benchmarks.md).
 //! - `upager stat`: residency picture of a mapped file after a workload.
-//! - `upager load`: upload a file as a dataset on a Redis Cluster.
-//! - `upager list`, `upager delete`: the datasets on a Redis Cluster.
+//! - `upager load`: upload a file as a dataset on a Redis Cluster or as an
+//!   S3 object or dataset.
+//! - `upager list`, `upager delete`: the datasets on a Redis Cluster, the
+//!   objects and datasets of an S3 bucket.
+//! - `upager trace`: the warm-start trace beside a file.
 #![forbid(unsafe_code)]
 
 mod bench;
@@ -40,13 +43,15 @@ enum Cmd {
     /// touched) after each step of a short workload.
     Stat(stat::StatArgs),
     /// Upload a file once as a dataset on a Redis Cluster
-    /// (redis-cluster://HOST:PORT/NAME); regions then map it by name.
+    /// (redis-cluster://HOST:PORT/NAME), an S3 object (s3://BUCKET/KEY) or
+    /// an S3 dataset (s3://BUCKET/NAME/); regions then map it by URL.
     Load(load::LoadArgs),
-    /// List the datasets on a Redis Cluster: name, size, chunk, and whether
-    /// complete (incomplete: an upload running, interrupted or killed).
+    /// List the datasets on a Redis Cluster, or the objects and datasets of
+    /// an S3 bucket: name, size, and whether complete (incomplete: an
+    /// upload running, interrupted or killed).
     List(datasets::ListArgs),
     /// Delete a dataset (complete or not) from a Redis Cluster
-    /// (redis-cluster://HOST:PORT/NAME).
+    /// (redis-cluster://HOST:PORT/NAME), or an S3 object or dataset.
     Delete(datasets::DeleteArgs),
     /// Show the warm-start trace beside a file (FILE.upager-trace): how many
     /// folios it holds, and whether a map would replay it now.

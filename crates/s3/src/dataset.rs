@@ -323,10 +323,7 @@ impl Conn {
             client,
             url: url.clone(),
             prefix: url.key.clone(),
-            endpoint: res
-                .endpoint
-                .clone()
-                .unwrap_or_else(|| format!("AWS S3 ({})", res.region)),
+            endpoint: store::endpoint_of(url, &res),
             guard: opts.timeout * 4 + opts.retry_for,
             rt,
         })
@@ -357,10 +354,13 @@ impl Conn {
                 what: what.to_string(),
                 secs: self.guard.as_secs(),
             }),
-            Some(Err(e)) => Err(DatasetError::Request {
-                url: self.url.to_string(),
-                what: what.to_string(),
-                detail: store::error_chain(&e),
+            Some(Err(e)) => Err(match store::no_bucket(&self.url, &self.endpoint, &e) {
+                Some(no) => no.into(),
+                None => DatasetError::Request {
+                    url: self.url.to_string(),
+                    what: what.to_string(),
+                    detail: store::error_chain(&e),
+                },
             }),
             Some(Ok(v)) => Ok(v),
         }

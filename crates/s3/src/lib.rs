@@ -181,6 +181,8 @@ const UPLOAD_PART: usize = 8 << 20;
 pub struct Objects {
     client: Arc<dyn ObjectStore>,
     url: S3Url,
+    /// The endpoint, for messages.
+    endpoint: String,
     guard: std::time::Duration,
     /// Shared with the process's other opens of the bucket (client.rs).
     rt: Arc<client::Rt>,
@@ -212,6 +214,7 @@ impl Objects {
         Ok(Objects {
             client,
             url: url.clone(),
+            endpoint: store::endpoint_of(url, &res),
             guard: s3.timeout * 4 + s3.retry_for,
             rt,
         })
@@ -227,9 +230,12 @@ impl Objects {
                 url: self.url.with_key(key).to_string(),
                 secs: self.guard.as_secs(),
             }),
-            Some(Err(e)) => Err(UploadError::Put {
-                url: self.url.with_key(key).to_string(),
-                detail: store::error_chain(&e),
+            Some(Err(e)) => Err(match store::no_bucket(&self.url, &self.endpoint, &e) {
+                Some(no) => no.into(),
+                None => UploadError::Put {
+                    url: self.url.with_key(key).to_string(),
+                    detail: store::error_chain(&e),
+                },
             }),
             Some(Ok(v)) => Ok(v),
         }

@@ -410,10 +410,24 @@ pub(crate) fn run<T: Send>(
     }
 }
 
-fn endpoint_of(url: &S3Url, res: &Resolved) -> String {
+/// The endpoint of `url`'s requests, for messages.
+pub(crate) fn endpoint_of(url: &S3Url, res: &Resolved) -> String {
     res.endpoint
         .clone()
         .unwrap_or_else(|| format!("AWS S3 ({}, bucket {})", res.region, url.bucket))
+}
+
+/// [`OpenError::NoBucket`] if the server answered `e` with S3's
+/// `NoSuchBucket` (a listing, a GET or a PUT in a bucket that does not
+/// exist; SeaweedFS makes a bucket at its first PUT, S3 does not).
+pub(crate) fn no_bucket(url: &S3Url, endpoint: &str, e: &object_store::Error) -> Option<OpenError> {
+    error_chain(e)
+        .contains("NoSuchBucket")
+        .then(|| OpenError::NoBucket {
+            url: url.to_string(),
+            bucket: url.bucket.clone(),
+            endpoint: endpoint.to_string(),
+        })
 }
 
 /// An open error from a client error on `url`.
@@ -522,13 +536,7 @@ impl S3Store {
                         bucket: url.bucket.clone(),
                         endpoint,
                     },
-                    Some(Err(e)) if error_chain(&e).contains("NoSuchBucket") => {
-                        OpenError::NoBucket {
-                            url: url.to_string(),
-                            bucket: url.bucket.clone(),
-                            endpoint,
-                        }
-                    }
+                    Some(Err(e)) if let Some(no) = no_bucket(url, &endpoint, &e) => no,
                     _ => OpenError::NoObject {
                         url: url.to_string(),
                         bucket: url.bucket.clone(),

@@ -238,6 +238,24 @@ fn missing_object_bucket_bad_credentials_and_no_server_are_clear_errors() {
         e.to_string().contains("no such bucket 'no-such-bucket'"),
         "{e}"
     );
+    // The same for a dataset's open and listing and a bucket's listing
+    // (before: the server's XML answer, "Generic S3 error ... NoSuchBucket").
+    use upager_s3::dataset::{self, DatasetError};
+    let ds = s.url("no-such-bucket", "ds/");
+    let no_bucket = |e: &DatasetError| {
+        matches!(e, DatasetError::Open(OpenError::NoBucket { .. })) && e.errno() == libc::ENOENT
+    };
+    let e = upager_s3::S3Dataset::open_with(&ds, false, &o, &s.env()).unwrap_err();
+    assert!(no_bucket(&e), "{e}");
+    let e = dataset::list(&ds, &o, &s.env()).unwrap_err();
+    assert!(no_bucket(&e), "{e}");
+    let objects =
+        upager_s3::Objects::open_with(&s.url("no-such-bucket", ""), &o, &s.env()).unwrap();
+    let e = objects.list("").unwrap_err();
+    assert!(
+        matches!(e, upager_s3::UploadError::Open(OpenError::NoBucket { .. })),
+        "{e}"
+    );
 
     let bad = TestEnv::new(&[
         ("AWS_ACCESS_KEY_ID", KEY),
