@@ -318,3 +318,35 @@ def test_far_memory_swaps_to_an_s3_prefix(s3: Dict[str, str]) -> None:
     with upager.Pager(budget="4MiB") as pager:
         with pytest.raises(ValueError, match="bucket or a prefix"):
             pager.anonymous("1MiB", store=f"s3://{BUCKET}/an/object")
+
+
+def _run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(_cli()), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_the_cli_demo_and_stat_page_an_object(s3: Dict[str, str],
+                                              tmp_path: pathlib.Path) -> None:
+    """The CLI's faces on an object: `upager demo --store s3://BUCKET/PREFIX/`
+    uploads its dataset as an object, reads it read-only (every word
+    checked; 5,000 random reads per thread by default, each evicted folio
+    a GET) and deletes it; `upager stat --store URL` maps an object
+    read-only and prints its residency after each step and its GETs."""
+    out = _run_cli("demo", "--store", f"s3://{BUCKET}/cli/", "--size", "32M",
+                   "--budget", "8M", "--dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "every word read was checked" in out.stdout, out.stdout
+    assert "random reads" in out.stdout and "K/s" in out.stdout, out.stdout
+    assert f"deleted s3://{BUCKET}/cli/upager-demo-" in out.stdout, out.stdout
+    listed = _run_cli("list", f"s3://{BUCKET}/cli/", timeout=120)
+    assert listed.returncode == 0 and "upager-demo" not in listed.stdout, listed.stdout
+
+    f = tmp_path / "s.bin"
+    f.write_bytes(os.urandom(16 * MIB))
+    url = _upload(f, "stat/s.bin")
+    out = _run_cli("stat", "--store", url, "--budget", "4M")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"read-only region of {url}: 16 MiB, 64 KiB folios" in out.stdout, out.stdout
+    assert "read the first half" in out.stdout and "store_gets" in out.stdout, out.stdout
+    out = _run_cli("stat", "--store", f"s3://{BUCKET}/stat/missing.bin")
+    assert out.returncode != 0 and "no such object" in out.stderr, out.stderr

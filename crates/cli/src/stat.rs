@@ -4,27 +4,45 @@
 //! the group's most urgent state: `#` dirty, `+` clean, `~` busy,
 //! `.` evicted (contents in the store: the marker), space never touched.
 //! With 2 MiB folios it also says how much of the region the view maps
-//! with huge pages (`Region::huge_bytes`).
+//! with huge pages (`Region::huge_bytes`). With `--store URL` the region
+//! is a dataset's or an object's (Redis Cluster, S3), mapped read-only
+//! with its store's defaults: the workload reads instead of writing, and
+//! the store's counters (GETs, bytes) follow the pictures.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use upager::{format_size, FaultMode, MapOptions, Pager, Region, Residency};
 
+use crate::datasets::{AnyUrl, AnyUrlParser};
 use crate::{fault_mode_arg, size_arg};
+
+/// Size of the anonymous region shown by default.
+const SIZE: u64 = 256 << 20;
+
+/// Folio of the anonymous region by default.
+const FOLIO: u64 = 64 << 10;
 
 /// Options of `upager stat`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct StatArgs {
-    /// Size of the anonymous region shown.
-    #[arg(long, default_value = "256M", value_parser = size_arg)]
-    pub size: u64,
+    /// Size of the anonymous region shown [default: 256M].
+    #[arg(long, value_parser = size_arg, conflicts_with = "store")]
+    pub size: Option<u64>,
     /// Memory budget.
     #[arg(long, default_value = "64M", value_parser = size_arg)]
     pub budget: u64,
-    /// Folio size.
-    #[arg(long, default_value = "64K", value_parser = size_arg)]
-    pub folio: u64,
+    /// Folio size [default: 64K; with --store, the store's: a Redis
+    /// dataset's chunk, 64K for an S3 object].
+    #[arg(long, value_parser = size_arg)]
+    pub folio: Option<u64>,
+    /// Show the region of a dataset or object instead of an anonymous one,
+    /// mapped read-only (nothing is written): redis-cluster://HOST:PORT/NAME
+    /// (uploaded with `upager load`), s3://BUCKET/KEY (an object) or
+    /// s3://BUCKET/NAME/ (a dataset); credentials from the environment or
+    /// ~/.aws, as `upager load` reads them.
+    #[arg(long, value_name = "URL", value_parser = AnyUrlParser)]
+    pub store: Option<AnyUrl>,
     /// Characters per picture line.
     #[arg(long, default_value_t = 64)]
     pub width: usize,
@@ -98,26 +116,49 @@ pub fn run(a: &StatArgs) -> Result<(), Box<dyn std::error::Error>> {
         b = b.fault_mode(m);
     }
     let pager = b.build()?;
-    let r = pager.map_anonymous(a.size, &MapOptions::new().folio(a.folio))?;
+    let mut opts = MapOptions::new();
+    if let Some(f) = a.folio {
+        opts = opts.folio(f);
+    }
+    let (r, what) = match &a.store {
+        None => (
+            pager.map_anonymous(
+                a.size.unwrap_or(SIZE),
+                &opts.folio(a.folio.unwrap_or(FOLIO)),
+            )?,
+            "anonymous region".to_string(),
+        ),
+        Some(url) => (
+            upager_stores::map(&pager, url, &opts)?,
+            format!("read-only region of {url}"),
+        ),
+    };
     let len = r.len() as u64;
+    let f = r.folio_size();
     println!(
-        "anonymous region of {}, {} folios, fault mode {}; each character = {} ('#' dirty, '+' clean, '~' busy, '.' evicted, ' ' never touched)",
+        "{what}: {}, {} folios, fault mode {}; each character = {} ('#' dirty, '+' clean, '~' busy, '.' evicted, ' ' never touched)",
         format_size(len),
-        format_size(a.folio),
+        format_size(f),
         pager.fault_mode(),
         format_size(len.div_ceil((a.width * a.lines) as u64))
     );
     show("start", &pager, &r, a)?;
     let words = r.words();
-    for w in (0..words.len() / 2).step_by(512) {
-        words[w].store(w as u64, Relaxed);
+    if a.store.is_none() {
+        for w in (0..words.len() / 2).step_by(512) {
+            words[w].store(w as u64, Relaxed);
+        }
+        show("wrote the first half", &pager, &r, a)?;
+    } else {
+        for w in (0..words.len() / 2).step_by(512) {
+            words[w].load(Relaxed);
+        }
+        show("read the first half", &pager, &r, a)?;
     }
-    show("wrote the first half", &pager, &r, a)?;
     for w in (words.len() / 2..words.len() * 3 / 4).step_by(512) {
         words[w].load(Relaxed);
     }
     show("read the third quarter", &pager, &r, a)?;
-    let f = a.folio;
     let q = (len / 4) / f * f;
     r.pageout(2 * q, q)?;
     show("pageout of the third quarter", &pager, &r, a)?;
@@ -126,5 +167,12 @@ pub fn run(a: &StatArgs) -> Result<(), Box<dyn std::error::Error>> {
     show("prefetch of the start", &pager, &r, a)?;
     r.discard(q, q)?;
     show("discard of the second quarter", &pager, &r, a)?;
+    let counters = r.store_counters();
+    if !counters.is_empty() {
+        println!("store counters:");
+        for (name, v) in counters {
+            println!("  {name:<28} {v}");
+        }
+    }
     Ok(())
 }

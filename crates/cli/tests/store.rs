@@ -70,6 +70,29 @@ fn load_and_demo_run_through_a_cluster() {
     let o = upager(&["load", file, "redis://127.0.0.1:7000/x"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("redis-cluster://"), "{}", text(&o));
+    // `upager stat` on the dataset: read, never written; its pictures and
+    // the store's counters. Its region is the dataset's size (no --size).
+    let o = upager(&["stat", "--store", &url, "--budget", "512K"]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("read-only region of") && out.contains("1 MiB, 16 KiB folios"),
+        "{out}"
+    );
+    assert!(
+        out.contains("read the first half") && out.contains("store_round_trips"),
+        "{out}"
+    );
+    assert!(
+        !out.lines().any(|l| l.starts_with("  |") && l.contains('#')),
+        "nothing dirty: {out}"
+    );
+    let o = upager(&["stat", "--store", &url, "--size", "1M"]);
+    assert!(
+        !o.status.success() && text(&o).contains("--size"),
+        "{}",
+        text(&o)
+    );
 
     let seed = c.url.to_string();
     let o = upager(&[
@@ -139,6 +162,11 @@ fn no_command_prints_a_password() {
             "demo".into(),
             "--store".into(),
             format!("redis-cluster://alice:{secret}@127.0.0.1:1?ca=/x"),
+        ],
+        vec![
+            "stat".into(),
+            "--store".into(),
+            format!("redis-cluster://alice:{secret}@127.0.0.1:1/d"),
         ],
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
