@@ -865,7 +865,15 @@ fn s3_demo(
     leftovers().object = Some(url.clone());
     let _object = Object(&objects, &url);
     let t0 = Instant::now();
-    objects.upload(path, &key)?;
+    let pb = bar(a.size, "upload");
+    let up = objects.upload_with(
+        path,
+        &key,
+        &std::sync::atomic::AtomicBool::new(false),
+        &mut |done, _| pb.set_position(done),
+    );
+    pb.finish_and_clear();
+    up?;
     println!(
         "  uploaded to {url:<16} {:>8.2} s",
         t0.elapsed().as_secs_f64()

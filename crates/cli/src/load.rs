@@ -9,7 +9,9 @@
 //! incomplete dataset no one can open, which `upager list` shows,
 //! `upager delete` removes and a new `load` of the name replaces (once it
 //! made no progress for a minute). A directory, FIFO or device is refused
-//! before anything is written.
+//! before anything is written. The same for S3 (`s3://BUCKET/KEY`, an
+//! object: one multipart upload, aborted on a signal; `s3://BUCKET/NAME/`,
+//! a dataset).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,7 +127,9 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `upager load FILE s3://BUCKET/KEY`: a multipart upload (S3 publishes
-/// the object only once it is complete: an interrupted load leaves none).
+/// the object only once it is complete: an interrupted load leaves none;
+/// SIGINT, SIGTERM or SIGHUP abort it at the next batch of parts), with a
+/// progress bar.
 fn load_s3(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn std::error::Error>> {
     if upager_s3::dataset::is_dataset(url) {
         return load_s3_dataset(a, url);
@@ -134,9 +138,17 @@ fn load_s3(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn std::erro
         return Err(format!("{url} names no object: add the key, s3://BUCKET/KEY").into());
     }
     let o = upager_s3::Objects::open(url, &upager_s3::S3Options::default())?;
+    let cancel = cancel_on_signals()?;
+    let pb = upload_bar();
     let t0 = Instant::now();
-    let etag = o.upload(&a.file, &url.key)?;
-    let n = std::fs::metadata(&a.file)?.len();
+    let mut n = 0;
+    let etag = o.upload_with(&a.file, &url.key, &cancel, &mut |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+        n = total;
+    });
+    pb.finish_and_clear();
+    let etag = etag?;
     let el = t0.elapsed().as_secs_f64();
     println!(
         "uploaded {} ({n} bytes) to {url} in {el:.2} s ({:.0} MB/s), ETag {etag}",

@@ -166,36 +166,13 @@ pub fn upload_cancellable(
         path: path.to_path_buf(),
         source,
     };
-    // Not File::open first: opening a FIFO waits for a writer.
-    let kind = |ft: std::fs::FileType| -> Option<&'static str> {
-        use std::os::unix::fs::FileTypeExt;
-        Some(if ft.is_dir() {
-            "directory"
-        } else if ft.is_fifo() {
-            "FIFO"
-        } else if ft.is_socket() {
-            "socket"
-        } else if ft.is_block_device() {
-            "block device"
-        } else if ft.is_char_device() {
-            "character device"
-        } else {
-            return None;
-        })
-    };
-    let not_regular = |k| UploadError::NotRegular {
-        path: path.to_path_buf(),
-        kind: k,
-    };
-    if let Some(k) = kind(std::fs::metadata(path).map_err(read_err)?.file_type()) {
-        return Err(not_regular(k));
-    }
-    let mut file = std::fs::File::open(path).map_err(read_err)?;
-    let meta = file.metadata().map_err(read_err)?;
-    if let Some(k) = kind(meta.file_type()) {
-        return Err(not_regular(k));
-    }
-    let total = meta.len();
+    let (mut file, total) = upager::open_regular_file(path).map_err(|e| match e {
+        upager::OpenRegularError::NotRegular(kind) => UploadError::NotRegular {
+            path: path.to_path_buf(),
+            kind,
+        },
+        upager::OpenRegularError::Io(source) => read_err(source),
+    })?;
     let up = dataset::Upload::begin(url, total, chunk, opts)?;
     let mut done = 0u64;
     let mut written = 0u64; // one past the highest chunk written

@@ -47,6 +47,7 @@ pub mod url;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
@@ -155,6 +156,18 @@ pub enum UploadError {
         /// Why.
         source: std::io::Error,
     },
+    /// {path} is a {kind}, not a regular file: upload a regular file (nothing was uploaded)
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is (directory, FIFO, ...).
+        kind: &'static str,
+    },
+    /// {url}: the upload was cancelled (the multipart upload was aborted: nothing was published)
+    Cancelled {
+        /// The URL.
+        url: String,
+    },
     /// {0}
     Open(#[from] OpenError),
     /// {url}: {detail}
@@ -252,19 +265,47 @@ impl Objects {
     /// Uploads the file at `path` as object `key` (replacing any), in
     /// parts of 8 MiB with up to 4 in flight; returns the new object's
     /// ETag. A failed upload is aborted: S3 publishes a multipart object
-    /// only once it is completed, so nothing is left half-written.
+    /// only once it is completed, so nothing is left half-written. Only a
+    /// regular file is uploaded ([`upager::open_regular_file`]).
     pub fn upload(&self, path: &Path, key: &str) -> Result<String, UploadError> {
+        self.upload_with(path, key, &AtomicBool::new(false), &mut |_, _| {})
+    }
+
+    /// [`Objects::upload`] that says how far it got after each batch of
+    /// parts (`progress(bytes done, bytes in all)`) and stops before the
+    /// next batch once `cancel` is set: the multipart upload is aborted
+    /// ([`UploadError::Cancelled`]).
+    pub fn upload_with(
+        &self,
+        path: &Path,
+        key: &str,
+        cancel: &AtomicBool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<String, UploadError> {
         let read_err = |source| UploadError::Read {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = std::fs::File::open(path).map_err(read_err)?;
+        let (mut file, total) = upager::open_regular_file(path).map_err(|e| match e {
+            upager::OpenRegularError::NotRegular(kind) => UploadError::NotRegular {
+                path: path.to_path_buf(),
+                kind,
+            },
+            upager::OpenRegularError::Io(source) => read_err(source),
+        })?;
         let loc = ObjPath::from(key);
         let mut up = self.run(key, self.client.put_multipart(&loc))?;
         let mut buf = vec![0u8; UPLOAD_PART];
         let res = (|| {
             let mut pending = Vec::new();
+            let mut done = 0u64;
+            progress(0, total);
             loop {
+                if cancel.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(UploadError::Cancelled {
+                        url: self.url.with_key(key).to_string(),
+                    });
+                }
                 let mut n = 0;
                 while n < buf.len() {
                     match file.read(&mut buf[n..]) {
@@ -276,11 +317,13 @@ impl Objects {
                 }
                 if n > 0 {
                     pending.push(up.put_part(PutPayload::from(buf[..n].to_vec())));
+                    done += n as u64;
                 }
                 let last = n < buf.len();
                 if pending.len() >= 4 || last {
                     let batch = futures::future::try_join_all(std::mem::take(&mut pending));
                     self.run(key, batch)?;
+                    progress(done, total.max(done));
                 }
                 if last {
                     break;

@@ -86,6 +86,72 @@ fn an_object_reads_back_whole_under_a_budget_smaller_than_it() {
     assert!(c.gets_in_flight_peak >= 2, "{c:?}");
 }
 
+/// An upload says how far it got, a cancelled one publishes nothing (its
+/// multipart upload aborted), and a source that is not a regular file is
+/// refused before anything is sent, for an object and a dataset alike
+/// (before: /dev/zero was uploaded without end as an object, and as an
+/// empty dataset).
+#[test]
+fn uploads_report_progress_stop_when_cancelled_and_take_regular_files_only() {
+    use std::sync::atomic::AtomicBool;
+    use upager_s3::UploadError;
+    let Some(s) = shared("uploads") else { return };
+    let o = s.objects("uploads");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, pattern(40 * MIB, 3)).unwrap();
+    let mut seen = Vec::new();
+    let no = AtomicBool::new(false);
+    o.upload_with(&file, "up/whole", &no, &mut |d, t| seen.push((d, t)))
+        .unwrap();
+    // Five parts of 8 MiB: a batch of four, then the last.
+    assert_eq!(
+        seen,
+        [(0, 40 * MIB), (32 * MIB, 40 * MIB), (40 * MIB, 40 * MIB)]
+    );
+    let keys = |o: &upager_s3::Objects| -> Vec<String> {
+        o.list("up/").unwrap().into_iter().map(|(k, _)| k).collect()
+    };
+    assert_eq!(keys(&o), ["up/whole"]);
+
+    let cancel = AtomicBool::new(false);
+    let e = o
+        .upload_with(&file, "up/cancelled", &cancel, &mut |d, _| {
+            if d > 0 {
+                cancel.store(true, Relaxed);
+            }
+        })
+        .unwrap_err();
+    assert!(matches!(e, UploadError::Cancelled { .. }), "{e}");
+    assert!(e.to_string().contains("nothing was published"), "{e}");
+    assert_eq!(
+        keys(&o),
+        ["up/whole"],
+        "a cancelled upload published nothing"
+    );
+
+    let env = s.env();
+    for (path, kind) in [("/dev/zero", "character device"), ("/tmp", "directory")] {
+        let e = o
+            .upload(std::path::Path::new(path), "up/special")
+            .unwrap_err();
+        assert!(
+            matches!(e, UploadError::NotRegular { kind: k, .. } if k == kind),
+            "{path}: {e}"
+        );
+        let url = s.url("uploads", "special/");
+        let e = load_dataset(&url, std::path::Path::new(path), 256 << 10, &env, false).unwrap_err();
+        assert!(
+            matches!(e, upager_s3::DatasetError::NotRegular { kind: k, .. } if k == kind),
+            "{path}: {e}"
+        );
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+    assert_eq!(keys(&o), ["up/whole"]);
+    let all: Vec<String> = o.list("").unwrap().into_iter().map(|(k, _)| k).collect();
+    assert!(!all.iter().any(|k| k.starts_with("special/")), "{all:?}");
+}
+
 /// One `read_batch` of 64 KiB reads at `offs`: the buffers and how many
 /// bytes each read got (every read must succeed).
 fn read_batch_64k(st: &S3Store, offs: &[u64]) -> (Vec<Vec<u8>>, Vec<usize>) {

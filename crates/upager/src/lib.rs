@@ -107,7 +107,9 @@ pub use info::PagerInfo;
 pub use pager::Pager;
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};
-pub use store::{FileStore, ReadReq, Src, Store, SwapFile, Write, Written};
+pub use store::{
+    open_regular_file, FileStore, OpenRegularError, ReadReq, Src, Store, SwapFile, Write, Written,
+};
 pub use upager_sys::mem::FixedRange;
 pub use warm::{trace_info, trace_path, trace_version_of, TraceInfo, TRACE_SUFFIX};
 

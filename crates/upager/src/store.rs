@@ -451,6 +451,52 @@ pub(crate) fn unpageable_open(file: &File, meta: &std::fs::Metadata) -> Option<F
     })
 }
 
+/// Why a file could not be opened to be read whole
+/// ([`open_regular_file`]).
+#[derive(Debug)]
+pub enum OpenRegularError {
+    /// It could not be examined or opened.
+    Io(io::Error),
+    /// It is not a regular file: what it is ("directory", "FIFO",
+    /// "socket", "block device", "character device").
+    NotRegular(&'static str),
+}
+
+/// Opens the file at `path` to be read whole, as an upload's source (the
+/// Redis and S3 `load`s): a regular file, with its length. Anything else is
+/// refused before it is opened (opening a FIFO waits for a writer; a
+/// character device such as /dev/zero reads without end; a block device's
+/// metadata says 0 bytes), and checked again once open (the path may have
+/// been replaced in between).
+pub fn open_regular_file(path: &Path) -> Result<(File, u64), OpenRegularError> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = |t: std::fs::FileType| -> Option<&'static str> {
+        Some(if t.is_dir() {
+            "directory"
+        } else if t.is_fifo() {
+            "FIFO"
+        } else if t.is_socket() {
+            "socket"
+        } else if t.is_block_device() {
+            "block device"
+        } else if t.is_char_device() {
+            "character device"
+        } else {
+            return None;
+        })
+    };
+    let meta = std::fs::metadata(path).map_err(OpenRegularError::Io)?;
+    if let Some(k) = kind(meta.file_type()) {
+        return Err(OpenRegularError::NotRegular(k));
+    }
+    let file = File::open(path).map_err(OpenRegularError::Io)?;
+    let meta = file.metadata().map_err(OpenRegularError::Io)?;
+    if let Some(k) = kind(meta.file_type()) {
+        return Err(OpenRegularError::NotRegular(k));
+    }
+    Ok((file, meta.len()))
+}
+
 fn libc_o_direct() -> i32 {
     libc::O_DIRECT // 0o40000 on x86-64, 0o200000 on arm64: never typed by hand
 }
