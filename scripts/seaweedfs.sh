@@ -321,6 +321,11 @@ EOF
   launch_watched master "the master on port $MASTER" "http_ok $MASTER /cluster/status" \
     master -ip="$HOST" -ip.bind="$HOST" -port="$MASTER" -mdir="$DIR/master" \
     -peers=none -telemetry=false -defaultReplication=001 -volumeSizeLimitMB=256
+  # Volume slots: 32 per server, 96 in all. A bucket is a collection
+  # that takes volumes of its own: the S3 crate's shared test server
+  # holds eight buckets, and a PUT to a ninth waited for a volume past
+  # the client's 30 s timeout (crates/s3/tests/seaweed.rs: new tests
+  # there use an existing bucket).
   local k=1
   for p in $VOLUMES; do
     launch "volume$k" volume -ip="$HOST" -ip.bind="$HOST" -port="$p" -dir="$DIR/v$k" \
