@@ -348,5 +348,10 @@ def test_the_cli_demo_and_stat_page_an_object(s3: Dict[str, str],
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"read-only region of {url}: 16 MiB, 64 KiB folios" in out.stdout, out.stdout
     assert "read the first half" in out.stdout and "store_gets" in out.stdout, out.stdout
+    # An object of under four folios: no quarter to page out, no error.
+    t = tmp_path / "t.bin"
+    t.write_bytes(os.urandom(10_000))
+    out = _run_cli("stat", "--store", _upload(t, "stat/t.bin"))
+    assert out.returncode == 0 and "under four folios" in out.stdout, out.stdout + out.stderr
     out = _run_cli("stat", "--store", f"s3://{BUCKET}/stat/missing.bin")
     assert out.returncode != 0 and "no such object" in out.stderr, out.stderr

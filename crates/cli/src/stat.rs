@@ -159,14 +159,19 @@ pub fn run(a: &StatArgs) -> Result<(), Box<dyn std::error::Error>> {
         words[w].load(Relaxed);
     }
     show("read the third quarter", &pager, &r, a)?;
+    // Quarters of whole folios (none in a region of under four folios).
     let q = (len / 4) / f * f;
-    r.pageout(2 * q, q)?;
-    show("pageout of the third quarter", &pager, &r, a)?;
-    r.prefetch(0, q.min(a.budget / 2 / f * f).max(f))?;
-    r.wait_prefetch(Duration::from_secs(30));
-    show("prefetch of the start", &pager, &r, a)?;
-    r.discard(q, q)?;
-    show("discard of the second quarter", &pager, &r, a)?;
+    if q == 0 {
+        println!("(under four folios: no quarter to page out, prefetch or discard)");
+    } else {
+        r.pageout(2 * q, q)?;
+        show("pageout of the third quarter", &pager, &r, a)?;
+        r.prefetch(0, q.min(a.budget / 2 / f * f).max(f))?;
+        r.wait_prefetch(Duration::from_secs(30));
+        show("prefetch of the start", &pager, &r, a)?;
+        r.discard(q, q)?;
+        show("discard of the second quarter", &pager, &r, a)?;
+    }
     let counters = r.store_counters();
     if !counters.is_empty() {
         println!("store counters:");
