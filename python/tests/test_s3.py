@@ -355,3 +355,32 @@ def test_the_cli_demo_and_stat_page_an_object(s3: Dict[str, str],
     assert out.returncode == 0 and "under four folios" in out.stdout, out.stdout + out.stderr
     out = _run_cli("stat", "--store", f"s3://{BUCKET}/stat/missing.bin")
     assert out.returncode != 0 and "no such object" in out.stderr, out.stderr
+
+
+def test_the_cli_demo_interrupted_in_its_upload_leaves_nothing(s3: Dict[str, str],
+                                                               tmp_path: pathlib.Path) -> None:
+    """SIGINT while `upager demo --store s3://...` uploads its dataset: the
+    multipart upload stops at its next batch of parts and is aborted, the
+    demo exits with 130, and no object is left (before, the demo exited at
+    once and left the multipart upload unfinished on the server)."""
+    import signal
+    import time
+    p = subprocess.Popen([str(_cli()), "demo", "--store", f"s3://{BUCKET}/cli-int/",
+                          "--size", "512M", "--dir", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if "made dataset" in line:
+                break
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out + err
+    assert "stopping the upload" in err, err
+    listed = _run_cli("list", f"s3://{BUCKET}/cli-int/", timeout=120)
+    assert listed.returncode == 0 and "upager-demo" not in listed.stdout, listed.stdout
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())

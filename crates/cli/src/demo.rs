@@ -10,8 +10,8 @@
 //! 6. print throughput and the engine's counters; remove the dataset.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -240,6 +240,11 @@ struct Leftovers {
     remote: Option<(String, Arc<RedisStore>)>,
     /// The demo's object on an S3 store.
     object: Option<upager_s3::S3Url>,
+    /// An upload to a store in progress: a signal sets its flag and waits
+    /// for it to stop ([`Upload`]), so that it removes what it wrote (a
+    /// Redis dataset's keys) or aborts (an S3 multipart upload) before
+    /// the demo exits.
+    upload: Option<Arc<AtomicBool>>,
     /// `--compare` changed the machine (cgroup, zram): undo it too.
     bench_env: bool,
 }
@@ -248,8 +253,38 @@ static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
     dir: None,
     remote: None,
     object: None,
+    upload: None,
     bench_env: false,
 });
+
+/// The demo's upload to a store while it runs: its cancel flag, which the
+/// signal thread sets ([`watch_signals`]); gone when the upload returned.
+struct Upload(Arc<AtomicBool>);
+
+impl Upload {
+    fn start() -> Upload {
+        let flag = Arc::new(AtomicBool::new(false));
+        leftovers().upload = Some(Arc::clone(&flag));
+        Upload(flag)
+    }
+
+    /// The upload returned. Stopped by a signal, this thread waits for
+    /// ever: the signal thread removes what is left and exits with 128 +
+    /// the signal, as on a signal at any other time.
+    fn finish(self) {
+        let stopped = self.0.load(Ordering::SeqCst);
+        drop(self);
+        while stopped {
+            std::thread::park();
+        }
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        leftovers().upload = None;
+    }
+}
 
 fn leftovers() -> std::sync::MutexGuard<'static, Leftovers> {
     LEFTOVERS.lock().unwrap_or_else(|e| e.into_inner())
@@ -264,6 +299,17 @@ fn watch_signals() -> Result<(), String> {
         .name("demo-signals".into())
         .spawn(move || {
             let Ok(sig) = sigs.wait() else { return };
+            // An upload stops at its next batch and cleans up after
+            // itself; waited for (bounded) before anything else.
+            let upload = leftovers().upload.clone();
+            if let Some(flag) = upload {
+                eprintln!("\nupager demo: stopping the upload");
+                flag.store(true, Ordering::SeqCst);
+                let until = Instant::now() + Duration::from_secs(60);
+                while leftovers().upload.is_some() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             // Held until exit: the main thread cannot register anything
             // new (or remove it under us) from here on.
             let mut l = leftovers();
@@ -731,10 +777,18 @@ impl Remote {
         let opts = RedisOptions::default();
         let t0 = Instant::now();
         let pb = bar(size, "upload");
-        upager_redis::upload(path, &url, chunk, &opts, &mut |done, _| {
-            pb.set_position(done)
-        })?;
+        let upload = Upload::start();
+        let up = upager_redis::upload_cancellable(
+            path,
+            &url,
+            chunk,
+            &opts,
+            &mut |done, _| pb.set_position(done),
+            &upload.0,
+        );
+        upload.finish();
         pb.finish_and_clear();
+        up?;
         // Opened once more to delete it at the end, whatever happens.
         let st = RedisStore::open(&url, false, &opts)?;
         leftovers().remote = Some((url.to_string(), Arc::clone(&st)));
@@ -866,12 +920,9 @@ fn s3_demo(
     let _object = Object(&objects, &url);
     let t0 = Instant::now();
     let pb = bar(a.size, "upload");
-    let up = objects.upload_with(
-        path,
-        &key,
-        &std::sync::atomic::AtomicBool::new(false),
-        &mut |done, _| pb.set_position(done),
-    );
+    let upload = Upload::start();
+    let up = objects.upload_with(path, &key, &upload.0, &mut |done, _| pb.set_position(done));
+    upload.finish();
     pb.finish_and_clear();
     up?;
     println!(

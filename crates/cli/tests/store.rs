@@ -117,7 +117,78 @@ fn load_and_demo_run_through_a_cluster() {
     // The region's store counters, by their stable names (issue 20).
     assert!(out.contains("store_round_trips"), "{out}");
     assert!(out.contains("store_writes_degraded        0"), "{out}");
+
+    // SIGINT while the demo uploads its dataset: the upload stops at its
+    // next batch and removes what it wrote, then the demo exits with 130
+    // (before, it exited at once and left an incomplete dataset).
+    let (status, out) = interrupt_in_upload(&[
+        "--size",
+        "256M",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--store",
+        &seed,
+    ]);
+    assert_eq!(status.code(), Some(130), "{out}");
+    assert!(out.contains("stopping the upload"), "{out}");
+    let o = upager(&["list", &seed]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("upager-demo-"), "{}", text(&o));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `upager demo ARGS`, sends it SIGINT 200 ms after it has made its
+/// dataset (its upload is then running) and waits (60 s at most) for its
+/// exit: the status and all it printed.
+fn interrupt_in_upload(args: &[&str]) -> (std::process::ExitStatus, String) {
+    use std::io::{BufRead, BufReader, Read};
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_upager"))
+        .arg("demo")
+        .args(args)
+        .env_remove("UPAGER_FAULT_MODE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the upager binary");
+    let mut err = child.stderr.take().unwrap();
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut out = String::new();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for l in lines.by_ref().map_while(Result::ok) {
+        out.push_str(&l);
+        out.push('\n');
+        if l.contains("made dataset") {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let end = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("the demo did not end within 60 s of SIGINT:\n{out}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for l in lines.map_while(Result::ok) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    out.push_str(&errs.join().unwrap());
+    (status, out)
 }
 
 /// Issue 22 item 6: no command prints a URL's password, whether the URL
