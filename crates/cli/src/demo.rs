@@ -274,8 +274,10 @@ impl Upload {
     fn finish(self) {
         let stopped = self.0.load(Ordering::SeqCst);
         drop(self);
-        while stopped {
-            std::thread::park();
+        if stopped {
+            loop {
+                std::thread::park();
+            }
         }
     }
 }
