@@ -788,13 +788,19 @@ impl Remote {
             &mut |done, _| pb.set_position(done),
             &upload.0,
         );
-        upload.finish();
         pb.finish_and_clear();
-        up?;
-        // Opened once more to delete it at the end, whatever happens.
-        let st = RedisStore::open(&url, false, &opts)?;
-        leftovers().remote = Some((url.to_string(), Arc::clone(&st)));
-        let store = Some(st);
+        // Opened once more to delete it at the end, whatever happens:
+        // registered before the upload counts as over, so that a signal
+        // that came as it completed deletes it too.
+        let st = up
+            .map_err(Box::<dyn std::error::Error>::from)
+            .and_then(|_| {
+                let st = RedisStore::open(&url, false, &opts)?;
+                leftovers().remote = Some((url.to_string(), Arc::clone(&st)));
+                Ok(st)
+            });
+        upload.finish();
+        let store = Some(st?);
         println!(
             "  uploaded to {url:<16} {:>8.2} s",
             t0.elapsed().as_secs_f64()
