@@ -54,6 +54,17 @@ pub const DEFAULT_CHUNK: u64 = 64 << 10;
 /// that keeps a batch's pipelines and memory modest).
 const UPLOAD_BATCH: usize = 256;
 
+impl From<upager::OpenRegularError> for UploadError {
+    fn from(e: upager::OpenRegularError) -> UploadError {
+        match e {
+            upager::OpenRegularError::Io { path, source } => UploadError::Read { path, source },
+            upager::OpenRegularError::NotRegular { path, kind } => {
+                UploadError::NotRegular { path, kind }
+            }
+        }
+    }
+}
+
 /// A file could not be uploaded.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 #[non_exhaustive]
@@ -162,17 +173,7 @@ pub fn upload_cancellable(
     progress: &mut dyn FnMut(u64, u64),
     cancel: &AtomicBool,
 ) -> Result<u64, UploadError> {
-    let read_err = |source| UploadError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    let (mut file, total) = upager::open_regular_file(path).map_err(|e| match e {
-        upager::OpenRegularError::NotRegular(kind) => UploadError::NotRegular {
-            path: path.to_path_buf(),
-            kind,
-        },
-        upager::OpenRegularError::Io(source) => read_err(source),
-    })?;
+    let (mut file, total) = upager::open_regular_file(path)?;
     let up = dataset::Upload::begin(url, total, chunk, opts)?;
     let mut done = 0u64;
     let mut written = 0u64; // one past the highest chunk written

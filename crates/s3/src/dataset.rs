@@ -192,13 +192,8 @@ pub enum DatasetError {
         /// Why.
         source: io::Error,
     },
-    /// {path} is a {kind}, not a regular file: upload a regular file (nothing was uploaded)
-    NotRegular {
-        /// The path.
-        path: PathBuf,
-        /// What it is (directory, FIFO, ...).
-        kind: &'static str,
-    },
+    /// {0}
+    Source(#[from] upager::OpenRegularError),
     /// {url}: the upload was cancelled (what it wrote was removed)
     Cancelled {
         /// The URL.
@@ -233,7 +228,7 @@ impl upager::ErrorCode for DatasetError {
             DatasetError::Busy { .. } | DatasetError::Incomplete { .. } => libc::EBUSY,
             DatasetError::NotDataset { .. }
             | DatasetError::SwapUrl { .. }
-            | DatasetError::NotRegular { .. }
+            | DatasetError::Source(upager::OpenRegularError::NotRegular { .. })
             | DatasetError::Group { .. } => libc::EINVAL,
             DatasetError::Cancelled { .. } => libc::ECANCELED,
             DatasetError::Timeout { .. } => libc::ETIMEDOUT,
@@ -1160,16 +1155,7 @@ pub fn load(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Manifest, DatasetError> {
     check_group(url, group)?;
-    let (mut file, len) = upager::open_regular_file(path).map_err(|e| match e {
-        upager::OpenRegularError::NotRegular(kind) => DatasetError::NotRegular {
-            path: path.to_path_buf(),
-            kind,
-        },
-        upager::OpenRegularError::Io(source) => DatasetError::Read {
-            path: path.to_path_buf(),
-            source,
-        },
-    })?;
+    let (mut file, len) = upager::open_regular_file(path)?;
     let conn = Conn::new(url, opts, env)?;
     let claim = conn.key(CLAIM);
     let put = PutOptions {

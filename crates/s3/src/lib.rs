@@ -156,13 +156,8 @@ pub enum UploadError {
         /// Why.
         source: std::io::Error,
     },
-    /// {path} is a {kind}, not a regular file: upload a regular file (nothing was uploaded)
-    NotRegular {
-        /// The path.
-        path: PathBuf,
-        /// What it is (directory, FIFO, ...).
-        kind: &'static str,
-    },
+    /// {0}
+    Source(#[from] upager::OpenRegularError),
     /// {url}: the upload was cancelled (the multipart upload was aborted: nothing was published)
     Cancelled {
         /// The URL.
@@ -286,13 +281,7 @@ impl Objects {
             path: path.to_path_buf(),
             source,
         };
-        let (mut file, total) = upager::open_regular_file(path).map_err(|e| match e {
-            upager::OpenRegularError::NotRegular(kind) => UploadError::NotRegular {
-                path: path.to_path_buf(),
-                kind,
-            },
-            upager::OpenRegularError::Io(source) => read_err(source),
-        })?;
+        let (mut file, total) = upager::open_regular_file(path)?;
         let loc = ObjPath::from(key);
         let mut up = self.run(key, self.client.put_multipart(&loc))?;
         let mut buf = vec![0u8; UPLOAD_PART];

@@ -140,13 +140,13 @@ fn uploads_report_progress_stop_when_cancelled_and_take_regular_files_only() {
             .upload(std::path::Path::new(path), "up/special")
             .unwrap_err();
         assert!(
-            matches!(e, UploadError::NotRegular { kind: k, .. } if k == kind),
+            matches!(e, UploadError::Source(upager::OpenRegularError::NotRegular { kind: k, .. }) if k == kind),
             "{path}: {e}"
         );
         let url = s.url("reads", "special/");
         let e = load_dataset(&url, std::path::Path::new(path), 256 << 10, &env, false).unwrap_err();
         assert!(
-            matches!(e, upager_s3::DatasetError::NotRegular { kind: k, .. } if k == kind),
+            matches!(e, upager_s3::DatasetError::Source(upager::OpenRegularError::NotRegular { kind: k, .. }) if k == kind),
             "{path}: {e}"
         );
         assert_eq!(e.errno(), libc::EINVAL);

@@ -451,15 +451,25 @@ pub(crate) fn unpageable_open(file: &File, meta: &std::fs::Metadata) -> Option<F
     })
 }
 
-/// Why a file could not be opened to be read whole
+/// Why a file could not be opened to be read whole, as an upload's source
 /// ([`open_regular_file`]).
-#[derive(Debug)]
+#[derive(Debug, displaydoc::Display, thiserror::Error)]
 pub enum OpenRegularError {
-    /// It could not be examined or opened.
-    Io(io::Error),
-    /// It is not a regular file: what it is ("directory", "FIFO",
-    /// "socket", "block device", "character device").
-    NotRegular(&'static str),
+    /// cannot read {path}: {source} (nothing was uploaded)
+    Io {
+        /// The path given.
+        path: PathBuf,
+        /// Why it could not be examined or opened.
+        source: io::Error,
+    },
+    /// {path} is a {kind}, not a regular file: upload a regular file (nothing was uploaded)
+    NotRegular {
+        /// The path given.
+        path: PathBuf,
+        /// What it is ("directory", "FIFO", "socket", "block device",
+        /// "character device").
+        kind: &'static str,
+    },
 }
 
 /// Opens the file at `path` to be read whole, as an upload's source (the
@@ -470,8 +480,12 @@ pub enum OpenRegularError {
 /// been replaced in between).
 pub fn open_regular_file(path: &Path) -> Result<(File, u64), OpenRegularError> {
     use std::os::unix::fs::FileTypeExt;
-    let kind = |t: std::fs::FileType| -> Option<&'static str> {
-        Some(if t.is_dir() {
+    let io = |source| OpenRegularError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let check = |t: std::fs::FileType| {
+        let kind = if t.is_dir() {
             "directory"
         } else if t.is_fifo() {
             "FIFO"
@@ -482,18 +496,17 @@ pub fn open_regular_file(path: &Path) -> Result<(File, u64), OpenRegularError> {
         } else if t.is_char_device() {
             "character device"
         } else {
-            return None;
+            return Ok(());
+        };
+        Err(OpenRegularError::NotRegular {
+            path: path.to_path_buf(),
+            kind,
         })
     };
-    let meta = std::fs::metadata(path).map_err(OpenRegularError::Io)?;
-    if let Some(k) = kind(meta.file_type()) {
-        return Err(OpenRegularError::NotRegular(k));
-    }
-    let file = File::open(path).map_err(OpenRegularError::Io)?;
-    let meta = file.metadata().map_err(OpenRegularError::Io)?;
-    if let Some(k) = kind(meta.file_type()) {
-        return Err(OpenRegularError::NotRegular(k));
-    }
+    check(std::fs::metadata(path).map_err(io)?.file_type())?;
+    let file = File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    check(meta.file_type())?;
     Ok((file, meta.len()))
 }
 
