@@ -8,15 +8,23 @@
 //!             2) HEAD the object: its size and ETag, fixed for the store's life
 //!                (404: then list the bucket once, to say "no such bucket" or
 //!                "no such object"; 401/403: the credentials' source named)
-//! read_at     the range [offset, offset+len) clipped at the object's end, split
-//!             in parts of at most `part` (8 MiB) bytes: ONE ranged GET per part, all
-//!             parts in flight together (at most `in_flight`); a fault's run of
-//!             up to `part` bytes is one GET
+//! read_at     the range [offset, offset+len) clipped at the object's end, cut
+//!             on the part grid (offsets that are multiples of `part`, 8 MiB):
+//!             ONE ranged GET per part, all parts in flight together (at most
+//!             `in_flight`); a fault's run inside one part is one GET
 //! read_batch  reads in order merged up to `part` bytes, adjacent ones and
 //!             ones at most `gap` bytes apart (the gap read and dropped, in
-//!             waves of at most 16 MiB of gaps), a read longer than `part`
-//!             cut in parts, then as read_at: every GET in flight together
-//!             (at most `in_flight`), one result per read
+//!             waves of at most 16 MiB of gaps), a read across the part grid
+//!             cut on it, then as read_at: every GET in flight together (at
+//!             most `in_flight`), one result per read
+//! the grid    a server keeps an object in chunks (SeaweedFS: 4 MiB) and
+//!             decompresses a compressed one whole for each GET that touches
+//!             it: a long read cut on the grid touches each chunk once (where
+//!             chunks divide `part`), as a pass's aligned windows do. A
+//!             gather's merged GETs are not cut on it: one GET per batch's
+//!             span in flight with the next keeps both server CPUs busy, which
+//!             counted for more than the chunks touched (docs/benchmarks.md,
+//!             "Aligned windows")
 //! every GET   If-Match: the ETag of open; 412 (or another ETag in the answer)
 //!             = the object was replaced: an error (the access gets SIGBUS,
 //!             the reason logged by the engine), never bytes of two versions
@@ -334,6 +342,22 @@ pub const GAP_DEFAULT: u64 = 512 << 10;
 /// fetch's 8 MiB batch, within what a 256 MiB cgroup over a 192 MiB
 /// budget leaves).
 const GAP_SCRATCH_BYTES: usize = 16 << 20;
+
+/// The GETs of the read of `buf` at `offset`: cut where the object's
+/// offsets reach a multiple of `part` (the part grid; see the module doc),
+/// each its range and its buffer.
+fn grid_parts(offset: u64, buf: &mut [u8], part: u64) -> Vec<(Range<u64>, Vec<&mut [u8]>)> {
+    let mut out = Vec::with_capacity(buf.len().div_ceil(part as usize) + 1);
+    let (mut start, mut rest) = (offset, buf);
+    while !rest.is_empty() {
+        let n = ((part - start % part) as usize).min(rest.len());
+        let (b, tail) = rest.split_at_mut(n);
+        out.push((start..start + n as u64, vec![b]));
+        start += n as u64;
+        rest = tail;
+    }
+    out
+}
 
 /// How one read of a `read_batch` is served (`S3Store::plan_wave`): its
 /// bytes (clipped at the object's end; 0: none), and whether it goes into
@@ -747,18 +771,6 @@ impl S3Store {
         }
     }
 
-    /// The parts of the read `[offset, offset + n)`.
-    fn parts<'a>(&self, offset: u64, buf: &'a mut [u8]) -> Vec<(Range<u64>, Vec<&'a mut [u8]>)> {
-        let part = self.opts.part as usize;
-        buf.chunks_mut(part)
-            .enumerate()
-            .map(|(i, b)| {
-                let start = offset + (i * part) as u64;
-                (start..start + b.len() as u64, vec![b])
-            })
-            .collect()
-    }
-
     /// The next wave of a batch of reads (a prefix of `reads`): how each
     /// is served, and the gap bytes it reads through. A read goes into the
     /// previous read's GET while the GET stays within `part` bytes and
@@ -839,7 +851,7 @@ impl S3Store {
                     // window) is cut in parts as read_at cuts it: their GETs
                     // in flight together, not one long GET.
                     let first = gets.len();
-                    gets.extend(self.parts(r.offset, buf));
+                    gets.extend(grid_parts(r.offset, buf, self.opts.part));
                     which.push(Some(first..gets.len()));
                 }
             }
@@ -908,7 +920,7 @@ impl upager::Store for S3Store {
             return Ok(0);
         }
         let n = (buf.len() as u64).min(self.len - offset) as usize;
-        let gets = self.parts(offset, &mut buf[..n]);
+        let gets = grid_parts(offset, &mut buf[..n], self.opts.part);
         for r in self.run_gets(gets) {
             r?;
         }
@@ -982,5 +994,42 @@ impl upager::Store for S3Store {
             "S3 object {} at {} (ETag {})",
             self.url, self.endpoint, self.etag
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grid_parts;
+
+    /// A read is cut on the part grid: an aligned read of parts is one GET
+    /// each, an unaligned one gets a short GET at each end, every byte
+    /// in exactly one GET, in order.
+    #[test]
+    fn a_read_is_cut_on_the_part_grid() {
+        let mib = 1u64 << 20;
+        let ranges = |off: u64, len: u64| {
+            let mut buf = vec![0u8; len as usize];
+            let parts = grid_parts(off, &mut buf, 8 * mib);
+            for (r, b) in &parts {
+                assert_eq!(
+                    r.end - r.start,
+                    b.iter().map(|x| x.len() as u64).sum::<u64>()
+                );
+            }
+            parts.into_iter().map(|(r, _)| r).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ranges(16 * mib, 16 * mib),
+            [16 * mib..24 * mib, 24 * mib..32 * mib]
+        );
+        let off = 3 * mib + 3 * mib / 8;
+        assert_eq!(
+            ranges(off, 8 * mib),
+            [off..8 * mib, 8 * mib..off + 8 * mib],
+            "a window from 3.375 MiB: two GETs, none across 8 MiB"
+        );
+        let one = ranges(mib, 4096);
+        assert_eq!((one.len(), &one[0]), (1, &(mib..mib + 4096)));
+        assert!(ranges(5, 0).is_empty());
     }
 }
