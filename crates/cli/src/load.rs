@@ -108,12 +108,12 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
     let n = n?;
     let el = t0.elapsed().as_secs_f64();
     println!(
-        "uploaded {} ({} bytes) to {} in {:.2} s ({:.0} MB/s), chunks of {}, {} replica(s) acknowledged each batch",
+        "uploaded {} ({} bytes) to {} in {:.2} s ({}), chunks of {}, {} replica(s) acknowledged each batch",
         a.file.display(),
         n,
         url,
         el,
-        n as f64 / el.max(1e-9) / 1e6,
+        rate(n, el),
         format_size(a.chunk),
         a.replicas
     );
@@ -124,6 +124,22 @@ pub fn run(a: &LoadArgs) -> Result<(), Box<dyn std::error::Error>> {
         a.url
     );
     Ok(())
+}
+
+/// An upload's rate, `n` bytes in `el` seconds: MB/s, with two decimals
+/// under 10 MB/s, KB/s under 0.1 MB/s, B/s under 1 KB/s (a file of a few
+/// KB printed "0 MB/s").
+fn rate(n: u64, el: f64) -> String {
+    let r = n as f64 / el.max(1e-9);
+    if r >= 1e7 {
+        format!("{:.0} MB/s", r / 1e6)
+    } else if r >= 1e5 {
+        format!("{:.2} MB/s", r / 1e6)
+    } else if r >= 1e3 {
+        format!("{:.1} KB/s", r / 1e3)
+    } else {
+        format!("{r:.0} B/s")
+    }
 }
 
 /// `upager load FILE s3://BUCKET/KEY`: a multipart upload (S3 publishes
@@ -151,9 +167,9 @@ fn load_s3(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn std::erro
     let etag = etag?;
     let el = t0.elapsed().as_secs_f64();
     println!(
-        "uploaded {} ({n} bytes) to {url} in {el:.2} s ({:.0} MB/s), ETag {etag}",
+        "uploaded {} ({n} bytes) to {url} in {el:.2} s ({}), ETag {etag}",
         a.file.display(),
-        n as f64 / el.max(1e-9) / 1e6,
+        rate(n, el),
     );
     println!("map it read-only: Rust upager_s3::map, upager demo --store {url}");
     Ok(())
@@ -182,14 +198,28 @@ fn load_s3_dataset(a: &LoadArgs, url: &upager_s3::S3Url) -> Result<(), Box<dyn s
     let m = m?;
     let el = t0.elapsed().as_secs_f64();
     println!(
-        "uploaded {} ({} bytes) to the dataset {url} in {el:.2} s ({:.0} MB/s), groups of {}",
+        "uploaded {} ({} bytes) to the dataset {url} in {el:.2} s ({}), groups of {}",
         a.file.display(),
         m.len,
-        m.len as f64 / el.max(1e-9) / 1e6,
+        rate(m.len, el),
         format_size(m.group)
     );
     println!(
         "map it read-write: Rust upager_s3::map with MapOptions::writable, C upager_map_options.store = \"{url}\", Python upager.memmap(\"{url}\", dtype, mode=\"r+\")"
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rate;
+
+    #[test]
+    fn an_upload_s_rate_reads_well_at_every_size() {
+        assert_eq!(rate(2_000_000_000, 10.0), "200 MB/s");
+        assert_eq!(rate(5_000_000, 1.0), "5.00 MB/s");
+        assert_eq!(rate(4_096, 0.5), "8.2 KB/s");
+        assert_eq!(rate(6, 0.2), "30 B/s");
+        assert_eq!(rate(0, 0.0), "0 B/s");
+    }
 }

@@ -117,7 +117,7 @@ impl Shared {
     /// compressed chunk is decompressed whole for every GET that touches
     /// it: a pass's 8 MiB windows from 3.375 MiB touched 1.45 chunks per
     /// chunk of the object (docs/benchmarks.md, "Aligned windows and
-    /// GETs").
+    /// chained windows for an S3 pass").
     pub(crate) fn window_aligned_end(&self, r: &Area, idx: usize, want: usize) -> usize {
         let bytes = want as u64 * r.folio;
         let off = r.store_off + idx as u64 * r.folio;
