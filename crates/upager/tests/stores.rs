@@ -251,8 +251,18 @@ fn async_readahead_windows_of_a_network_store_are_a_prefetch_batch() {
     for (round_trips, window) in [(false, 2 * MIB), (true, 8 * MIB)] {
         let (store, _) = stream(&path, round_trips, Duration::ZERO, 512, Duration::ZERO, 13);
         let sizes = store.batch_bytes.lock().unwrap().clone();
+        // A window ends on the grid of its size: a network stream that
+        // outruns its windows (no work here) has some cut short after its
+        // own faults' 2 MiB, all larger than a local store's 2 MiB.
+        let big = |b: u64| {
+            if round_trips {
+                b > 2 * MIB
+            } else {
+                b == window
+            }
+        };
         assert!(
-            sizes.iter().filter(|&&b| b as u64 == window).count() >= 2,
+            sizes.iter().filter(|&&b| big(b as u64)).count() >= 2,
             "round trips {round_trips}: windows of {window} bytes: {sizes:?}"
         );
         assert!(
@@ -306,23 +316,11 @@ fn stream(
     work: Duration,
     seed: u64,
 ) -> (Arc<Recorder<upager::FileStore>>, upager::Stats) {
-    stream_in(32 * MIB, path, round_trips, delay, step, work, seed)
-}
-
-/// [`stream`] through a budget of `budget` bytes.
-fn stream_in(
-    budget: u64,
-    path: &std::path::Path,
-    round_trips: bool,
-    delay: Duration,
-    step: usize,
-    work: Duration,
-    seed: u64,
-) -> (Arc<Recorder<upager::FileStore>>, upager::Stats) {
     let mut rec = Recorder::new(upager::FileStore::open(path, false, true).unwrap());
     rec.round_trips = round_trips;
     rec.batch_delay = delay;
     let store = Arc::new(rec);
+    let budget = 32 * MIB;
     let pager = Pager::new(budget).unwrap();
     let r = pager
         .map_store(store.clone(), &MapOptions::new().folio(64 << 10))
@@ -337,15 +335,15 @@ fn stream_in(
 /// A stream over a network store that reaches each async readahead
 /// window while it is still being read (every `read_batch` takes 30 ms,
 /// the stream's work on 8 MiB 8 ms) gets the next window read at once
-/// (readahead.rs, `note_reached`), and where the budget holds six
-/// windows, the window after the next when the other reader has the
-/// next already (ahead.rs, `fill_ahead`): its own faults stop once the
-/// windows have grown. Without the skip two windows asked together were
-/// done together, and the stream read through both and faulted at the
-/// next; without the chain it faulted every two windows. A local store's
-/// stream keeps faulting every other window (its faults read on the
-/// second CPU). The data is the file's, the budget held, nothing evicted
-/// before the stream got to it.
+/// (readahead.rs, `note_reached`), and the window after the next when
+/// the other reader has the next already (ahead.rs, `fill_ahead`): its
+/// own faults stop once the windows have grown. Without the skip two
+/// windows asked together were done together, and the stream read
+/// through both and faulted at the next; without the chain it faulted
+/// every two windows. A local store's stream keeps faulting every other
+/// window (its faults read on the second CPU). The data is the file's,
+/// the budget held, no folio read twice (an ask served after the stream
+/// had passed read evicted folios again: 128-384 in 2 of 8 runs).
 #[test]
 fn a_stream_that_waits_for_a_network_window_gets_the_next_one_at_once() {
     let dir = ram_dir();
@@ -356,27 +354,27 @@ fn a_stream_that_waits_for_a_network_window_gets_the_next_one_at_once() {
     // a loaded machine (with no work but reading, a stream beside a
     // CPU hog outran the prefetch thread to 14-26 faults).
     let work = Duration::from_millis(1);
-    let delay = Duration::from_millis(30);
-    let stats: Vec<upager::Stats> = [(false, 32 * MIB), (true, 32 * MIB), (true, 64 * MIB)]
+    let stats: Vec<upager::Stats> = [false, true]
         .into_iter()
-        .map(|(rt, budget)| stream_in(budget, &path, rt, delay, 64, work, 17).1)
+        .map(|rt| stream(&path, rt, Duration::from_millis(30), 64, work, 17).1)
         .collect();
     let faults: Vec<u64> = stats.iter().map(|s| s.faults_missing).collect();
     // 128 MiB: a local store's stream faults every 4 MiB (its 2 MiB
     // window, then the async one): 36-37 faults; a network store's,
     // unchained, every 10 MiB (2 MiB, then 8 MiB): 18-19 (measured with
-    // `note_reached` disabled); chained without the skip (a budget of
-    // four windows) 12-13, every 18 MiB; with it 6-7, only while its
-    // windows grow (the same beside two CPU hogs).
+    // `note_reached` disabled); chained without the skip 12-13, every
+    // 18 MiB; with it 6, only while its windows grow (the same beside
+    // two CPU hogs, and with faults resolved in the faulting thread).
     assert!(faults[0] >= 30, "local: {faults:?}");
-    assert!(faults[1] <= 15, "network: the windows chained: {faults:?}");
     assert!(
-        faults[2] <= 9,
+        faults[1] <= 9,
         "network: two windows kept in flight: {faults:?}"
     );
     assert!(
-        stats.iter().all(|s| s.refaults == 0),
-        "nothing read ahead was evicted unused: {stats:?}"
+        stats
+            .iter()
+            .all(|s| s.refaults == 0 && s.fills == len / (64 << 10)),
+        "each folio read once: {stats:?}"
     );
 }
 
