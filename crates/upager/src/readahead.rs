@@ -118,6 +118,7 @@ impl Shared {
     /// it: a pass's 8 MiB windows from 3.375 MiB touched 1.45 chunks per
     /// chunk of the object (docs/benchmarks.md, "Aligned windows and
     /// chained windows for an S3 pass").
+    ///
     /// A region that fills 2 MiB runs (huge.rs) keeps its windows on its
     /// runs, which are aligned in the view: there the window is not cut.
     pub(crate) fn window_aligned_end(&self, r: &Area, idx: usize, want: usize) -> usize {
