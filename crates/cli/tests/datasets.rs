@@ -95,6 +95,28 @@ fn wait_listed(c: &Cluster, name: &str, child: &mut Child) {
     }
 }
 
+/// Waits until the running load of `name` has written some of its chunks
+/// (more than two keys), so that a signal sent next lands mid-upload: a
+/// fixed sleep after the listing let a fast machine finish the 256 MiB
+/// upload first (seen: SIGKILL 300 ms after the listing came too late).
+fn wait_chunks(c: &Cluster, name: &str, child: &mut Child) {
+    let t = Instant::now();
+    while keys_of(c, name).len() <= 2 {
+        if let Some(s) = child.try_wait().unwrap() {
+            panic!("the load of {name} ended ({s}) before it wrote chunks: make the file bigger");
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{name} wrote no chunks"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the load of {name} ended before the signal: make the file bigger"
+    );
+}
+
 fn signal(child: &Child, sig: &str) {
     let ok = Command::new("kill")
         .args([sig, &child.id().to_string()])
@@ -127,7 +149,7 @@ fn r20_interrupted_uploads_leave_nothing_visible_and_list_delete_round_trip() {
     // SIGTERM mid-upload: nothing is left, the name does not open.
     let mut child = spawn(&["load", big, &url("sig")]);
     wait_listed(&c, "sig", &mut child);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_chunks(&c, "sig", &mut child);
     signal(&child, "-TERM");
     let t = Instant::now();
     let o = finish(child, Duration::from_secs(60), "load (SIGTERM)");
@@ -146,7 +168,7 @@ fn r20_interrupted_uploads_leave_nothing_visible_and_list_delete_round_trip() {
     // refused to a new load while fresh, removed by delete.
     let mut child = spawn(&["load", big, &url("killed")]);
     wait_listed(&c, "killed", &mut child);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_chunks(&c, "killed", &mut child);
     signal(&child, "-KILL");
     finish(child, Duration::from_secs(30), "load (SIGKILL)");
     let e = upager_redis::RedisStore::open(&c.named("killed"), false, &RedisOptions::default())
@@ -174,7 +196,7 @@ fn r20_interrupted_uploads_leave_nothing_visible_and_list_delete_round_trip() {
     // shows through the new dataset's zero chunks.
     let mut child = spawn(&["load", big, &url("stale")]);
     wait_listed(&c, "stale", &mut child);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_chunks(&c, "stale", &mut child);
     signal(&child, "-KILL");
     finish(child, Duration::from_secs(30), "load (SIGKILL)");
     let left = keys_of(&c, "stale").len();
