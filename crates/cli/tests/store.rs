@@ -121,14 +121,22 @@ fn load_and_demo_run_through_a_cluster() {
     // SIGINT while the demo uploads its dataset: the upload stops at its
     // next batch and removes what it wrote, then the demo exits with 130
     // (before, it exited at once and left an incomplete dataset).
-    let (status, out) = interrupt_in_upload(&[
-        "--size",
-        "256M",
-        "--dir",
-        dir.to_str().unwrap(),
-        "--store",
-        &seed,
-    ]);
+    let (status, out) = interrupt_in_upload(
+        &[
+            "--size",
+            "256M",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--store",
+            &seed,
+        ],
+        |pid| {
+            upager_redis::list(&c.url, &upager_redis::RedisOptions::default())
+                .unwrap()
+                .iter()
+                .any(|d| d.name == format!("upager-demo-{pid}") && !d.complete)
+        },
+    );
     assert_eq!(status.code(), Some(130), "{out}");
     assert!(out.contains("stopping the upload"), "{out}");
     let o = upager(&["list", &seed]);
@@ -137,10 +145,15 @@ fn load_and_demo_run_through_a_cluster() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Runs `upager demo ARGS`, sends it SIGINT 200 ms after it has made its
-/// dataset (its upload is then running) and waits (60 s at most) for its
-/// exit: the status and all it printed.
-fn interrupt_in_upload(args: &[&str]) -> (std::process::ExitStatus, String) {
+/// Runs `upager demo ARGS`, sends it SIGINT once it has made its dataset
+/// and `uploading(pid)` says its upload is running (a fixed 200 ms after
+/// the dataset was made is most of a 256 MiB upload to a local cluster on
+/// a fast run) and waits (60 s at most) for its exit: the status and all
+/// it printed.
+fn interrupt_in_upload(
+    args: &[&str],
+    uploading: impl Fn(u32) -> bool,
+) -> (std::process::ExitStatus, String) {
     use std::io::{BufRead, BufReader, Read};
     use std::time::{Duration, Instant};
     let mut child = Command::new(env!("CARGO_BIN_EXE_upager"))
@@ -166,7 +179,14 @@ fn interrupt_in_upload(args: &[&str]) -> (std::process::ExitStatus, String) {
             break;
         }
     }
-    std::thread::sleep(Duration::from_millis(200));
+    let end = Instant::now() + Duration::from_secs(60);
+    while !uploading(child.id()) {
+        if let Some(s) = child.try_wait().unwrap() {
+            panic!("the demo ended ({s}) before its upload was seen:\n{out}");
+        }
+        assert!(Instant::now() < end, "the demo's upload never seen:\n{out}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
     let sent = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

@@ -321,9 +321,9 @@ impl Shared {
             && end < r.nfolios()
         {
             let limit = self.window_end(&r, end, end + 2 * want);
-            let gone =
-                |k: usize| matches!(folio::load(r.state(k)).kind(), Kind::Never | Kind::Evicted);
-            if let Some(next) = (end..limit).find(|&k| gone(k)) {
+            if let Some(next) =
+                (end..limit).find(|&k| matches!(kind(k), Kind::Never | Kind::Evicted))
+            {
                 let _ = self.ask_window(&r, r.folio_addr(next));
             }
         }
