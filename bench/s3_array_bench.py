@@ -63,7 +63,7 @@ this tree's upager package (make python), the weed binary
 --release -p upager-cli; cargo build --release -p upager-s3 --example
 s3bench), s3fs-fuse (apt-installed if missing).
 
-    python3 bench/s3_array_bench.py --rounds 3 --json bench/results/DATE-s3-array.json
+    python3 bench/s3_array_bench.py --rounds 3 --json bench/results/DATE-s3-array/all-sides.json
     python3 bench/s3_array_bench.py --tiny          # a quick check: 64 MiB, 1 round
     /path/to/venv/bin/python bench/s3_array_bench.py --sides limit,upager --kinds random
                                                     # the pass against the limit, that venv's upager

@@ -249,6 +249,7 @@ def main():
                 "size_mib": a.size_mib, "budget": a.budget, "rounds": a.rounds,
                 "groups": a.groups,
                 "folio": "the default (a writable dataset's group up to 1 MiB, else 64 KiB) unless GROUP@FOLIO"}
+        pathlib.Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(a.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
 
 

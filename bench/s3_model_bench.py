@@ -40,7 +40,7 @@ upager package (make python), the weed binary (scripts/seaweedfs.sh build)
 and the release CLI (cargo build --release -p upager-cli).
 
     python3 -m pip install -r bench/requirements-s3.txt
-    python3 bench/s3_model_bench.py --rounds 3 --json bench/results/DATE-s3-model.json
+    python3 bench/s3_model_bench.py --rounds 3 --json bench/results/DATE-s3-model/model.json
     python3 bench/s3_model_bench.py --tiny        # a quick check: 64 MiB
     python3 bench/s3_model_bench.py --plot RESULTS.json RESULTS.png
 """

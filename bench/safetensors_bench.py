@@ -36,7 +36,7 @@ with the machine's description. Needs root (zram, mount, cgroups),
 /dev/userfaultfd, numpy, safetensors and this tree's upager package (make
 python).
 
-    python3 bench/safetensors_bench.py --json bench/results/DATE-safetensors.json
+    python3 bench/safetensors_bench.py --json bench/results/DATE-safetensors/safetensors.json
     python3 bench/safetensors_bench.py --tiny      # a quick check: 64 MiB, 16 MiB
 """
 
@@ -321,6 +321,7 @@ def main():
            "rounds": args.rounds, "bad": bad, "summary": summary, "runs": runs,
            "loadavg_end": open("/proc/loadavg").read().split()[:3]}
     if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
         print(f"wrote {args.json}")

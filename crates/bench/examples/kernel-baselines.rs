@@ -4,14 +4,14 @@
 //! ```text
 //! cargo run --release -p upager-bench --example kernel-baselines -- SCENARIO|all
 //!     [--tiny] [--rounds N] [--limit-mib N] [--file-mib N] [--threads N]
-//!     [--out DIR]          # writes DIR/<scenario>.json and .png (default: bench-out)
+//!     [--out DIR]          # writes DIR/<scenario>.json and .png
+//!                          # (default: bench/results/<today>-kernel-baselines)
 //! ```
 //!
 //! As root it sets up zram0 + ext4 for the file scenarios, a hot-added zram
 //! swap device for `swap`, a memory cgroup per run, and removes all of it at
 //! the end or on Ctrl-C. This binary is also its own worker: it re-executes
 //! itself with `__worker`, which is how the `upager` CLI can embed the suite.
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use upager_bench::workloads::MapAdvice;
@@ -37,7 +37,7 @@ fn main() -> ExitCode {
 fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let mut names = Vec::new();
     let (mut tiny, mut rounds, mut limit, mut file, mut threads) = (false, None, None, None, None);
-    let mut out = PathBuf::from("bench-out");
+    let mut out = upager_bench::results_dir("kernel-baselines");
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut num = || -> Result<u64, Box<dyn std::error::Error>> {

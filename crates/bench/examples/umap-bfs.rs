@@ -568,6 +568,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "added_latency_ms": a.added_latency_ms,
             "medians": table, "runs": all,
         });
+        if let Some(d) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d)?;
+        }
         std::fs::write(out, serde_json::to_string_pretty(&doc)?)?;
         eprintln!("wrote {}", out.display());
     }

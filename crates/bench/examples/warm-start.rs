@@ -491,6 +491,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ));
     }
     if let Some(out) = &a.out {
+        if let Some(d) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d)?;
+        }
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         std::fs::write(
             out,

@@ -102,7 +102,7 @@ pub use measurement::{Measurement, Metric};
 pub use numpy_engine::NumpyEngine;
 pub use pattern::{create_pattern_file, evict_file};
 pub use remote::Remote;
-pub use report::{plot, Report, ReportError};
+pub use report::{plot, results_dir, Report, ReportError};
 pub use scenario::{
     DataFile, DataKind, ParseDataKindError, ParseScenarioError, Phase, Scenario, ScenarioParams,
     ScenarioSpec,

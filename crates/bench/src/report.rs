@@ -232,6 +232,14 @@ pub fn iso8601(t: SystemTime) -> String {
     )
 }
 
+/// `bench/results/<today, UTC>-<name>`: where a run's results go unless told
+/// otherwise (the results layout of bench/README.md: one dated folder per run,
+/// named by what it measures).
+pub fn results_dir(name: &str) -> std::path::PathBuf {
+    let date = iso8601(SystemTime::now());
+    std::path::PathBuf::from(format!("bench/results/{}-{name}", &date[..10]))
+}
+
 impl Report {
     /// Build a report (with its summary) from runs.
     pub fn new(scenario: Scenario, params: &ScenarioParams, runs: Vec<RunRecord>) -> Self {

@@ -16,8 +16,9 @@ use upager::FaultMode;
 use upager_bench::env::in_ci;
 use upager_bench::workloads::MapAdvice;
 use upager_bench::{
-    plot, prepare, run_scenario, select_fault_modes, BenchEnv, DataKind, Engine, EnvConfig,
-    KernelEngine, NumpyEngine, Scenario, ScenarioParams, SwapKind, UpagerEngine, WorkerExe,
+    plot, prepare, results_dir, run_scenario, select_fault_modes, BenchEnv, DataKind, Engine,
+    EnvConfig, KernelEngine, NumpyEngine, Scenario, ScenarioParams, SwapKind, UpagerEngine,
+    WorkerExe,
 };
 
 use crate::size_arg;
@@ -119,10 +120,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub png: Option<PathBuf>,
     /// Directory for `<prefix><scenario>.json/.png` when --json/--png are
-    /// not given.
-    #[arg(long, default_value = "bench-out")]
-    pub out: PathBuf,
-    /// File name prefix in --out (e.g. `2026-11-21-`).
+    /// not given (default: `bench/results/<today, UTC>-<scenario>`, or
+    /// `…-suite` with `all`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// File name prefix in --out (e.g. `faultin-`).
     #[arg(long, default_value = "")]
     pub prefix: String,
     /// Interleaved rounds (median reported; ≥ 3 for a ratio worth quoting).
@@ -297,6 +299,12 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let engines = engines(a, &exe, &modes, user.as_ref());
+    let out = a.out.clone().unwrap_or_else(|| {
+        results_dir(match a.scenario {
+            ScenarioArg::All => "suite",
+            ScenarioArg::One(s) => s.name(),
+        })
+    });
     let mut failed = Vec::new();
     for name in names {
         let sc = name.spec();
@@ -396,11 +404,11 @@ pub fn run(a: &BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         let json = a
             .json
             .clone()
-            .unwrap_or_else(|| a.out.join(format!("{}{name}.json", a.prefix)));
+            .unwrap_or_else(|| out.join(format!("{}{name}.json", a.prefix)));
         let png = a
             .png
             .clone()
-            .unwrap_or_else(|| a.out.join(format!("{}{name}.png", a.prefix)));
+            .unwrap_or_else(|| out.join(format!("{}{name}.png", a.prefix)));
         for f in [&json, &png] {
             if let Some(d) = f.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(d)?;
