@@ -18,19 +18,35 @@ set -euo pipefail
 # A prefix that starts with a path is run from crates/upager: make it absolute.
 if [ $# -gt 0 ] && [[ $1 == */* ]] && [ -e "$1" ]; then set -- "$(realpath "$1")" "${@:2}"; fi
 cd "$(dirname "$0")/.."
-mapfile -t bins < <(
-  cargo test --workspace --no-run --quiet --message-format=json |
-    python3 -c '
+# The build first, on its own: its exit status is lost in a process
+# substitution, and a failed build must fail this script, not run the
+# binaries that happened to build.
+artifacts=$(mktemp)
+trap 'rm -f "$artifacts"' EXIT
+if ! cargo test --workspace --no-run --quiet --message-format=json >"$artifacts"; then
+  python3 -c '
 import json, sys
-for line in sys.stdin:
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-message" and m["message"].get("rendered"):
+        sys.stderr.write(m["message"]["rendered"])
+' "$artifacts" || true
+  echo "engine-tests: FAILED: cargo test --workspace --no-run" >&2
+  exit 1
+fi
+list=$(
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
     m = json.loads(line)
     if (m.get("reason") == "compiler-artifact" and m.get("executable")
             and m["manifest_path"].endswith("crates/upager/Cargo.toml")
             and m["target"]["kind"] in (["lib"], ["test"])):
         print(m["executable"])
-'
+' "$artifacts"
 )
-[ ${#bins[@]} -gt 0 ] || { echo "engine-tests: no test binaries of crates/upager found" >&2; exit 1; }
+[ -n "$list" ] || { echo "engine-tests: no test binaries of crates/upager found" >&2; exit 1; }
+mapfile -t bins <<<"$list"
 status=0
 for bin in "${bins[@]}"; do
   echo "-- $(basename "$bin")"
