@@ -72,7 +72,8 @@ def main():
             "store_gets_in_flight_peak"))
     else:
         env = dict(os.environ, UPAGER_S3_BENCH_ONLY="limit", UPAGER_S3_BENCH_GRID="8M:4")
-        subprocess.run([str(ROOT / "target/release/examples/s3bench"), url, "256M"],
+        target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+        subprocess.run([str(target / "release/examples/s3bench"), url, "256M"],
                        env=env, check=True, capture_output=True, timeout=600)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
