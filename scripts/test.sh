@@ -24,6 +24,7 @@ run() {
 run cargo fmt --all -- --check
 run cargo fmt --manifest-path python/Cargo.toml -- --check
 run cargo clippy --workspace --all-targets --quiet -- -D warnings
+run cargo clippy --manifest-path python/Cargo.toml --all-targets --quiet -- -D warnings
 # The Python package before the Rust tests: the numpy benchmark's test
 # (crates/bench/tests/numpy.rs) drives this tree's package through python3.
 python_ok=0
@@ -60,6 +61,10 @@ run bash scripts/engine-tests.sh "${CARGO_TARGET_DIR:-target}"/release/upager-co
     env UPAGER_MASK_FEATURES=uffd_move,pagemap_scan,uffd_poison
 # The demo under the container runtimes' seccomp profiles (and the fix
 # docs/containers.md gives), both fault modes; refused userfaultfd named.
+# The profile helper the engine's error message names: its tests, then (in
+# test-confined.sh's case d) a profile it writes from Podman's default one,
+# loaded whole, with the demo under it.
+run python3 scripts/test_seccomp_profile.py
 run bash scripts/test-confined.sh
 # As an ordinary user (created here), no setup: demo, Python, C and UMap.
 if [ $python_ok = 1 ]; then
