@@ -39,6 +39,7 @@ Exit status: 0 written, 2 the base is not a seccomp profile (or bad usage).
 """
 
 import argparse
+import errno
 import json
 import sys
 
@@ -140,7 +141,7 @@ def add_upager(base, io_uring=False, process_madvise=True, user_mode_only=False)
                 {
                     "names": [USERFAULTFD],
                     "action": "SCMP_ACT_ERRNO",
-                    "errnoRet": 1,
+                    "errnoRet": errno.EPERM,
                     "args": [flag_clear],
                     "comment": COMMENT.format(what="userfaultfd without UFFD_USER_MODE_ONLY refused"),
                 }

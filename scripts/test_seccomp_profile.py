@@ -11,6 +11,7 @@ Run: python3 scripts/test_seccomp_profile.py (or pytest on this file).
 """
 
 import copy
+import errno
 import importlib.util
 import json
 import os
@@ -27,14 +28,14 @@ _spec.loader.exec_module(sp)
 
 DOCKER_LIKE = {
     "defaultAction": "SCMP_ACT_ERRNO",
-    "defaultErrnoRet": 1,
+    "defaultErrnoRet": errno.EPERM,
     "archMap": [{"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86"]}],
     "syscalls": [
         {"names": ["futex", "ioctl", "madvise", "mmap", "pidfd_open", "read"], "action": "SCMP_ACT_ALLOW"},
         {
             "names": ["clone3"],
             "action": "SCMP_ACT_ERRNO",
-            "errnoRet": 38,
+            "errnoRet": errno.ENOSYS,
             "excludes": {"caps": ["CAP_SYS_ADMIN"]},
         },
         {
@@ -47,15 +48,15 @@ DOCKER_LIKE = {
 
 PODMAN_LIKE = {
     "defaultAction": "SCMP_ACT_ERRNO",
-    "defaultErrnoRet": 38,
+    "defaultErrnoRet": errno.ENOSYS,
     "syscalls": [
-        {"names": ["kexec_load", "userfaultfd", "vmsplice"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1, "errno": "EPERM"},
+        {"names": ["kexec_load", "userfaultfd", "vmsplice"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM, "errno": "EPERM"},
         {"names": ["futex", "madvise", "read"], "action": "SCMP_ACT_ALLOW"},
         {"names": ["kcmp", "process_madvise"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_PTRACE"]}},
         {
             "names": ["process_madvise"],
             "action": "SCMP_ACT_ERRNO",
-            "errnoRet": 1,
+            "errnoRet": errno.EPERM,
             "excludes": {"caps": ["CAP_SYS_PTRACE"]},
         },
     ],
@@ -108,7 +109,7 @@ class AddUpager(unittest.TestCase):
         # The EPERM rule keeps its other names; the process_madvise-only
         # refusal is dropped.
         self.assertEqual(out["syscalls"][0]["names"], ["kexec_load", "vmsplice"])
-        self.assertEqual(out["syscalls"][0]["errnoRet"], 1)
+        self.assertEqual(out["syscalls"][0]["errnoRet"], errno.EPERM)
         self.assertEqual(len(out["syscalls"]), len(PODMAN_LIKE["syscalls"]))
         self.assertFalse(any(r["action"] == "SCMP_ACT_ERRNO" and "process_madvise" in r["names"]
                              for r in out["syscalls"]))
@@ -125,7 +126,8 @@ class AddUpager(unittest.TestCase):
         self.check_allowed_once(out, ["process_madvise"])
         (r,) = rules_naming(out, "userfaultfd")
         self.assertEqual(r["action"], "SCMP_ACT_ALLOW")
-        self.assertEqual(r["args"], [{"index": 0, "value": 1, "valueTwo": 1, "op": "SCMP_CMP_MASKED_EQ"}])
+        self.assertEqual(r["args"], [{"index": 0, "value": sp.UFFD_USER_MODE_ONLY, "valueTwo": sp.UFFD_USER_MODE_ONLY,
+                                      "op": "SCMP_CMP_MASKED_EQ"}])
 
     def test_allow_by_default_base(self):
         base = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [

@@ -43,6 +43,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use libc::{EIO, ENOSPC};
 use upager::{FileStore, MapOptions, Pager, Region, Src, Store};
 use upager_testdata::{first_mismatch, mix, write_file, Rng};
 
@@ -233,9 +234,6 @@ impl FlakyStore {
         io::Error::from_raw_os_error(errno)
     }
 }
-
-const EIO: i32 = 5;
-const ENOSPC: i32 = 28;
 
 impl Store for FlakyStore {
     fn describe(&self) -> String {
@@ -1192,7 +1190,7 @@ fn syscaller(w: &World, r: &Region, store: &FlakyStore) {
                 }
                 w.syscall_ok.fetch_add(1, Relaxed);
             }
-            Err(e) if e.raw_os_error() == Some(14) => {
+            Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
                 // EFAULT: an injected read error poisoned a folio; it clears
                 // after the hold time and the retry reads again.
                 w.syscall_efaults.fetch_add(1, Relaxed);

@@ -426,7 +426,7 @@ fn store_read_error_poisons_one_folio_and_the_engine_recovers() {
         })
     };
     let err = read_bad().unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(14), "{err}");
+    assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{err}");
     // Other folios are served.
     assert_eq!(r.words()[0].load(Relaxed), word(0, 8));
     assert_eq!(
