@@ -24,6 +24,12 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 # libfuse 3's headers for the passthrough daemon that test builds with cc.
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 [ -f /usr/include/fuse3/fuse.h ] || need_apt+=(libfuse3-dev)
+# The demo under a real container runtime's whole seccomp profile
+# (scripts/test-confined.sh case d): Podman's default profile,
+# /usr/share/containers/seccomp.json, and libseccomp's Python binding for
+# /usr/bin/python3 that loads it (scripts/run-under-profile.py).
+[ -f /usr/share/containers/seccomp.json ] || need_apt+=(golang-github-containers-common)
+/usr/bin/python3 -c 'import seccomp' 2>/dev/null || need_apt+=(python3-seccomp)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   if [ "$(id -u)" -ne 0 ]; then echo "setup: run as root to install ${need_apt[*]}" >&2; exit 1; fi
