@@ -10,6 +10,9 @@
 #   3. the C API and UMap drop-in suites (crates/capi/tests/run.sh, built by
 #      the user with gcc against the prefix `make test-c` installed);
 #   4. the Python suite (python/tests).
+# When the user cannot import upager, numpy and pytest from the venv below,
+# 2 and 4 fail with the reason (they are not dropped); a tree without a
+# wheel skips them, and fails under CI=true.
 # Python: an ordinary user cannot use root's interpreter when it lives under
 # /root (pyenv), so the user gets a virtual environment of the system's
 # python3 (UPAGER_UNPRIV_PYTHON names another) with numpy, pytest,
@@ -83,18 +86,38 @@ export -f demo_check
 part demo-default bash -c 'demo_check "$0" demo --size 512M --budget 64M --reads 50000 --writes 25000 --dir "$TMPDIR" && "$0" demo --help >/dev/null' "$UPAGER"
 part demo-handlers bash -c 'demo_check "$0" demo --size 512M --budget 64M --reads 50000 --writes 25000 --dir "$TMPDIR" --fault-mode handlers' "$UPAGER"
 
+# The Python parts run when the user can import what they need; when not,
+# they fail with the reason (only a tree without a wheel at all is skipped,
+# outside CI, as the C suite is without its prefix).
 WHEEL=$(ls "$TARGET"/wheels/upager-*.whl 2>/dev/null | head -n 1)
-if [ -n "$WHEEL" ]; then
+python_why=""
+if [ -z "$WHEEL" ]; then
+    python_why="no wheel in $TARGET/wheels (make python)"
+else
     # The test requirements from their one list, every time (a kept venv
     # must follow it: pip does nothing when they are met).
-    { [ -x "$PYTHON" ] || "$BASE_PYTHON" -m venv "$VENV"; } &&
-        "$PYTHON" -m pip install -q -r python/requirements-dev.txt ||
-        { echo "test-unprivileged: making $VENV failed" >&2; rm -rf "$VENV"; }
+    if ! { [ -x "$PYTHON" ] || "$BASE_PYTHON" -m venv "$VENV"; } ||
+        ! "$PYTHON" -m pip install -q -r python/requirements-dev.txt; then
+        python_why="making $VENV with $BASE_PYTHON and python/requirements-dev.txt failed"
+        rm -rf "$VENV"
     # This tree's wheel, every time (it changes with the tree).
-    [ -x "$PYTHON" ] && "$PYTHON" -m pip install -q --force-reinstall --no-deps "$WHEEL"
-    chmod -R a+rX "$VENV" 2>/dev/null
+    elif ! "$PYTHON" -m pip install -q --force-reinstall --no-deps "$WHEEL"; then
+        python_why="installing $WHEEL into $VENV failed"
+    else
+        chmod -R a+rX "$VENV" 2>/dev/null
+        # As the user, who is the one who must be able to import them.
+        if ! err=$(as_user "$PYTHON" -c "import numpy, pytest, upager" 2>&1); then
+            python_why="$USER_NAME cannot import numpy, pytest and upager with $PYTHON: $(tail -n 3 <<<"$err")"
+        fi
+    fi
 fi
-if [ -x "$PYTHON" ] && "$PYTHON" -c "import upager" 2>/dev/null; then
+if [ -z "$WHEEL" ]; then
+    echo "SKIP python: $python_why"
+    [ "${CI:-}" = true ] && failed+=("python-not-installed")
+elif [ -n "$python_why" ]; then
+    echo "FAIL python (the memmap checks and python/tests not run): $python_why"
+    failed+=("python-import")
+else
     for mode in default handlers in-thread; do
         part "python-memmap-$mode" "$PYTHON" - "$mode" <<'EOF'
 import os, sys
@@ -133,9 +156,6 @@ assert np.array_equal(np.load(os.path.join(d, "copy.npy")), want)
 print("verified", mode)
 EOF
     done
-else
-    echo "SKIP python: no wheel in $TARGET/wheels (make python) or no $PYTHON"
-    [ "${CI:-}" = true ] && failed+=("python-not-installed")
 fi
 
 PREFIX=$TARGET/c-test-prefix
@@ -146,7 +166,7 @@ else
     [ "${CI:-}" = true ] && failed+=("c-suite-not-installed")
 fi
 
-if [ -x "$PYTHON" ] && "$PYTHON" -c "import upager, pytest" 2>/dev/null; then
+if [ -n "$WHEEL" ] && [ -z "$python_why" ]; then
     # All but the benchmark's test: it needs root (zram, mounts, memory
     # cgroups) by nature, and runs in the main suite as root.
     part python-suite "$PYTHON" -m pytest -q -p no:cacheprovider python/tests \
