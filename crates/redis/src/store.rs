@@ -746,12 +746,10 @@ impl RedisStore {
                 addrs: url.addresses(),
                 source,
             })?;
-        let bad = |detail: String| OpenError::BadMeta {
-            name: name.clone(),
-            detail,
-        };
-        let (len, chunk) = match meta.as_slice() {
-            [None, None] => {
+        let (len, chunk) = match parse_meta(&name, &meta) {
+            Ok(Some(lc)) => lc,
+            Err(e) => return Err(e),
+            Ok(None) => {
                 let partial = st
                     .command(redis::cmd("EXISTS").arg(crate::dataset::upload_key(&name)))
                     .map_err(|source| OpenError::Redis {
@@ -769,15 +767,7 @@ impl RedisStore {
                     addrs: url.addresses(),
                 });
             }
-            [Some(l), Some(c)] => (
-                l.parse::<u64>()
-                    .map_err(|_| bad(format!("len '{l}' is not a number")))?,
-                c.parse::<u64>()
-                    .map_err(|_| bad(format!("chunk '{c}' is not a number")))?,
-            ),
-            _ => return Err(bad("len or chunk is missing".into())),
         };
-        check_chunk(chunk).map_err(|_| bad(format!("chunk {chunk} is not a valid chunk size")))?;
         st.len = len;
         st.chunk = chunk;
         st.high.store(len.div_ceil(chunk), Relaxed);
@@ -1509,6 +1499,37 @@ fn online_replicas(info: &str) -> usize {
     info.lines()
         .filter(|l| l.starts_with("slave") && l.contains("state=online"))
         .count()
+}
+
+/// A dataset's metadata, the fields `len` and `chunk` of its hash as
+/// `HMGET` returns them: `(len, chunk)`, None if the hash does not exist,
+/// [`OpenError::BadMeta`] if it is not upager's.
+fn parse_meta(name: &str, meta: &[Option<String>]) -> Result<Option<(u64, u64)>, OpenError> {
+    let bad = |detail: String| OpenError::BadMeta {
+        name: name.to_string(),
+        detail,
+    };
+    let (len, chunk) = match meta {
+        [None, None] => return Ok(None),
+        [Some(l), Some(c)] => (
+            l.parse::<u64>()
+                .map_err(|_| bad(format!("len '{l}' is not a number")))?,
+            c.parse::<u64>()
+                .map_err(|_| bad(format!("chunk '{c}' is not a number")))?,
+        ),
+        _ => return Err(bad("len or chunk is missing".into())),
+    };
+    check_chunk(chunk).map_err(|_| bad(format!("chunk {chunk} is not a valid chunk size")))?;
+    Ok(Some((len, chunk)))
+}
+
+/// For the fuzz targets (fuzz/, docs/fuzzing.md) only: [`parse_meta`].
+#[doc(hidden)]
+pub fn parse_meta_for_fuzz(
+    name: &str,
+    meta: &[Option<String>],
+) -> Result<Option<(u64, u64)>, OpenError> {
+    parse_meta(name, meta)
 }
 
 fn check_chunk(chunk: u64) -> Result<(), OpenError> {

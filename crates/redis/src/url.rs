@@ -222,9 +222,13 @@ pub fn redact(url: &str) -> String {
     let start = at_scheme + 3;
     let rest = &url[start..];
     let auth = authority(rest);
-    // An '@' past the authority: a password with an unescaped '/', '?'
-    // or '#'; hide everything from the authority to that '@'.
-    let Some(at) = auth
+    // The last '@' before the first '/' or '?' (a password may hold an
+    // unescaped '#': `u:p@w#x@h`, whose authority ends at '#', had its
+    // `x` quoted; found by fuzz/fuzz_targets/store_url.rs), else an '@'
+    // past the authority: a password with an unescaped '/', '?' or '#';
+    // hide everything from the authority to that '@'.
+    let wide = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let Some(at) = wide
         .rfind('@')
         .or_else(|| rest.rfind('@').filter(|_| rest[auth.len()..].contains('@')))
     else {
@@ -366,6 +370,14 @@ impl FromStr for StoreUrl {
             password = Some(Password(p));
         }
         if let Some((_, frag)) = rest.split_once('#') {
+            // An '@' after the '#': the rest of a password holding '#'
+            // (`u:p@w#x@h`), not to be quoted.
+            if frag.contains('@') {
+                return Err(creds_err(
+                    "an '@' follows a '/', '?' or '#': write those characters of a password \
+                     as %2F, %3F, %23 (and '@' as %40)",
+                ));
+            }
             return Err(UrlError::Param {
                 param: format!("#{frag}"),
             });
@@ -679,6 +691,27 @@ mod tests {
         assert_eq!(redact("redis-cluster://u:p/q@h"), "redis-cluster://u:***@h");
         assert_eq!(redact("redis-cluster://pq/r@h"), "redis-cluster://***@h");
         assert_eq!(redact("redis-cluster://pw@h"), "redis-cluster://***@h");
+    }
+
+    #[test]
+    fn a_password_holding_a_hash_and_an_at_is_never_quoted() {
+        // urllib's authority ends at '#': `u:p@w#x@h` reads as user u,
+        // password p, host w and a fragment quoted in the error; the
+        // password was `p@w#x`.
+        for bad in [
+            "redis-cluster://u:hun@ter#2x@h:1/d",
+            "redisx-cluster://u:hun@ter#2x@h:1/d",
+            "redis-cluster://_hunter@h#x:ter2x@h",
+        ] {
+            let e = err(bad);
+            assert!(!e.contains("ter#2x") && !e.contains("ter2x"), "{bad}: {e}");
+        }
+        assert_eq!(
+            redact("redis-cluster://u:p@w#x@h"),
+            "redis-cluster://u:***@h"
+        );
+        // A fragment with no '@' is still named.
+        assert!(err("redis-cluster://h:1/d#frag").contains("#frag"));
     }
 
     #[test]

@@ -109,6 +109,20 @@ impl Manifest {
         format!("{FORMAT}\nlen {}\ngroup {}\n", self.len, self.group)
     }
 
+    /// For the fuzz targets (fuzz/, docs/fuzzing.md) only: the manifest
+    /// object's text for `self`.
+    #[doc(hidden)]
+    pub fn encode_for_fuzz(&self) -> String {
+        self.encode()
+    }
+
+    /// For the fuzz targets only: a manifest object's text parsed (the
+    /// error is the detail of [`DatasetError::Manifest`]).
+    #[doc(hidden)]
+    pub fn parse_for_fuzz(s: &str) -> Result<Manifest, String> {
+        Manifest::parse(s)
+    }
+
     fn parse(s: &str) -> Result<Manifest, String> {
         let mut lines = s.lines();
         if lines.next() != Some(FORMAT) {
@@ -787,6 +801,43 @@ impl S3Dataset {
     }
 }
 
+/// A group's new bytes for a write-back: its base (`None`: the group does
+/// not exist, or the batch covers it whole: zeros), `glen` bytes, with
+/// `writes` (offset in the group, bytes) laid over it. A base that is not
+/// `glen` bytes (a short or long GET body) is refused, as a read refuses
+/// one: laid over zeros, the write-back would overwrite the group's other
+/// bytes with zeros (found by fuzz/fuzz_targets/s3_group.rs).
+fn patch_group<'a>(
+    base: Option<&[u8]>,
+    glen: usize,
+    writes: impl IntoIterator<Item = (usize, &'a [u8])>,
+) -> Result<Vec<u8>, String> {
+    let mut data = match base {
+        Some(b) if b.len() == glen => b.to_vec(),
+        Some(b) => {
+            return Err(format!(
+                "the GET of the group for a write-back returned {} of its {glen} bytes",
+                b.len()
+            ))
+        }
+        None => vec![0u8; glen],
+    };
+    for (at, src) in writes {
+        data[at..at + src.len()].copy_from_slice(src);
+    }
+    Ok(data)
+}
+
+/// For the fuzz targets (fuzz/, docs/fuzzing.md) only: [`patch_group`].
+#[doc(hidden)]
+pub fn patch_group_for_fuzz(
+    base: Option<&[u8]>,
+    glen: usize,
+    writes: &[(usize, &[u8])],
+) -> Result<Vec<u8>, String> {
+    patch_group(base, glen, writes.iter().copied())
+}
+
 /// The error for a prefix with no manifest: an incomplete dataset, or none.
 fn missing(conn: &Conn) -> Result<DatasetError, DatasetError> {
     let url = conn.url.to_string();
@@ -935,16 +986,22 @@ impl upager::Store for S3Dataset {
                         }
                         Ok((body, seen)) => {
                             let glen = self.group_len(*g) as usize;
-                            let mut data = match body {
-                                Some(b) if b.len() == glen => b.to_vec(),
-                                _ => vec![0u8; glen],
-                            };
-                            for (i, r, from) in &by_group[g] {
+                            let writes = by_group[g].iter().map(|(i, r, from)| {
                                 let n = (r.end - r.start) as usize;
-                                data[r.start as usize..r.start as usize + n]
-                                    .copy_from_slice(&srcs[*i][*from..*from + n]);
+                                (r.start as usize, &srcs[*i][*from..*from + n])
+                            });
+                            match patch_group(body.as_deref(), glen, writes) {
+                                Ok(data) => puts.push((*g, data, seen)),
+                                Err(detail) => {
+                                    group_err.insert(
+                                        *g,
+                                        io::Error::new(
+                                            io::ErrorKind::UnexpectedEof,
+                                            format!("{}: group {g}: {detail}", self.conn.url),
+                                        ),
+                                    );
+                                }
                             }
-                            puts.push((*g, data, seen));
                         }
                     }
                 }
@@ -1348,6 +1405,23 @@ mod tests {
         assert!(Manifest::parse("{\"len\": 3}").is_err());
         assert!(Manifest::parse(&format!("{FORMAT}\nlen 3\ngroup 1000\n")).is_err());
         assert!(Manifest::parse(&format!("{FORMAT}\nlen 3\n")).is_err());
+    }
+
+    #[test]
+    fn a_write_back_refuses_a_group_body_of_the_wrong_length() {
+        let w: &[u8] = b"new";
+        // Exact body: patched; no group: zeros patched.
+        assert_eq!(
+            patch_group(Some(b"abcdef"), 6, [(1, w)]),
+            Ok(b"anewef".to_vec())
+        );
+        assert_eq!(patch_group(None, 4, [(1, w)]), Ok(b"\0new".to_vec()));
+        // A short or long body is refused, never zero-filled or cut (the
+        // group's other bytes would be overwritten).
+        for body in [&b"abc"[..], b"", b"abcdefg"] {
+            let e = patch_group(Some(body), 6, [(1, w)]).unwrap_err();
+            assert!(e.contains(&format!("{} of its 6 bytes", body.len())), "{e}");
+        }
     }
 
     #[test]

@@ -111,6 +111,8 @@ pub use store::{
     open_regular_file, FileStore, OpenRegularError, ReadReq, Src, Store, SwapFile, Write, Written,
 };
 pub use upager_sys::mem::FixedRange;
+#[doc(hidden)]
+pub use warm::{decode_trace_for_fuzz, encode_trace_for_fuzz};
 pub use warm::{trace_info, trace_path, trace_version_of, TraceInfo, TRACE_SUFFIX};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that

@@ -252,7 +252,10 @@ pub(crate) fn decode(buf: &[u8]) -> Option<(Identity, Trace)> {
     };
     let mut at = 56;
     let n = get_varint(buf, &mut at)? as usize;
-    if n > MAX_ENTRIES {
+    // Each entry takes a byte at least: a count the bytes left cannot hold
+    // is damage, refused before its table is reserved (a 57-byte file
+    // had reserved 128 MiB; found by fuzz/fuzz_targets/trace.rs).
+    if n > MAX_ENTRIES || n > buf.len() - at {
         return None;
     }
     let nfolios = id.len.div_ceil(id.folio.max(1));
@@ -268,7 +271,7 @@ pub(crate) fn decode(buf: &[u8]) -> Option<(Identity, Trace)> {
         order.push(prev as usize);
     }
     let m = get_varint(buf, &mut at)? as usize;
-    if m > n / MARK_EVERY + 1 {
+    if m > n / MARK_EVERY + 1 || m > buf.len() - at {
         return None;
     }
     let mut marks_ms = Vec::with_capacity(m);
@@ -278,6 +281,30 @@ pub(crate) fn decode(buf: &[u8]) -> Option<(Identity, Trace)> {
         marks_ms.push(t);
     }
     (at == buf.len()).then_some((id, Trace { order, marks_ms }))
+}
+
+/// For the fuzz targets (fuzz/, docs/fuzzing.md) only: [`decode`] of a
+/// trace file's bytes, as (the six header words: folio, offset, len,
+/// file_len, mtime_ns, ino; the folio indices; the time marks).
+#[doc(hidden)]
+pub fn decode_trace_for_fuzz(buf: &[u8]) -> Option<([u64; 6], Vec<usize>, Vec<u64>)> {
+    decode(buf).map(|(id, t)| (id.words(), t.order, t.marks_ms))
+}
+
+/// For the fuzz targets only: [`encode`] of what
+/// [`decode_trace_for_fuzz`] returns.
+#[doc(hidden)]
+pub fn encode_trace_for_fuzz(words: [u64; 6], order: Vec<usize>, marks_ms: Vec<u64>) -> Vec<u8> {
+    let [folio, offset, len, file_len, mtime_ns, ino] = words;
+    let id = Identity {
+        folio,
+        offset,
+        len,
+        file_len,
+        mtime_ns,
+        ino,
+    };
+    encode(&id, &Trace { order, marks_ms })
 }
 
 /// The trace file of the data file `path`.
@@ -930,6 +957,29 @@ mod tests {
             decode(&encode(&Identity { len: 4096, ..id() }, &beyond)),
             None
         );
+    }
+
+    #[test]
+    fn a_count_of_entries_the_bytes_cannot_hold_is_refused_unreserved() {
+        // The header and a count of MAX_ENTRIES, and nothing after: the
+        // decoder refused it only after reserving the count's table.
+        let mut bytes = encode(
+            &id(),
+            &Trace {
+                order: vec![],
+                marks_ms: vec![],
+            },
+        );
+        bytes.truncate(56);
+        put_varint(&mut bytes, MAX_ENTRIES as u64);
+        assert_eq!(decode(&bytes), None);
+        // One byte per entry is the least: exactly that many decode.
+        let t = Trace {
+            order: (0..300).collect(),
+            marks_ms: vec![0, 1],
+        };
+        let bytes = encode(&id(), &t);
+        assert_eq!(decode(&bytes), Some((id(), t)));
     }
 
     #[test]

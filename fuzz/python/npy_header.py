@@ -1,0 +1,107 @@
+"""atheris target: .npy headers (python/upager/npy.py), against numpy.
+
+The input is an .npy file's bytes. Holds, for every input:
+- upager.load(path, mmap_mode="r") maps what numpy.load(path,
+  mmap_mode="r") maps (the same shape, dtype, order and values), and
+  refuses what numpy refuses, with ValueError (numpy.load's errors for a
+  file that is no .npy file, holds Python objects, or whose data runs past
+  the file's end): no array reaches past the file;
+- the header read from a store (_store_header: the first 12 bytes, then as
+  many as the header's length field says) is the header read from the
+  file, or both are refused.
+
+Run: python3 fuzz/python/npy_header.py [libFuzzer flags] CORPUS... (as
+scripts/fuzz.sh does).
+"""
+
+import io
+import os
+import sys
+import tempfile
+import warnings
+
+import atheris
+
+with atheris.instrument_imports(include=["upager", "numpy.lib"]):
+    import numpy as np
+    import upager
+    from upager import npy
+
+warnings.simplefilter("ignore")
+DIR = tempfile.mkdtemp(prefix="upager-fuzz-npy-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+PATH = os.path.join(DIR, "x.npy")
+MAX = npy.MAX_HEADER_SIZE
+#: What numpy.load raises for a file it will not map (and what upager
+#: must raise then): ValueError, and its subclasses.
+REFUSED = (ValueError,)
+
+
+def numpy_load():
+    try:
+        a = np.load(PATH, mmap_mode="r", allow_pickle=False)
+        if not isinstance(a, np.memmap):  # an .npz or a pickle: not mapped
+            return ("other", type(a).__name__)
+        return ("ok", a.shape, a.dtype, bool(a.flags.f_contiguous and not a.flags.c_contiguous),
+                bytes(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) if a.size else b"")
+    except REFUSED as e:
+        return ("refused", type(e).__name__)
+    except (OSError, EOFError) as e:  # numpy: a pickle refused, or short
+        return ("refused", type(e).__name__)
+
+
+def upager_load():
+    try:
+        a = upager.load(PATH, mmap_mode="r", budget="16M")
+        if not isinstance(a, upager.PagedArray):
+            return ("other", type(a).__name__)
+        try:
+            return ("ok", a.shape, a.dtype, bool(a.flags.f_contiguous and not a.flags.c_contiguous),
+                    bytes(np.ascontiguousarray(a).view(np.uint8).reshape(-1)) if a.size else b"")
+        finally:
+            del a
+    except REFUSED as e:
+        return ("refused", type(e).__name__)
+    except (OSError, EOFError) as e:
+        return ("refused", type(e).__name__)
+
+
+def store_header(data):
+    def read_head(url, n, what):
+        return data[:n], len(data)
+    saved = npy.read_head
+    npy.read_head = read_head
+    try:
+        return npy._store_header("s3://bucket/x.npy", MAX)
+    except ValueError as e:
+        return ("refused", type(e).__name__)
+    finally:
+        npy.read_head = saved
+
+
+def file_header(data):
+    try:
+        return npy._read_header(io.BytesIO(data), "x.npy", MAX)
+    except ValueError as e:
+        return ("refused", type(e).__name__)
+
+
+def test_one(data: bytes) -> None:
+    with open(PATH, "wb") as f:
+        f.write(data)
+    theirs, ours = numpy_load(), upager_load()
+    if theirs[0] == "ok" or ours[0] == "ok":
+        assert theirs == ours, f"numpy {theirs[:4]!r}, upager {ours[:4]!r}"
+    elif theirs[0] == "refused":
+        assert ours[0] == "refused", f"numpy refused ({theirs[1]}), upager {ours!r}"
+    if data.startswith(b"\x93NUMPY"):
+        f, s = file_header(data), store_header(data)
+        assert f == s, f"from a file {f!r}, from a store {s!r}"
+
+
+def main() -> None:
+    atheris.Setup(sys.argv, test_one)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
