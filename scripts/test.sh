@@ -42,6 +42,9 @@ run cargo test --workspace --quiet
 # workspace's test binaries, run again (scripts/engine-tests.sh says why
 # not `cargo test -p upager`).
 run bash scripts/engine-tests.sh env UPAGER_FAULT_MODE=in-thread
+# Issue 50: every parser of outside bytes fuzzed for a few seconds each
+# (docs/fuzzing.md; the fuzz crate builds apart, into fuzz/target).
+run bash scripts/fuzz.sh 5
 if grep -q '^test-c:' Makefile 2>/dev/null; then
     run make -s test-c
     # The C API and the UMap drop-in's tests in the in-thread mode too.

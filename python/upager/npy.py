@@ -87,12 +87,21 @@ def _read_header(f: Any, name: str, max_header_size: int
         version = npformat.read_magic(f)
     except ValueError as e:
         raise ValueError(f"{name} is not an .npy file ({e})") from None
-    if version == (1, 0):
-        shape, fortran_order, dtype = npformat.read_array_header_1_0(
-            f, max_header_size=max_header_size)
-    else:  # (2, 0) and (3, 0): a 4-byte header length
-        shape, fortran_order, dtype = npformat.read_array_header_2_0(
-            f, max_header_size=max_header_size)
+    try:
+        if version == (1, 0):
+            shape, fortran_order, dtype = npformat.read_array_header_1_0(
+                f, max_header_size=max_header_size)
+        else:  # (2, 0) and (3, 0): a 4-byte header length
+            shape, fortran_order, dtype = npformat.read_array_header_2_0(
+                f, max_header_size=max_header_size)
+    except (ValueError, OSError):
+        raise
+    except Exception as e:  # noqa: BLE001 (numpy's header parser lets others out)
+        # numpy raised tokenize.TokenError for a header it could not
+        # tokenize (found by fuzz/python/npy_header.py): still "no .npy
+        # file", ValueError as documented.
+        raise ValueError(f"{name} is not an .npy file: its header cannot be read "
+                         f"({type(e).__name__}: {e})") from None
     offset = f.tell()
     if dtype.hasobject:
         raise ValueError(
