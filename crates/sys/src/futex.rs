@@ -14,6 +14,12 @@ use std::time::Duration;
 compile_error!("upager's futex on the low half of a 64-bit state word assumes little-endian");
 
 fn futex(addr: *const u32, op: i32, val: u32, timeout: Option<Duration>) -> libc::c_long {
+    futex_raw(addr, op | libc::FUTEX_PRIVATE_FLAG, val, timeout)
+}
+
+/// The futex call itself; `op` carries `FUTEX_PRIVATE_FLAG` or not (a
+/// shared futex: waiters in other processes that map the word match).
+fn futex_raw(addr: *const u32, op: i32, val: u32, timeout: Option<Duration>) -> libc::c_long {
     let ts = timeout.map(|d| libc::timespec {
         tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: d.subsec_nanos() as libc::c_long,
@@ -30,7 +36,7 @@ fn futex(addr: *const u32, op: i32, val: u32, timeout: Option<Duration>) -> libc
         libc::syscall(
             libc::SYS_futex,
             addr,
-            op | libc::FUTEX_PRIVATE_FLAG,
+            op,
             val,
             ts_ptr,
             std::ptr::null::<u32>(),
@@ -73,6 +79,20 @@ pub fn wait_low(word: &AtomicU64, expected: u32, timeout: Option<Duration>) -> b
 /// Wakes every thread waiting in [`wait_low`] on `word`.
 pub fn wake_low(word: &AtomicU64) -> usize {
     futex(low_half(word), libc::FUTEX_WAKE, i32::MAX as u32, None).max(0) as usize
+}
+
+/// [`wait_low`] on a word in memory that other processes map too (a
+/// shared futex, without `FUTEX_PRIVATE_FLAG`): the page pool's state
+/// words (pool.rs), which a filler in another process wakes.
+pub fn wait_low_shared(word: &AtomicU64, expected: u32, timeout: Option<Duration>) -> bool {
+    futex_raw(low_half(word), libc::FUTEX_WAIT, expected, timeout) == 0
+        || std::io::Error::last_os_error().raw_os_error() != Some(libc::ETIMEDOUT)
+}
+
+/// Wakes every thread, in any process, waiting in [`wait_low_shared`] on
+/// `word`.
+pub fn wake_low_shared(word: &AtomicU64) -> usize {
+    futex_raw(low_half(word), libc::FUTEX_WAKE, i32::MAX as u32, None).max(0) as usize
 }
 
 #[cfg(test)]

@@ -201,6 +201,49 @@ impl Mapping {
         Ok(Mapping::owned(addr, len))
     }
 
+    /// Maps `len` bytes (a multiple of the page size) of `file` from
+    /// `offset` (page-aligned) `MAP_SHARED`, at an address aligned to
+    /// `align` (a power of two ≥ the page size), readable and, if
+    /// `writable`, writable: a view of a page pool that other processes map
+    /// too (pool.rs). The pages are the file's: a write through any view is
+    /// seen by every other at once, and a hole punched in the file removes
+    /// its pages from every view. Unmapped on drop like any `Mapping`.
+    pub fn shared_file(
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+        align: usize,
+        writable: bool,
+    ) -> io::Result<Mapping> {
+        let place = Mapping::anonymous(len, align, false)?;
+        let off = libc::off_t::try_from(offset)
+            .ok()
+            .filter(|o| (*o as u64).is_multiple_of(PAGE_SIZE as u64))
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let prot = libc::PROT_READ | if writable { libc::PROT_WRITE } else { 0 };
+        let flags = libc::MAP_SHARED | libc::MAP_FIXED;
+        // SAFETY: MAP_FIXED replaces exactly the reservation `place` just
+        // made (owned here, nothing refers to it); the file's pages are
+        // mapped shared, and Rust code never holds references to plain
+        // bytes of a Mapping, only atomic views and copies.
+        let raw = unsafe {
+            libc::mmap(
+                place.as_ptr().cast(),
+                len,
+                prot,
+                flags,
+                file.as_raw_fd(),
+                off,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(last_err()); // `place` drops: the range is unmapped
+        }
+        let m = Mapping::owned(place.addr, len);
+        std::mem::forget(place); // its range is `m` now
+        Ok(m)
+    }
+
     /// Start address.
     pub fn addr(&self) -> u64 {
         self.addr.as_ptr() as u64

@@ -261,6 +261,11 @@ impl Region {
             return h.prefetch(offset, len);
         }
         let folios = self.inner.folio_range(offset, len, self.inner.folio)?;
+        if self.inner.pool.is_some() {
+            // A pooled region's pages come in through the pool, on demand
+            // or by `fetch`; a background prefetch of them is not built.
+            return Ok(());
+        }
         self.owner.prefetch(PrefetchRequest {
             region: Arc::clone(&self.inner),
             folios,
@@ -322,6 +327,24 @@ impl Region {
     /// write fills): [`Region::fetch`] and [`Region::fetch_for_write`].
     fn fetch_folios(&self, offsets: &[u64], write: bool) -> Result<u64, RangeError> {
         let r = &self.inner;
+        if let Some(v) = &r.pool {
+            // Pooled: each folio the pool lacks, filled in address order.
+            let mut idxs = offsets
+                .iter()
+                .map(|&o| r.folio_range(o, 1, 1).map(|f| f.start))
+                .collect::<Result<Vec<_>, _>>()?;
+            idxs.sort_unstable();
+            idxs.dedup();
+            let mut ctx = Ctx::new(self.owner.shared.fill_buf_bytes(), false);
+            let mut read = 0;
+            for idx in idxs {
+                if !v.pool.is_resident(v.first + idx) {
+                    read += 1;
+                    let _ = self.make_resident(&mut ctx, idx, false);
+                }
+            }
+            return Ok(read);
+        }
         // Each folio with the 4 KiB page written in it (u64::MAX: more
         // than one), in address order.
         let mut folios: Vec<(usize, u64)> = Vec::with_capacity(offsets.len());
@@ -437,6 +460,18 @@ impl Region {
     fn make_resident(&self, ctx: &mut Ctx, idx: usize, write: bool) -> Result<(), AdviseError> {
         let (r, sh) = (&self.inner, &self.owner.shared);
         let addr = r.folio_addr(idx);
+        if let Some(v) = &r.pool {
+            // Pooled (read-only): in the pool, or filled into it now.
+            if !v.pool.is_resident(v.first + idx) {
+                let _ = sh.resolve(ctx, r, addr, false, false);
+            }
+            return match folio::load(r.state(idx)).kind() {
+                Kind::Poisoned => Err(AdviseError::Unfilled {
+                    offset: idx as u64 * r.folio,
+                }),
+                _ => Ok(()),
+            };
+        }
         loop {
             let s = folio::load(r.state(idx));
             match s.kind() {
@@ -491,6 +526,11 @@ impl Region {
         }
         let r = &self.inner;
         let folios = r.folio_range(offset, len, 1)?;
+        if r.pool.is_some() {
+            return Err(AdviseError::Unsupported(
+                "pinning in a region in a page pool (map it with the pool off)",
+            ));
+        }
         if write && !r.writable {
             return Err(AdviseError::Unsupported(
                 "a write to a read-only region (map it writable)",

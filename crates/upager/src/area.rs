@@ -34,6 +34,10 @@ pub(crate) struct Area {
     /// untouched chunks, so a huge sparse region costs what it uses.
     pub touched: upager_sys::mem::AtomicTable,
     pub store: Arc<dyn Store>,
+    /// The page pool this region's view maps (pool.rs), if it is pooled:
+    /// its faults go to `poolfault`, its folios are the pool's (this
+    /// table's words stay NEVER unless a read fails: POISONED).
+    pub pool: Option<crate::pool::PoolView>,
     /// Store offset of the region's first byte (file regions).
     pub store_off: u64,
     /// Swap slots (anonymous regions only; shared by the pager's anonymous

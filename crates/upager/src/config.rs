@@ -107,6 +107,26 @@ impl std::fmt::Display for FaultMode {
     }
 }
 
+/// The environment variable that turns page pools on or off where no code
+/// does ([`PagerBuilder::pool`]).
+pub const POOL_ENV: &str = "UPAGER_POOL";
+
+/// An on/off setting of an environment variable: `on`, `1`, `true`, `yes`
+/// or `off`, `0`, `false`, `no`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Switch(bool);
+
+impl std::str::FromStr for Switch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" | "yes" => Ok(Switch(true)),
+            "off" | "0" | "false" | "no" => Ok(Switch(false)),
+            other => Err(format!("unknown setting {other:?}: use \"on\" or \"off\"")),
+        }
+    }
+}
+
 /// The choice environment variable `var` names: None when unset or blank,
 /// an error naming the variable when it names none or is not UTF-8.
 fn env_choice<T: std::str::FromStr<Err = String>>(var: &str) -> Result<Option<T>, String> {
@@ -231,6 +251,9 @@ pub struct PagerBuilder {
     pub(crate) dirty_expire: std::time::Duration,
     pub(crate) huge_runs: bool,
     pub(crate) readahead_async: bool,
+    /// Page pools for read-only file regions, or why `UPAGER_POOL` named
+    /// no setting (reported by `build`; [`PagerBuilder::pool`] clears it).
+    pub(crate) pool: Result<bool, String>,
 }
 
 impl Default for PagerBuilder {
@@ -257,6 +280,7 @@ impl Default for PagerBuilder {
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
             readahead_async: true,
             huge_runs: false,
+            pool: env_choice::<Switch>(POOL_ENV).map(|s| s.is_some_and(|s| s.0)),
         }
     }
 }
@@ -333,6 +357,21 @@ impl PagerBuilder {
     /// fills every window in the fault that needs it.
     pub fn readahead_async(mut self, on: bool) -> Self {
         self.readahead_async = on;
+        self
+    }
+    /// Page pools (pool.rs): a read-only file region joins the host's pool
+    /// of its file's pages, one copy that every process mapping the file
+    /// shares under one budget (the first process's), instead of a
+    /// private copy under this pager's. A page any process brought in is
+    /// mapped by the kernel without a fault to user space; eviction
+    /// removes a batch from every process at once. Regions that cannot
+    /// join one (writable, anonymous, network stores, an offset that is
+    /// not a multiple of the folio, `MapOptions::at`, a pool directory
+    /// that is not private) are private as before, with the reason logged.
+    /// [`MapOptions::pool`] overrides it for one region. Default: the
+    /// `UPAGER_POOL` environment variable (`on`/`off`), else off.
+    pub fn pool(mut self, on: bool) -> Self {
+        self.pool = Ok(on);
         self
     }
     /// Mixed folio sizes (issue 23): a writable file region of folios below
@@ -467,6 +506,7 @@ pub struct MapOptions {
     pub(crate) len: Option<u64>,
     pub(crate) at: Option<upager_sys::mem::FixedRange>,
     pub(crate) huge_runs: Option<bool>,
+    pub(crate) pool: Option<bool>,
     pub(crate) warm: WarmStart,
     /// The data file of a file region with a warm start (set by
     /// `Pager::map_file` and `map_open_file`: [`MapOptions::beside`]).
@@ -526,6 +566,12 @@ impl MapOptions {
     /// folios below 2 MiB have huge runs; for others this changes nothing.
     pub fn huge_runs(mut self, on: bool) -> Self {
         self.huge_runs = Some(on);
+        self
+    }
+    /// Join the host's page pool of this file ([`PagerBuilder::pool`]).
+    /// Default: the pager's setting.
+    pub fn pool(mut self, on: bool) -> Self {
+        self.pool = Some(on);
         self
     }
     /// Record the order this file region's folios are first needed beside

@@ -56,6 +56,8 @@ pub enum PagerError {
     Readahead(u64),
     /// {0}
     FaultMode(String),
+    /// {0}
+    Pool(String),
     /// could not install upager's SIGBUS handler for fault mode in-thread: {0}
     SignalHandler(#[source] io::Error),
     /// could not start a pager thread: {0}
@@ -461,7 +463,8 @@ impl ErrorCode for PagerError {
             | PagerError::BatchBytes { .. }
             | PagerError::DirtyLimit { .. }
             | PagerError::Readahead(_)
-            | PagerError::FaultMode(_) => errno::EINVAL,
+            | PagerError::FaultMode(_)
+            | PagerError::Pool(_) => errno::EINVAL,
             PagerError::Api(s)
             | PagerError::Spawn(s)
             | PagerError::EventFd(s)

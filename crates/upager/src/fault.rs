@@ -187,6 +187,11 @@ impl Shared {
         let in_thread = self.mode == FaultMode::InThread;
         let idx = ((addr - r.base()) >> r.shift) as usize;
         let w = r.state(idx);
+        // A pooled region's folios are the pool's (poolfault.rs), but for
+        // one whose read failed here: POISONED in this process's table.
+        if r.pool.is_some() && folio::load(w).kind() != Kind::Poisoned {
+            return self.resolve_pooled(ctx, r, idx);
+        }
         // A fault at PTE level: a page table is under this run now (a huge
         // fill there must drop it first; see Area::take_table).
         if r.run_folios > 0 {

@@ -78,6 +78,8 @@ mod lineage;
 mod lru;
 mod pager;
 mod poison;
+mod pool;
+mod poolfault;
 mod readahead;
 mod reclaim;
 mod region;
@@ -93,6 +95,7 @@ mod warm;
 
 pub use advice::Residency;
 pub use config::WarmStart;
+pub use config::POOL_ENV;
 pub use config::{
     format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, Userfaultfd,
     DEFAULT_ANON_FOLIO, DEFAULT_DIRTY_EXPIRE, DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO,
@@ -105,6 +108,7 @@ pub use error::{
 pub use fork::after_fork;
 pub use info::PagerInfo;
 pub use pager::Pager;
+pub use pool::{PoolError, PoolInfo, POOL_DIR_ENV};
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{
@@ -147,10 +151,10 @@ mod tests {
     // element is longer than 10 characters, as "readahead" is.)
     #[rustfmt::skip]
     const LAYERS: &[&str] = &[
-        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "warm", "twins",
-        "budget",
+        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "pool", "warm",
+        "twins", "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
-        "readahead", "fill", "dirty", "ahead", "fault", "inthread", "lineage", "region",
+        "readahead", "fill", "poolfault", "dirty", "ahead", "fault", "inthread", "lineage", "region",
         "advice", "pager", "fork",
     ];
 

@@ -78,6 +78,9 @@ impl Pager {
         if let Err(e) = &cfg.fault_mode {
             return Err(PagerError::FaultMode(e.clone()));
         }
+        if let Err(e) = &cfg.pool {
+            return Err(PagerError::Pool(e.clone()));
+        }
         if cfg.readahead > crate::config::MAX_READAHEAD {
             return Err(PagerError::Readahead(cfg.readahead));
         }
@@ -521,10 +524,20 @@ impl Pager {
         let touched =
             upager_sys::mem::AtomicTable::zeroed(nfolios.div_ceil(crate::area::CHUNK * 64))
                 .map_err(|source| mmap_error(map_len / folio / 64, source))?;
+        // The host's page pool of the file (pool.rs): read-only file
+        // regions where the pager or the region asks for one.
+        let pool = (opts.pool.unwrap_or(matches!(sh.cfg.pool, Ok(true)))
+            && !writable
+            && slots.is_none()
+            && opts.at.is_none()
+            && reserved.is_none())
+        .then(|| join_pool(sh, &store, store_off, folio))
+        .flatten();
         // A warm start's trace (warm.rs): replay windows of up to a quarter
-        // of the budget, 1-64 MiB.
+        // of the budget, 1-64 MiB. (Not for pooled regions: their folios
+        // are the pool's.)
         let home = match &opts.warm_file {
-            _ if opts.warm == crate::WarmStart::Off || slots.is_some() => None,
+            _ if opts.warm == crate::WarmStart::Off || slots.is_some() || pool.is_some() => None,
             Some(file) => Some(crate::warm::Home::File(file.clone())),
             None if store.trace_version().is_some() => {
                 Some(crate::warm::Home::Store(Arc::clone(&store)))
@@ -559,6 +572,11 @@ impl Pager {
             && sh.thp.usable();
         let align = if mixed { crate::thp::HUGE } else { folio };
         let map = match (opts.at, reserved) {
+            _ if pool.is_some() => {
+                let data = pool.as_ref().map(|v| v.pool.data()).expect("pooled");
+                Mapping::shared_file(data, store_off, map_len as usize, align as usize, false)
+                    .map_err(|source| mmap_error(map_len, source))?
+            }
             (None, Some(place)) => {
                 let addr = place.addr();
                 if place.len() as u64 != map_len {
@@ -693,6 +711,7 @@ impl Pager {
             folio,
             shift: folio.trailing_zeros(),
             store,
+            pool,
             store_off,
             slots,
             writable,
@@ -857,6 +876,16 @@ impl Region {
         .stats()
     }
 
+    /// The host's page pool this region's view maps, if it is in one
+    /// ([`PagerBuilder::pool`](crate::PagerBuilder::pool)): None for a
+    /// private region.
+    pub fn pool_info(&self) -> Option<crate::PoolInfo> {
+        if let Some(h) = self.heir() {
+            return h.pool_info();
+        }
+        self.inner.pool.as_ref().map(|v| v.pool.info())
+    }
+
     /// The counters of the store this region maps, with their stable
     /// names (`store_gets`, `store_bytes_received`, ...:
     /// [`Store::store_counters`](crate::Store::store_counters)); empty for
@@ -865,7 +894,11 @@ impl Region {
         if let Some(h) = self.heir() {
             return h.store_counters();
         }
-        self.inner.store.store_counters()
+        let mut c = self.inner.store.store_counters();
+        if let Some(v) = &self.inner.pool {
+            c.extend(v.pool.counters());
+        }
+        c
     }
 }
 
@@ -906,4 +939,35 @@ fn write_back_all(sh: &Arc<Shared>, r: &Arc<crate::area::Area>) -> crate::twins:
             r.record_error(e);
         }
     })
+}
+
+/// The host's pool of `store`'s bytes for a region from `store_off`,
+/// attached (created if no process has it), or None: the region is then
+/// private, and the first such reason of the process is logged.
+fn join_pool(
+    sh: &Shared,
+    store: &Arc<dyn Store>,
+    store_off: u64,
+    folio: u64,
+) -> Option<crate::pool::PoolView> {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let key = store.pool_key()?;
+    if store.is_empty() || !store_off.is_multiple_of(folio) {
+        return None;
+    }
+    match crate::pool::attach(&key, store.len(), folio, sh.budget.limit()) {
+        Ok(pool) => Some(crate::pool::PoolView::new(
+            pool,
+            (store_off / folio) as usize,
+        )),
+        Err(e) => {
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!(
+                    "{} is mapped privately, not in a page pool: {e}",
+                    store.describe()
+                );
+            }
+            None
+        }
+    }
 }

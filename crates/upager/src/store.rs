@@ -271,6 +271,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn trace_version(&self) -> Option<u64> {
         None
     }
+    /// The identity of the store's bytes, for a page pool that the
+    /// processes mapping them share (pool.rs): equal keys mean equal
+    /// bytes. A file's is its device, inode, size and change times, so a
+    /// file changed since a pool was made gets a pool of its own. Default
+    /// None: the store's regions are private.
+    fn pool_key(&self) -> Option<String> {
+        None
+    }
     /// The warm-start trace kept with the data, if any (stores with a
     /// [`Store::trace_version`]).
     fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
@@ -597,6 +605,22 @@ impl Store for FileStore {
     }
     fn takes_pages(&self) -> bool {
         true // bytes at any offset
+    }
+    fn pool_key(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.fds.buffered.metadata().ok()?;
+        m.is_file().then(|| {
+            format!(
+                "file {}:{} {} {}.{} {}.{}",
+                m.dev(),
+                m.ino(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec()
+            )
+        })
     }
 }
 
