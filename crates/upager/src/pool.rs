@@ -240,6 +240,8 @@ pub(crate) fn attach(key: &str, len: u64, folio: u64, budget: u64) -> Result<Arc
         return Ok(p);
     }
     let dir = pool_dir()?;
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_dead(&dir));
     let io_err = |source| PoolError::Io {
         dir: dir.display().to_string(),
         source,
@@ -289,6 +291,42 @@ fn pool_dir_at(var: Option<std::ffi::OsString>) -> Result<PathBuf, PoolError> {
         });
     }
     Ok(dir)
+}
+
+/// Removes the pools in `dir` that no live process is attached to (left
+/// by processes that were killed: tmpfs keeps their pages until then).
+/// Each is checked under its INIT lock, taken without waiting (a pool
+/// being attached or detached is left alone). Once per process, at its
+/// first attach.
+fn sweep_dead(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "meta") {
+            continue;
+        }
+        let Ok(f) = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+        else {
+            continue;
+        };
+        if ofd_lock(&f, LockKind::Write, L_INIT, 1, false).is_err() {
+            continue;
+        }
+        if matches!(ofd_probe(&f, LockKind::Write, L_ATTACHED, 1), Ok(None)) {
+            let _ = std::fs::remove_file(path.with_extension("data"));
+            let _ = std::fs::remove_file(&path);
+            log::info!(
+                "removed the page pool {} (no process attached)",
+                path.display()
+            );
+        }
+    }
 }
 
 /// FNV-1a, 64 bits: a pool's file name from its key (the key itself is
@@ -897,6 +935,25 @@ mod tests {
         assert_eq!(blocks, 0, "the partial page was punched");
         assert_eq!(a.claim(5, 4096, false), Claim::Claimed);
         std::mem::forget(b); // its detach would trip over its released slot
+    }
+
+    /// A pool no process is attached to (all were killed) is swept; one
+    /// in use is not.
+    #[test]
+    fn dead_pools_are_swept() {
+        let d = tmp_pool_dir();
+        let live = open(d.path(), "k", 8 * 4096);
+        let dead = Pool::open(d.path(), "u", "k2", 64 << 12, 4096, 1 << 20)
+            .map_err(|_| ())
+            .unwrap();
+        let (meta, data) = (dead.meta_path.clone(), dead.data_path.clone());
+        // "Killed": its locks go without a detach.
+        ofd_lock(&dead.meta_file, LockKind::Unlock, 0, 0, false).unwrap();
+        std::mem::forget(dead);
+        assert!(meta.exists() && data.exists());
+        sweep_dead(d.path());
+        assert!(!meta.exists() && !data.exists(), "swept");
+        assert!(live.meta_path.exists(), "in use: kept");
     }
 
     #[test]
