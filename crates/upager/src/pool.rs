@@ -161,6 +161,15 @@ pub enum PoolError {
         /// What differs.
         what: &'static str,
     },
+    /// {dir} has {free} bytes free, less than the pool's budget of {need}: set UPAGER_POOL_DIR to a larger tmpfs (a container's /dev/shm is 64 MiB unless --shm-size says more)
+    NoRoom {
+        /// The directory.
+        dir: String,
+        /// Bytes free there.
+        free: u64,
+        /// The budget.
+        need: u64,
+    },
     /// every one of the pool's {max} process slots is taken
     Full {
         /// The slots.
@@ -396,6 +405,18 @@ impl Pool {
         let data = open_private(&data_path)?;
         let alone = ofd_probe(&meta_file, LockKind::Write, L_ATTACHED, 1)?.is_none();
         if alone {
+            // Room for the budget (a container's /dev/shm is 64 MiB by
+            // default): a fill that finds the file system full could only
+            // fail its access.
+            let need = budget.min(n as u64 * folio);
+            let free = upager_sys::io::free_space(dir)?;
+            if free < need {
+                return Err(OpenError::Pool(PoolError::NoRoom {
+                    dir: dir.display().to_string(),
+                    free,
+                    need,
+                }));
+            }
             // New, or left by processes that all died: start empty.
             data.set_len(0)?;
             data.set_len(n as u64 * folio)?;

@@ -90,18 +90,11 @@ impl Shared {
         let got = match read {
             Ok(got) => got,
             Err(e) => {
-                pool.abandon(pi, n);
-                if ctx.in_signal {
-                    return Outcome::HandOff;
+                if !ctx.in_signal {
+                    self.counters.read_errors.inc();
                 }
-                self.counters.read_errors.inc();
-                log::error!("reading {} at {off} failed: {e}", r.store.describe());
-                if let Some(_old) = folio::try_claim(r.state(idx), |s| {
-                    matches!(s.kind(), Kind::Never | Kind::Evicted)
-                }) {
-                    self.poison(r, idx);
-                }
-                return Outcome::Done;
+                let what = format_args!("reading {} at {off}", r.store.describe());
+                return self.pooled_failed(ctx, r, idx, n, what, &e);
             }
         };
         buf[got..].fill(0);
@@ -130,18 +123,44 @@ impl Shared {
             }
         }
         if let Some(e) = failed {
-            // The view is going away (unmap) or the kernel refused: give the
-            // folios back; the faulting thread is woken by the unmap.
-            log::debug!("UFFDIO_COPY into a pool view failed: {e}");
-            pool.abandon(pi, n);
-            let _ = uffd.wake(r.folio_addr(idx), r.folio);
-            return Outcome::Done;
+            // The view is going away (unmap), or the kernel refused (the
+            // pool's file system is full).
+            let what = format_args!("filling a page pool's folio");
+            return self.pooled_failed(ctx, r, idx, n, what, &e);
         }
         pool.publish(pi, n);
         view.next.store(idx + n, Ordering::Relaxed);
         self.counters.bytes_read.add(got as u64);
         if ctx.in_signal {
             self.counters.faults_missing.inc();
+        }
+        Outcome::Done
+    }
+
+    /// A pooled fill of folios `[idx, idx+n)` that cannot complete: the
+    /// claims go back to the pool, and the access fails (this process's
+    /// folio is poisoned: SIGBUS) rather than fault here for ever. In a
+    /// SIGBUS handler: handed to a resolver thread, which tries again.
+    fn pooled_failed(
+        &self,
+        ctx: &Ctx,
+        r: &Arc<Area>,
+        idx: usize,
+        n: usize,
+        what: std::fmt::Arguments<'_>,
+        e: &std::io::Error,
+    ) -> Outcome {
+        if let Some(v) = r.pool.as_ref() {
+            v.pool.abandon(v.first + idx, n);
+        }
+        if ctx.in_signal {
+            return Outcome::HandOff;
+        }
+        log::error!("{what} failed: {e}");
+        if let Some(_old) = folio::try_claim(r.state(idx), |s| {
+            matches!(s.kind(), Kind::Never | Kind::Evicted)
+        }) {
+            self.poison(r, idx);
         }
         Outcome::Done
     }
