@@ -324,7 +324,7 @@ def test_bad_arguments_raise_clear_errors(data64, scratch):
         upager.open_array(os.path.join(scratch, "new"), np.uint8, None, mode="w+")
 
 
-def test_r20_6_what_is_not_a_regular_file_is_refused_at_map_time(scratch):
+def test_what_is_not_a_regular_file_is_refused_at_map_time(scratch):
     """Issue 20 item 6: a directory was mapped and the first access died
     by SIGBUS; now map_file and open_array raise IsADirectoryError (EISDIR),
     other non-files OSError ENODEV, each naming the path and what to pass."""

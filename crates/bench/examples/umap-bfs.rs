@@ -1,4 +1,4 @@
-//! UMap's bfs through the drop-in (issue 32): cold on demand against
+//! UMap's bfs through the drop-in: cold on demand against
 //! replayed from the trace an earlier run recorded (`UPAGER_WARM`), beside
 //! the kernel's mmap in a memory cgroup of the same budget (bfs `-s`).
 //!

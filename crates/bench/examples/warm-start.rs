@@ -1,4 +1,4 @@
-//! Warm starts (issue 32): a cold gather from a local file, on demand
+//! Warm starts: a cold gather from a local file, on demand
 //! against replayed from a trace the previous run recorded
 //! (`MapOptions::warm`), and a replay of a trace recorded on other inputs.
 //!

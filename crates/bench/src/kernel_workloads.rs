@@ -249,7 +249,7 @@ pub(crate) fn unmap(bytes: usize, folio_kb: u64) -> Result<WorkerResult, Workloa
     Ok(r)
 }
 
-/// Issue 13's TLB reach, the kernel's side: `bytes` of anonymous
+/// The TLB reach scenario, the kernel's side: `bytes` of anonymous
 /// `MADV_HUGEPAGE` memory (transparent huge pages), every page written, then
 /// `reads` random 8-byte reads (`tlb_reach`).
 pub(crate) fn tlb_reach(bytes: usize, reads: u64) -> Result<WorkerResult, WorkloadError> {

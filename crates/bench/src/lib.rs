@@ -1,4 +1,4 @@
-//! Benchmark infrastructure of upager (issue 3): the environment the
+//! Benchmark infrastructure of upager: the environment the
 //! comparisons run in, the kernel's own side of each seed experiment, TLB
 //! shootdown counting from outside the measured code, upager's side, and
 //! reports.
@@ -11,9 +11,9 @@
 //! - [`workloads`] and [`worker`]: the workloads (the kernel's and
 //!   upager's), run in a child process (`upager-bench-worker`) placed in the
 //!   cgroup before it starts.
-//! - [`scenario`]: the scenarios of issue 3 as data ([`Scenario`]);
+//! - [`scenario`]: the scenarios (kernel experiments and workloads) as data ([`Scenario`]);
 //!   [`engine`]: the [`Engine`] trait and the kernel baseline engines;
-//!   [`upager_engine`]: upager's engines, in each fault mode (issue 12) and
+//!   [`upager_engine`]: upager's engines, in each fault mode and
 //!   with the ablations, and the residency methods of seed 004;
 //!   [`numpy_engine`]: the numpy scenario's engines (a Python driver);
 //!   [`suite`]: [`run_scenario`].

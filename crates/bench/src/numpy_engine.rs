@@ -1,4 +1,4 @@
-//! The numpy scenario's engines (issue 12, "As a numpy user sees it"):
+//! The numpy scenario's engines (a numpy user's array larger than memory):
 //! `numpy.memmap` and `upager.open_array` driven by one Python process,
 //! `bench/numpy_scenario.py` (embedded here, so the suite runs from any
 //! directory), which speaks the worker protocol itself (`ready`, `go`,
@@ -85,7 +85,7 @@ pub struct NumpyEngine {
     /// `None`: no folio size given (upager chooses).
     folio_kb: Option<u64>,
     /// `None`: upager chooses (handlers, or in-thread where the
-    /// userfaultfd is user-mode-only: issue 28).
+    /// userfaultfd is user-mode-only).
     fault_mode: Option<FaultMode>,
     /// `None`: the package's default.
     huge_runs: Option<bool>,
@@ -112,7 +112,8 @@ impl NumpyEngine {
 
     /// `upager.open_array(mode="r+", budget=…)` and nothing else: what a
     /// user gets by default (`upager defaults`: the folio size and the
-    /// fault mode upager chooses). Issue 29's targets are for this engine.
+    /// fault mode upager chooses). The numpy targets (faster than
+    /// numpy.memmap with the defaults) are for this engine.
     pub fn defaults() -> Self {
         NumpyEngine {
             name: "upager defaults".into(),
@@ -177,8 +178,9 @@ impl NumpyEngine {
 
     /// The memmap baseline; upager with the defaults, then with the
     /// default folio size in each of `modes`, then with 4 KiB and 64 KiB
-    /// folios in each; issue 23's ablations (4 KiB folios with mixed
-    /// folio sizes, `huge-runs`, and without async readahead,
+    /// folios in each; the ablations of mixed folio sizes and async
+    /// readahead (4 KiB folios with mixed folio sizes, `huge-runs`, and
+    /// without async readahead,
     /// `sync-readahead`); the defaults with every miss a fault
     /// (`fault-path`); and both sides opened read-only (` r`).
     pub fn for_modes(modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {

@@ -168,7 +168,7 @@ pub struct Report {
     pub scenario: Scenario,
     /// Seed experiment.
     pub seed: String,
-    /// Target from issue 3.
+    /// The scenario's target (what upager should reach against the kernel).
     pub target: String,
     /// Main metric.
     pub metric: Metric,

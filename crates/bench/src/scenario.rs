@@ -1,4 +1,4 @@
-//! The scenarios of issue 3 (and seed 004's residency) as data: the
+//! The benchmark scenarios (the seed experiments, residency, numpy) as data: the
 //! [`Scenario`] enum, parsed once from its name ([`FromStr`]), each with its
 //! [`ScenarioSpec`] (seed experiment, what it measures, target, engines,
 //! default and tiny parameters), and the [`ScenarioParams`] of one run,
@@ -30,12 +30,12 @@ pub enum Scenario {
     UnmapFolio,
     /// Seed 003: anonymous memory larger than the budget (usemem).
     Swap,
-    /// Issue 13: random reads over a fully resident region, 4 KiB pages vs
+    /// Random reads over a fully resident region, 4 KiB pages vs
     /// huge pages in the view.
     TlbReach,
     /// Seed 004: classifying resident / evicted / never touched.
     Residency,
-    /// Issue 12: a numpy user's float64 array larger than memory,
+    /// A numpy user's float64 array larger than memory,
     /// `numpy.memmap` in a memory cgroup vs `upager.open_array`, on
     /// compressible and incompressible data.
     Numpy,
@@ -381,7 +381,7 @@ fn residency_tiny() -> ScenarioParams {
 }
 
 fn numpy_defaults() -> ScenarioParams {
-    // The sizes of issue 12's "As a numpy user sees it".
+    // The sizes of a numpy user's array larger than memory (docs/benchmarks.md).
     ScenarioParams {
         file_bytes: 2 << 30,
         limit_bytes: 256 << 20,
@@ -427,7 +427,7 @@ pub struct Phase {
 
 /// A scenario as data.
 ///
-/// The upager engines named by fault mode (issue 12), `upager handlers` and
+/// The upager engines named by fault mode, `upager handlers` and
 /// `upager in-thread`, are the same configuration in the two modes: the
 /// one each scenario's target is about (mmap-read and multi-fault: the
 /// defaults; random-read and swap: 4 KiB folios). The other upager engines
@@ -445,7 +445,7 @@ pub struct ScenarioSpec {
     /// The engines it compares (names as in `KernelEngine` and
     /// `UpagerEngine::all`).
     pub engines: &'static [&'static str],
-    /// The target from issue 3.
+    /// The target upager should reach against the kernel.
     pub target: &'static str,
     /// The main metric.
     pub metric: Metric,
@@ -475,7 +475,7 @@ static MMAP_READ: ScenarioSpec = ScenarioSpec {
           larger than the memory budget, so every page read evicts one. Measures elapsed time, CPU and \
           TLB shootdowns per second and per 1000 evicted pages: eviction under pressure is where one \
           shootdown per page used to cost 25% of the run. `upager 2M`: 2 MiB folios, each filled \
-          by moving a staged huge page into the view (issue 13; mapped read-write, as moving needs, \
+          by moving a staged huge page into the view (mapped read-write, as moving needs, \
           nothing is written).",
     engines: &[
         "kernel",
@@ -499,7 +499,7 @@ static MMAP_READ: ScenarioSpec = ScenarioSpec {
 static TLB_REACH: ScenarioSpec = ScenarioSpec {
     scenario: Scenario::TlbReach,
     name: "tlb-reach",
-    seed: "002 (large folios: one TLB entry per folio), issue 13",
+    seed: "002 (large folios: one TLB entry per folio)",
     doc: "One thread does random 8-byte reads (a fixed xorshift sequence) over a fully resident \
           anonymous region, no faults: what the page size of the application's view costs once \
           everything is in memory. `kernel`: anonymous MADV_HUGEPAGE memory (transparent huge \
@@ -557,7 +557,7 @@ static MULTI_FAULT: ScenarioSpec = ScenarioSpec {
           fault (one page in 16 timed). Measures whether the fault path scales with threads or \
           serialises on an address-space lock, and what one fault costs in each fault mode. \
           `upager handlers 1-uffd`: handler mode with one userfaultfd instead of one per \
-          handler thread (the sharding of issue 12).",
+          handler thread (the fault queue's sharding).",
     engines: &[
         "kernel",
         "upager handlers",
@@ -648,7 +648,7 @@ static RESIDENCY: ScenarioSpec = ScenarioSpec {
 static NUMPY: ScenarioSpec = ScenarioSpec {
     scenario: Scenario::Numpy,
     name: "numpy",
-    seed: "issue 12 (a numpy user's float64 array larger than memory)",
+    seed: "a numpy user's float64 array larger than memory",
     doc: "One Python process (bench/numpy_scenario.py) in a memory cgroup of the limit works on a \
           float64 file on ext4 on a RAM block device: numpy.memmap(mode=\"r+\") against \
           upager.open_array(mode=\"r+\", budget=…) with what a user gets by default (`upager \
@@ -672,7 +672,7 @@ static NUMPY: ScenarioSpec = ScenarioSpec {
         "upager handlers 64K",
         "upager in-thread 64K",
     ],
-    target: "sequential pass ≤ 0.8× numpy.memmap's time (issue 23); random reads ≥ 10× (in-thread); random writes + flush ≥ 1.0×",
+    target: "sequential pass ≤ 0.8× numpy.memmap's time; random reads ≥ 10× (in-thread); random writes + flush ≥ 1.0×",
     metric: Metric::ElapsedS,
     data: DataFile::F64Index,
     baseline_engine: "kernel numpy.memmap",

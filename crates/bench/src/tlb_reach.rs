@@ -1,4 +1,4 @@
-//! TLB reach (issue 13): random 8-byte reads over a fully resident region,
+//! TLB reach: random 8-byte reads over a fully resident region,
 //! no faults — what the page size of the mapping costs once everything is in
 //! memory. The one implementation of the reads and of the huge-page share,
 //! used by the kernel's workload (anonymous `MADV_HUGEPAGE` memory) and by

@@ -1,4 +1,4 @@
-//! upager's engines: upager in each configuration of issue 3 (with its
+//! upager's engines: upager in each configuration of the suite (with its
 //! ablations, [`UpagerEngine::all`]) and the residency classifications of
 //! seed 004 ([`ResidencyEngine`]). Each runs its scenario's job
 //! (`upager_workloads`) in a worker process, like the kernel's engines, but
@@ -56,7 +56,7 @@ impl UpagerEngine {
 
     /// This engine with `UPAGER_MASK_FEATURES=features` in its workers:
     /// upager as it runs where the kernel (or a seccomp filter) refuses
-    /// them (issue 28; `upager_sys::features`).
+    /// them (`upager_sys::features`).
     pub fn masking(mut self, features: &str) -> Self {
         self.env
             .push(("UPAGER_MASK_FEATURES".into(), features.into()));
@@ -69,8 +69,8 @@ impl UpagerEngine {
     }
 
     /// The standard set of upager engines: `upager <mode>` for each of
-    /// `modes` (issue 12; the configuration each scenario's target is
-    /// about), the ablations of issue 3 (in handlers mode, the default), the
+    /// `modes` (the configuration each scenario's target is
+    /// about), the ablations of the suite (in handlers mode, the default), the
     /// residency methods of seed 004 and the numpy engines (4 KiB and
     /// 64 KiB folios in each of `modes`).
     pub fn for_modes(exe: &WorkerExe, modes: &[FaultMode]) -> Vec<Box<dyn Engine>> {
@@ -100,8 +100,8 @@ impl UpagerEngine {
                 },
                 &[Scenario::RandomRead, Scenario::Swap],
             ));
-            // Issue 23's ablations: with mixed folio sizes, without
-            // async readahead.
+            // The ablations of mixed folio sizes and async readahead: with
+            // mixed folio sizes, without async readahead.
             v.push(e(
                 &format!("upager {} huge-runs", mode.name()),
                 UpagerConfig {
@@ -153,7 +153,7 @@ impl UpagerEngine {
                 &[Scenario::TlbReach],
             ),
             // The defaults mapped read-write, with and without mixed folio
-            // sizes (issue 23).
+            // sizes.
             e(
                 "upager rw",
                 UpagerConfig {
@@ -197,7 +197,7 @@ impl UpagerEngine {
                 &[Scenario::Swap],
             ),
             e("upager", d(), &[Scenario::UnmapFolio]),
-            // Issue 28: the fallbacks, priced next to the defaults.
+            // The kernel features' fallbacks, priced next to the defaults.
             Box::new(
                 UpagerEngine::new(
                     exe.clone(),
@@ -255,7 +255,7 @@ impl UpagerEngine {
         v
     }
 
-    /// upager with its data on the Redis Cluster at `url` (issue 14), 64
+    /// upager with its data on the Redis Cluster at `url`, 64
     /// KiB folios, on the scenarios that read a data file or swap:
     /// `upager redis` (each batch one pipeline per node) and `upager redis
     /// per-folio` (one round trip per folio: the ablation of batching).

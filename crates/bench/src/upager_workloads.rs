@@ -48,20 +48,20 @@ pub struct UpagerConfig {
     /// Fault handler threads (`None` = default).
     pub handler_threads: Option<usize>,
     /// Userfaultfds the fault queue is split over (`None` = the engine's
-    /// default, one per handler thread; issue 12).
+    /// default, one per handler thread).
     pub uffd_shards: Option<usize>,
     /// Map data files read-write (nothing is written): 2 MiB folios become
-    /// huge pages only in writable regions (issue 13).
+    /// huge pages only in writable regions.
     pub writable: bool,
     /// Directory of anonymous regions' swap files (`None` = temp dir).
     pub swap_dir: Option<PathBuf>,
-    /// How faults are resolved (issue 12). Always set on the builder, so
+    /// How faults are resolved. Always set on the builder, so
     /// `UPAGER_FAULT_MODE` in the environment cannot change what an engine's
     /// name says. In JSON by its name (`handlers`, `in-thread`).
     #[serde(with = "fault_mode_name")]
     pub fault_mode: FaultMode,
     /// A Redis Cluster (`redis-cluster://HOST:PORT`) the data lives on
-    /// instead of the file (issue 14): the data file is uploaded once as a
+    /// instead of the file: the data file is uploaded once as a
     /// dataset named after it (chunks of the folio size) and mapped by
     /// name; anonymous regions swap to the cluster. `None`: the file and
     /// the local swap file.
@@ -69,7 +69,7 @@ pub struct UpagerConfig {
     /// With `store`: one pipeline per node per batch (true) or one round
     /// trip per folio (false, the ablation).
     pub store_pipelined: bool,
-    /// Mixed folio sizes (issue 23; `None` = the engine's default, on).
+    /// Mixed folio sizes (`None` = the engine's default, on).
     pub huge_runs: Option<bool>,
     /// `PagerBuilder::readahead_async` (None: the engine's default).
     pub readahead_async: Option<bool>,
@@ -170,7 +170,7 @@ pub enum UpagerJob {
         /// Region size.
         bytes: u64,
     },
-    /// Issue 13's TLB reach: an anonymous region of `bytes` (budget: all of
+    /// The TLB reach scenario: an anonymous region of `bytes` (budget: all of
     /// it and 256 MiB), every page written, then `reads` random 8-byte
     /// reads timed (no faults: everything resident).
     TlbReach {
@@ -635,7 +635,7 @@ fn unmap(c: &UpagerConfig, bytes: u64) -> Result<WorkerResult, WorkloadError> {
     Ok(r)
 }
 
-/// Issue 13's TLB reach through upager: the region fully resident
+/// The TLB reach scenario through upager: the region fully resident
 /// (budget: the region and 256 MiB), then the reads of `tlb_reach`.
 fn tlb_reach(c: &UpagerConfig, bytes: u64, reads: u64) -> Result<WorkerResult, WorkloadError> {
     let folio = c.folio_kb * 1024;

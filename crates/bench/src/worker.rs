@@ -203,10 +203,10 @@ pub struct RunOptions {
     /// Time limit for the whole run.
     pub timeout: Duration,
     /// Run the worker as this user and group id (root only): an ordinary
-    /// user's process, as upager's users meet it (issue 28).
+    /// user's process, as upager's users meet it.
     pub user: Option<(u32, u32)>,
     /// Extra environment variables for the worker (e.g.
-    /// `UPAGER_MASK_FEATURES`: upager without a kernel feature, issue 28).
+    /// `UPAGER_MASK_FEATURES`: upager without a kernel feature).
     pub env: Vec<(String, String)>,
 }
 

@@ -75,7 +75,7 @@ pub enum Workload {
         /// Folio size the parent enabled (KiB).
         folio_kb: u64,
     },
-    /// Issue 13's TLB reach: `bytes` of anonymous memory with transparent
+    /// The TLB reach scenario: `bytes` of anonymous memory with transparent
     /// huge pages (`MADV_HUGEPAGE`), every page written, then `reads`
     /// random 8-byte reads timed (no faults).
     TlbReach {
@@ -130,7 +130,7 @@ pub enum Workload {
         /// The file's pattern seed.
         seed: u64,
     },
-    /// Issue 12's numpy user, run by the Python driver
+    /// The numpy scenario's user, run by the Python driver
     /// (bench/numpy_scenario.py, which documents the phases) in the
     /// cgroup: open `file` (float64 of kind `data`) as an array through
     /// `backend`, then a sequential pass summing `slice_bytes` slices,

@@ -1,4 +1,4 @@
-//! Choosing fault modes (issue 12): a mode the engine refuses is left out
+//! Choosing fault modes: a mode the engine refuses is left out
 //! of a run with a note saying why, and the run goes on with the others;
 //! under CI=true (`strict`) it is an error. The refusal is real, not
 //! mocked inside the suite: a worker executable that answers every job

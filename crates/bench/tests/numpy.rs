@@ -1,4 +1,4 @@
-//! The numpy scenario (issue 12) at its tiny size, end to end: a float64
+//! The numpy scenario at its tiny size, end to end: a float64
 //! file on ext4 on a RAM block device, the Python driver
 //! (bench/numpy_scenario.py) in a memory cgroup, numpy.memmap against
 //! upager.open_array with the defaults, with the default folio in each

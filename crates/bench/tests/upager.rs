@@ -8,7 +8,7 @@
 //!   shootdowns per 1000 evicted pages, and batch=1 sends many more;
 //! - upager never exceeds its budget (resident peak);
 //! - `upager in-thread` resolved its faults in the faulting thread and
-//!   `upager handlers` (and every ablation) did not (issue 12);
+//!   `upager handlers` (and every ablation) did not;
 //! - random-read and multi-fault report the latency distribution of every
 //!   engine, kernel and upager alike, from every timed access;
 //! - residency: upager's answer distinguishes evicted from never touched,

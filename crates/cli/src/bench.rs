@@ -1,4 +1,4 @@
-//! `upager bench <scenario>|all`: the benchmark suite of issue 3 — each seed
+//! `upager bench <scenario>|all`: the benchmark suite — each seed
 //! experiment run on the kernel and on upager (with its ablations) in
 //! interleaved rounds, printed as a table with ratios, saved as JSON and PNG.
 //! See docs/benchmarks.md for what each scenario measures and the results.
@@ -200,7 +200,7 @@ pub struct BenchArgs {
     /// as NAME` and `upager default 4K/64K as NAME` (the fault mode upager
     /// chooses: in-thread, with the user-mode-only userfaultfd an ordinary
     /// user gets; the default folio size, then 4K and 64K) and `upager
-    /// handlers 4K as NAME`, side by side with root's (issue 28).
+    /// handlers 4K as NAME`, side by side with root's.
     #[arg(long, value_name = "NAME")]
     pub as_user: Option<String>,
 }
@@ -528,7 +528,7 @@ mod tests {
             .bench
     }
 
-    /// Issue 11: these two command lines panicked inside clap ("Mismatch
+    /// These two command lines used to panic inside clap ("Mismatch
     /// between definition and access of `thread_counts`" / "`folios`").
     #[test]
     fn issue_11_list_options_parse() {

@@ -1,7 +1,6 @@
 //! `upager list URL` and `upager delete URL/NAME`: what datasets a Redis
-//! Cluster holds (complete, or incomplete uploads), and removing one
-//! (issue 20, item 8); the objects of an S3 bucket, and removing one
-//! (issue 31).
+//! Cluster holds (complete, or incomplete uploads), and removing one;
+//! the objects of an S3 bucket, and removing one.
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -11,7 +10,7 @@ use upager_redis::{RedisOptions, StoreUrl, UrlError};
 /// Parses a store URL argument (`value_parser = StoreUrlParser` on every
 /// URL argument). Not clap's `FromStr` adapter: its message "invalid value
 /// '<the argument>'" would print a URL's password; this one says only
-/// the URL's own error, which quotes it redacted (issue 22, item 6).
+/// the URL's own error, which quotes it redacted.
 #[derive(Clone, Copy, Debug)]
 pub struct StoreUrlParser;
 

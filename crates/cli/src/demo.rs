@@ -490,7 +490,7 @@ pub fn run(a: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     // The region's own store, kept for its counters (store_writes_degraded
-    // after a failover, issue 20).
+    // after a failover).
     let mut paged_from: Option<std::sync::Arc<RedisStore>> = None;
     let region = match &remote {
         Some(rm) => {

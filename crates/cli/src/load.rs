@@ -1,5 +1,5 @@
 //! `upager load FILE redis-cluster://HOST:PORT/NAME`: uploads a file once
-//! as a dataset on a Redis Cluster (issue 14), with a progress bar; any
+//! as a dataset on a Redis Cluster, with a progress bar; any
 //! machine then maps it by name (`upager_redis::map`, C's
 //! `upager_map_options.store`, Python's `open_array(None, ..., store=URL)`).
 //!

@@ -198,7 +198,7 @@ mod tests {
         panic!("no sample value parses for {what}: add one to SAMPLES");
     }
 
-    /// `--fault-mode` takes the one name of each mode (issue 12) on every
+    /// `--fault-mode` takes the one name of each mode on every
     /// command that builds a pager, lists the choices in --help and when a
     /// value is wrong, and leaves the default (UPAGER_FAULT_MODE, else
     /// handlers) to the builder when absent.

@@ -1,5 +1,5 @@
-//! Issue 20, item 8, through the built `upager` binary against a cluster of
-//! this test's own (ports 21310-21315): an upload stopped by SIGTERM leaves
+//! Datasets as a whole (upload, list, delete), through the built `upager`
+//! binary against a cluster of this test's own (ports 21310-21315): an upload stopped by SIGTERM leaves
 //! nothing; one killed by SIGKILL leaves an incomplete dataset that does
 //! not open, is listed as incomplete, refuses a new load while fresh and
 //! is removed by `upager delete`, or replaced by a new load once stale
@@ -126,7 +126,7 @@ fn signal(child: &Child, sig: &str) {
 }
 
 #[test]
-fn r20_interrupted_uploads_leave_nothing_visible_and_list_delete_round_trip() {
+fn interrupted_uploads_leave_nothing_visible_and_list_delete_round_trip() {
     let Some(c) = Cluster::start(21310) else {
         return;
     };

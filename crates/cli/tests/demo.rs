@@ -1,4 +1,4 @@
-//! `upager demo` leaves nothing behind (issue 20, item 9), through the
+//! `upager demo` leaves nothing behind, through the
 //! built binary: SIGINT or SIGTERM mid-run removes the dataset and exits
 //! with 130 / 143; a `--size` larger than the free space is refused before
 //! anything is written; a missing `--dir` is refused and not created; a
@@ -145,7 +145,7 @@ impl Drop for Private {
 /// of its dataset (SIGTERM): each time the dataset is gone afterwards and
 /// the exit status is 128 + the signal.
 #[test]
-fn r20_9_sigint_and_sigterm_remove_the_dataset() {
+fn sigint_and_sigterm_remove_the_dataset() {
     for (sig, code, phase) in [
         ("INT", 130, "sequential scan"),
         ("TERM", 143, "upager demo:"),
@@ -193,7 +193,7 @@ fn r20_9_sigint_and_sigterm_remove_the_dataset() {
 /// space named, before the dataset is made. A directory left by a demo
 /// that crashed (its process gone) is removed first.
 #[test]
-fn r20_9_a_dataset_larger_than_the_free_space_is_refused_before_writing() {
+fn a_dataset_larger_than_the_free_space_is_refused_before_writing() {
     let dir = Private::new("nospace");
     // A crashed demo's leftovers: pid 4294967295 never exists.
     let stale = dir.0.join("upager-demo-4294967295");
@@ -249,7 +249,7 @@ fn r20_9_a_dataset_larger_than_the_free_space_is_refused_before_writing() {
 }
 
 #[test]
-fn r20_9_a_missing_dir_is_refused_and_not_created() {
+fn a_missing_dir_is_refused_and_not_created() {
     let missing = std::env::temp_dir().join(format!("upager-cli-missing-{}", std::process::id()));
     let d = Demo::start(&["--size", "1M", "--dir", missing.to_str().unwrap()]);
     let (status, out) = d.finish(60);

@@ -1,4 +1,4 @@
-//! The CLI's Redis Cluster commands end to end (issue 14), through the
+//! The CLI's Redis Cluster commands end to end, through the
 //! built `upager` binary against a local cluster of this test's own (ports
 //! 21200-21205): `upager load` uploads a file (and refuses an existing
 //! name, or an unreachable cluster, with a clear message), `upager demo
@@ -114,7 +114,7 @@ fn load_and_demo_run_through_a_cluster() {
     assert!(o.status.success(), "{out}");
     assert!(out.contains("verified every byte"), "{out}");
     assert!(out.contains("deleted"), "{out}");
-    // The region's store counters, by their stable names (issue 20).
+    // The region's store counters, by their stable names.
     assert!(out.contains("store_round_trips"), "{out}");
     assert!(out.contains("store_writes_degraded        0"), "{out}");
 
@@ -211,7 +211,7 @@ fn interrupt_in_upload(
     (status, out)
 }
 
-/// Issue 22 item 6: no command prints a URL's password, whether the URL
+/// No command prints a URL's password, whether the URL
 /// does not parse (clap would quote the argument), the cluster cannot be
 /// reached, or the URL names no dataset; the messages quote it as `***`.
 #[test]

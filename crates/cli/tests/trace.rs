@@ -1,4 +1,4 @@
-//! `upager trace FILE` (warm starts, issue 32) through the built binary:
+//! `upager trace FILE` (warm starts) through the built binary:
 //! no trace, a trace that a map would replay, a stale one, and one that is
 //! not a trace.
 #![allow(clippy::tests_outside_test_module)]

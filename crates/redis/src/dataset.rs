@@ -1,5 +1,4 @@
-//! Datasets as a whole: visible only once complete, listed, deleted
-//! (issue 20, item 8).
+//! Datasets as a whole: visible only once complete, listed, deleted.
 //!
 //! Contract:
 //! 1. **A dataset is visible only once complete.** Its metadata hash

@@ -1,4 +1,4 @@
-//! upager-redis: pages on a Redis Cluster (issue 14).
+//! upager-redis: pages on a Redis Cluster.
 //!
 //! Two uses of one store ([`RedisStore`], an [`upager::Store`]):
 //! - **A shared dataset**: [`upload`] a file once, then any machine

@@ -1,5 +1,5 @@
 //! A master killed while a writer runs (the cluster fails over), and a
-//! cluster that goes away altogether (issue 14, item 3 and 4). Each test
+//! cluster that goes away altogether. Each test
 //! starts its own cluster on its own ports.
 
 // Integration tests sit at the top level of their file, which the workspace
@@ -180,7 +180,7 @@ fn a_master_killed_mid_write_loses_no_acknowledged_word() {
     }
 }
 
-/// Issue 20, item 7: a master killed with SIGKILL and NOT revived while a
+/// A master killed with SIGKILL and NOT revived while a
 /// writer writes and flushes. The cluster fails over (the promoted replica
 /// has no replica of its own), and the store keeps serving under the
 /// default replica policy: flushes succeed again once the cluster is ok,
@@ -190,7 +190,7 @@ fn a_master_killed_mid_write_loses_no_acknowledged_word() {
 /// refuses writes to that shard with an error naming the master, and a
 /// flush reports it (the data stays dirty in memory).
 #[test]
-fn r20_a_master_killed_and_not_revived_keeps_taking_writes() {
+fn a_master_killed_and_not_revived_keeps_taking_writes() {
     let Some(c) = Cluster::start(21300) else {
         return;
     };

@@ -1,4 +1,4 @@
-//! The Redis Cluster store against a live local cluster (issue 14): clear
+//! The Redis Cluster store against a live local cluster: clear
 //! errors, data integrity under eviction with independent reads from
 //! Redis, far memory, and pipelined against per-chunk round trips. Each
 //! test starts its own cluster (scripts/redis-cluster.sh) on its own ports.
@@ -38,7 +38,7 @@ fn unreachable_cluster_is_a_clear_error_naming_the_address() {
     assert!(t.elapsed() < Duration::from_secs(5));
 }
 
-/// Issue 22 item 5: a server that is not Redis on the URL's port (here a
+/// A server that is not Redis on the URL's port (here a
 /// listener answering like an HTTP server) is named as such, not as a
 /// parse error.
 #[test]
@@ -521,7 +521,7 @@ fn pipelined_and_per_chunk_read_the_same_bytes_with_fewer_round_trips() {
     }
 }
 
-/// Warm starts on a dataset (issue 32): the trace of a gather is kept
+/// Warm starts on a dataset: the trace of a gather is kept
 /// next to the dataset (`upager:{NAME}:trace`) and replayed by the next
 /// map; a new upload of the name is other data (not replayed), and delete
 /// removes the trace with the dataset.

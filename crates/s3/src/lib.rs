@@ -1,5 +1,4 @@
-//! upager-s3: objects of S3-compatible stores paged under a budget
-//! (issue 31).
+//! upager-s3: objects of S3-compatible stores paged under a budget.
 //!
 //! [`map`] opens an existing object by URL (`s3://BUCKET/KEY`, [`url`]) and
 //! maps it read-only: a fault's run is one ranged GET, a readahead window

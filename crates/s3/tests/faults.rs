@@ -1,4 +1,4 @@
-//! The S3 store's retries (issue 31 item 4), against a real SeaweedFS
+//! The S3 store's retries, against a real SeaweedFS
 //! behind a loopback proxy that answers some GETs itself with the errors an
 //! overloaded S3 gives (503 SlowDown, 500 InternalError) and passes the
 //! rest through: transient errors are retried with backoff and the data

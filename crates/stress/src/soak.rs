@@ -1,4 +1,4 @@
-//! The lost-write soak (issue 20): a hunt for stores that vanish, run by the
+//! The lost-write soak: a hunt for stores that vanish, run by the
 //! `upager-soak` binary (minutes to hours) and by the CI test
 //! `crates/stress/tests/soak.rs` (≈ 25 s per variant).
 //!
@@ -25,7 +25,7 @@
 //!           region until every writer has reached the tail: each must be
 //!           the value verified after the previous round or a store of
 //!           this round to that very word
-//!  scanners (`--scanners S`, or one with `--mixed`; issue 23) S threads
+//!  scanners (`--scanners S`, or one with `--mixed`) S threads
 //!           load one word per 4 KiB page in order, wrapping around,
 //!           checked as the readers' are: their faults are a stream, so
 //!           the pager reads ahead on its prefetch thread among the

@@ -973,7 +973,7 @@ fn worker(w: &World, t: usize) {
 }
 
 /// Flushes, and pages out / prefetches random ranges of the shared regions
-/// (issue 4's explicit residency control) while the workers run.
+/// (explicit residency control: pageout, prefetch, discard) while the workers run.
 fn flusher(w: &World) {
     let mut rng = Rng::new(w.cfg.seed ^ 0xF1);
     while !w.stopped() {

@@ -1,4 +1,4 @@
-//! The lost-write soak (issue 20) at CI size: four variants, each run for
+//! The lost-write soak at CI size: four variants, each run for
 //! `UPAGER_SOAK_SECS` seconds (default 25) as a child process
 //! (`upager-soak`, crates/stress/src/soak.rs), one at a time. A variant
 //! fails on any lost word, present page without the uffd-wp bit after a

@@ -1,4 +1,4 @@
-//! What fork() costs with upager (issue 21), measured from inside the fork
+//! What fork() costs with upager, measured from inside the fork
 //! handlers: upager's `prepare` (the flush of writable file regions) and
 //! `child` (pagers started and regions mapped again in the child) are
 //! bracketed by handlers of this program registered before and after

@@ -1,5 +1,5 @@
 //! Random 8-byte writes over a file region much larger than the budget,
-//! then `flush()`: what write-back costs (issue 12's "random writes + flush"
+//! then `flush()`: what write-back costs (the numpy scenario's "random writes + flush"
 //! as a numpy user sees it: `a[idx] = 1.5; a.flush()`).
 //!
 //! Usage: randwrite FILE [folio=4K] [writes=200000] [budget=size/8] [direct=1] [warm=1] [batched=1] [spin_us=0]

@@ -172,7 +172,7 @@ impl Budget {
     /// Whether `bytes` more may become dirty under the dirty limit. One
     /// folio may always be dirty when none is, whatever the limit: a dirty
     /// limit below one folio (half a budget of one folio) would otherwise
-    /// refuse every first write (issue 20: a 64 KiB budget with 64 KiB
+    /// refuse every first write (seen: a 64 KiB budget with 64 KiB
     /// folios died by SIGBUS at the first write).
     pub fn dirty_fits(&self, bytes: u64) -> bool {
         let dirty = self.dirty();

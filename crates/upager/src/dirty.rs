@@ -9,7 +9,7 @@
 //!   dirty age now) 3) wake, so when the faulting thread's write lands the
 //!   folio is DIRTY already. In a huge run the unprotect splits the PMD:
 //!   the run is base pages from then on.
-//! - Dirty per 4 KiB in a larger folio (issue 29; iomap's per-block dirty
+//! - Dirty per 4 KiB in a larger folio (iomap's per-block dirty
 //!   state for large folios, Linux 6.6): in a writable file region of
 //!   folios above 4 KiB and below 2 MiB (a 2 MiB folio is one PMD-mapped
 //!   huge page: unprotecting part of it would split it) whose writes keep

@@ -255,8 +255,7 @@ impl Shared {
         // fill is undone and handed off with nothing installed. (Queueing
         // after the install and undoing it on failure lost writes: a write
         // fill is installed writable, and a store another thread made to
-        // the page before the undo's MADV_DONTNEED was thrown away —
-        // issue 20; test
+        // the page before the undo's MADV_DONTNEED was thrown away; test
         // `concurrent_stores_to_fresh_folios_survive_a_failed_lru_try`.)
         self.fill_lru_entries(ctx, c, now);
         let queued_early = ctx.in_signal;

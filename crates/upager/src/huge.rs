@@ -5,7 +5,7 @@
 //! whole with one `UFFDIO_MOVE` of the PMD ([`Shared::install_huge`]);
 //! without a staged page it is copied as base pages (`thp_fill_fallback`).
 //!
-//! Mixed folio sizes (issue 23; `huge_runs`, off by default; file regions of
+//! Mixed folio sizes (`huge_runs`, off by default; file regions of
 //! folios below 2 MiB, at least 8 MiB, 2 MiB-aligned view): once the
 //! readahead window has grown to 2 MiB (a stream of 1 MiB resident before
 //! the fault), it ends at the end of the faulting folio's 2 MiB run
@@ -115,8 +115,7 @@ impl Shared {
         // the fault, except one that touches it in that window for the
         // first time, whose store lands instead of raising SIGSEGV; a
         // read-only region is never written back, so the store reaches no
-        // file, and it is gone at the next eviction (docs/benchmarks.md,
-        // issue 23).
+        // file, and it is gone at the next eviction (docs/benchmarks.md).
         let opened = !r.writable && span.protect(upager_sys::mem::Access::ReadWrite).is_ok();
         let moved = if !r.writable && !opened {
             None
@@ -235,7 +234,7 @@ impl Shared {
     /// page, moved every base page, and reported EEXIST with nothing moved;
     /// copying "the rest" from the emptied staged page then put zeros in
     /// the view, and a digest that saw them took them for a racing store
-    /// and wrote them back (issue 23, `tests/mixed.rs`).
+    /// and wrote them back (`tests/mixed.rs`).
     fn moved_from(&self, st: &crate::thp::Staged, len: usize) -> Left {
         use upager_sys::pagemap::{present_runs, PRESENT_RUNS};
         let Some(pagemap) = self.thp.pagemap() else {

@@ -77,7 +77,7 @@ static REGISTRY: LazyLock<SignalSafeCell<Vec<Entry>>> =
 /// SIGBUS raised by an access before its region became inaccessible can be
 /// delivered after the region left [`REGISTRY`] (the thread was preempted
 /// between the fault and its handler); passed on as foreign, it killed the
-/// process (issue 20: 3 of 4 runs of two readers racing an unmap). A
+/// process (3 of 4 runs of two readers racing an unmap did). A
 /// SIGBUS in such a range is retried: the access now gets SIGSEGV.
 static TOMBS: LazyLock<SignalSafeCell<Vec<(u64, u64)>>> =
     LazyLock::new(|| SignalSafeCell::new(Vec::new()));

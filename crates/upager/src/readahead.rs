@@ -16,7 +16,7 @@
 //! ([`Shared::window_aligned_end`]): after a stream's first, its windows
 //! are aligned, as a server's chunks are.
 //!
-//! Async readahead (issue 23; `readahead_async`, on by default): a fault
+//! Async readahead (`readahead_async`, on by default): a fault
 //! whose window has grown to the full readahead asks the prefetch thread
 //! for the next window ([`Shared::ask_next_window`], through
 //! `Shared::ask_ahead`: a free slot of eight takes its address, a futex

@@ -1,5 +1,5 @@
 //! Staged huge pages: 2 MiB folios enter the view as one PMD-mapped
-//! transparent huge page (issue 13).
+//! transparent huge page.
 //!
 //! A fill of a 2 MiB folio takes a *staged* huge page from this pool, reads
 //! the store into it, and moves it into the view with one `UFFDIO_MOVE`
@@ -19,7 +19,7 @@
 //! none under 16 MiB).
 //!
 //! Regions of smaller folios use the same pool for their 2 MiB runs read
-//! in sequence (mixed folio sizes, issue 23; huge.rs): a run of N folios
+//! in sequence (mixed folio sizes; huge.rs): a run of N folios
 //! is filled, protected, digested and recycled exactly like one 2 MiB
 //! folio.
 //!
@@ -302,9 +302,9 @@ impl ThpPool {
 const DIGEST_K: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Lanes of the digest: independent multiply chains the CPU runs side by
-/// side. Four lanes (issue 13) cost 0.25 ms per 2 MiB pass here (0.51 s of
+/// side. Four lanes cost 0.25 ms per 2 MiB pass here (0.51 s of
 /// CPU per 2 GiB scan, two passes a fill); eight, each loop step one
-/// 64-byte line, 76-118 us (issue 23; 2 vCPU EPYC KVM, loaded, a
+/// 64-byte line, 76-118 us (2 vCPU EPYC KVM, loaded, a
 /// microbenchmark of both over the same 2 MiB: 4-5x). xxh3-128 (SSE2
 /// build) measured 118-142 us there and needs a byte slice of the view,
 /// which other threads may be writing: not better, and not safe Rust.

@@ -88,7 +88,7 @@ fn child_main() {
             println!("not reached");
         }
         "unprivileged" => {
-            // Issue 28: an ordinary user gets a pager with no setup.
+            // An ordinary user gets a pager with no setup.
             upager::log_to_stderr();
             let pager = Pager::new(16 * MIB).unwrap();
             let info = pager.info();
@@ -164,7 +164,7 @@ fn child_main() {
             println!("FOOTPRINT {}", rss() - before);
         }
         "aged_writes" => {
-            // Issue 20 item 10: writes older than the dirty expiry are in
+            // Writes older than the dirty expiry are in
             // the file when the process is killed without a flush.
             let path = std::env::var("UPAGER_CHILD_FILE").unwrap();
             let pager = Pager::builder()
@@ -204,7 +204,7 @@ fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!stdout.contains("not reached"));
-    // Without UFFDIO_POISON (masked: issue 28) the handlers mode makes the
+    // Without UFFDIO_POISON (masked) the handlers mode makes the
     // folio inaccessible instead: SIGSEGV.
     let masked = std::env::var("UPAGER_MASK_FEATURES")
         .is_ok_and(|v| v.contains("uffd_poison") || v.contains("all"));
@@ -214,7 +214,7 @@ fn a_failed_store_read_raises_sigbus_in_the_faulting_access_only() {
         libc::SIGBUS
     };
     assert_eq!(out.status.signal(), Some(want), "{:?}", out.status);
-    // Issue 20: the process leaves a reason behind, naming the store.
+    // The process leaves a reason behind, naming the store.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("gets SIGBUS")
@@ -351,7 +351,7 @@ fn writing_a_read_only_region_raises_sigsegv() {
     assert_eq!(out.status.signal(), Some(libc::SIGSEGV), "{:?}", out.status);
 }
 
-/// Issue 28: an ordinary user (no access to /dev/userfaultfd, no
+/// An ordinary user (no access to /dev/userfaultfd, no
 /// privilege) gets a pager with a user-mode-only userfaultfd, in-thread by
 /// default, that maps, reads, writes and flushes; a system call from a
 /// non-resident page fails with EFAULT; asking for one that serves system
@@ -465,7 +465,7 @@ fn starting_the_engine_adds_under_4_mib_of_resident_memory() {
     assert!(bytes < 4 * MIB, "{bytes} bytes");
 }
 
-/// Issue 20 item 10: a process killed (SIGKILL, no flush) keeps every write
+/// A process killed (SIGKILL, no flush) keeps every write
 /// older than the dirty expiry (plus a scan period), as the kernel's flusher
 /// keeps a killed numpy.memmap writer's data after `dirty_expire_centisecs`.
 #[test]

@@ -1,4 +1,4 @@
-//! Dirty per 4 KiB inside a larger folio (issue 29; dirty.rs): one small
+//! Dirty per 4 KiB inside a larger folio (dirty.rs): one small
 //! write to a folio above 4 KiB (and below 2 MiB: a 2 MiB folio is one huge
 //! page, kept whole) writes back its 4 KiB page, not the folio;
 //! a second page written makes the whole folio dirty; nothing written is

@@ -1,4 +1,4 @@
-//! Engine behaviour (issue 2): budget, no lost write, exact dirty tracking,
+//! Engine behaviour: budget, no lost write, exact dirty tracking,
 //! unmap vs faults in flight, folios as units, batched removal, errors,
 //! faults inside system calls, anonymous regions, hot set vs scan.
 
@@ -275,7 +275,7 @@ fn a_folio_is_filled_read_and_accounted_as_one_unit() {
     assert!(s.faults_missing < 40, "readahead should cut faults: {s:?}");
 }
 
-/// Async readahead (issue 23): once a stream's window has grown to the
+/// Async readahead: once a stream's window has grown to the
 /// readahead size, the fault that fills one window asks the prefetch
 /// thread for the next, so about every other window is read without a
 /// fault of the stream; off, every window costs the stream a fault.
@@ -1187,8 +1187,8 @@ fn pinned_folios_stay_resident_until_unpinned() {
     assert_eq!(pager.stats().pinned_bytes, 0);
 }
 
-/// Handler mode with the fault queue split over 4 userfaultfds (issue 12,
-/// `uffd_shards`): each region's range is registered in contiguous shards
+/// Handler mode with the fault queue split over 4 userfaultfds
+/// (`uffd_shards`): each region's range is registered in contiguous shards
 /// on different ones (one VMA each), and threads faulting all over several
 /// regions — file regions with 4 KiB and 64 KiB folios, an anonymous one —
 /// under eviction read the right data and get their writes back: no fill
@@ -1352,7 +1352,7 @@ fn writes_after_a_flush_across_shards_are_tracked_and_written_back() {
     r.unmap().unwrap();
 }
 
-/// Issue 21 item 3: two regions of one file; what one writes and flushes,
+/// Two regions of one file (close-to-open consistency): what one writes and flushes,
 /// the other sees once it drops its clean copy with `invalidate` (and not
 /// before: close-to-open consistency). Its own dirty folios are kept.
 #[test]

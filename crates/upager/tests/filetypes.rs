@@ -1,4 +1,4 @@
-//! Issue 20, items 6: what is not a regular file is refused at map time
+//! What is not a regular file is refused at map time
 //! (a directory, a FIFO, a socket, a character device, a /proc file), a
 //! block device is a store, and a file truncated under its mapping fails
 //! the access beyond its new end (EFAULT / SIGBUS, logged), never serves
@@ -74,7 +74,7 @@ fn refused(pager: &Pager, path: &Path, kind: FileKind, by_fd: bool) {
 }
 
 #[test]
-fn r20_6_a_directory_is_refused_with_eisdir() {
+fn a_directory_is_refused_with_eisdir() {
     let pager = pager(FaultMode::Handlers);
     let dir = ram_dir();
     refused(&pager, dir.path(), FileKind::Directory, true);
@@ -92,7 +92,7 @@ fn r20_6_a_directory_is_refused_with_eisdir() {
 }
 
 #[test]
-fn r20_6_fifos_sockets_and_character_devices_are_refused_with_enodev() {
+fn fifos_sockets_and_character_devices_are_refused_with_enodev() {
     let pager = pager(FaultMode::Handlers);
     let dir = ram_dir();
     // A FIFO: refused before it is opened (opening would wait for a writer:
@@ -139,7 +139,7 @@ fn r20_6_fifos_sockets_and_character_devices_are_refused_with_enodev() {
 }
 
 #[test]
-fn r20_6_a_proc_file_is_refused_as_a_pseudo_file() {
+fn a_proc_file_is_refused_as_a_pseudo_file() {
     let pager = pager(FaultMode::Handlers);
     for p in [
         "/proc/self/status",
@@ -188,7 +188,7 @@ impl Drop for Loop {
 }
 
 #[test]
-fn r20_6_a_block_device_is_a_store_of_its_size() {
+fn a_block_device_is_a_store_of_its_size() {
     for mode in [FaultMode::Handlers, FaultMode::InThread] {
         let dir = ram_dir();
         let size = 8 * MIB;
@@ -256,7 +256,7 @@ fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Sen
 }
 
 #[test]
-fn r20_6_a_file_truncated_under_its_mapping_fails_beyond_its_new_end_and_says_so() {
+fn a_file_truncated_under_its_mapping_fails_beyond_its_new_end_and_says_so() {
     capture_log();
     for mode in [FaultMode::Handlers, FaultMode::InThread] {
         for writable in [false, true] {

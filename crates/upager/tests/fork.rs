@@ -1,4 +1,4 @@
-//! Fork (issue 21, item 1): a forked child uses every file region it
+//! Fork: a forked child uses every file region it
 //! inherited, at the same addresses, on an engine of its own, and its
 //! writes reach the file at flush:
 //! - writes of parent and child to disjoint folios both land; the child

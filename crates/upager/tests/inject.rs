@@ -1,4 +1,4 @@
-//! Kernel calls that fail or stop short (issue 20 item 3), injected with
+//! Kernel calls that fail or stop short, injected with
 //! `upager_sys::inject` (feature `fail-inject`, on for these tests only):
 //! a refused `UFFDIO_WRITEPROTECT`, a short `process_madvise`, a
 //! `UFFDIO_COPY` that stops after one page. Each test checks that no store

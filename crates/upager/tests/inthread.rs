@@ -163,7 +163,7 @@ fn the_fault_mode_is_the_one_chosen() {
     assert!(q.stats().faults_in_thread >= q.stats().faults_missing);
 }
 
-/// Issue 20, lost write 1: an in-thread write fill used to install its
+/// A lost write found by the soak: an in-thread write fill used to install its
 /// folio writable and only then try the LRU lock; when the try failed, the
 /// fill was undone with MADV_DONTNEED, throwing away a store another thread
 /// had made to the page meanwhile. Here every second try fails (the test

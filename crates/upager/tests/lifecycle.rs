@@ -1,4 +1,4 @@
-//! Region lifecycle and failure modes (issue 10):
+//! Region lifecycle and failure modes:
 //! - no wrong word is ever read while a region is unmapped, dropped, or its
 //!   pager destroyed under running readers and writers: they see the right
 //!   data or get SIGSEGV (checked in child processes, many rounds);

@@ -1,4 +1,4 @@
-//! Residency, pageout, prefetch and discard (issue 4), including a
+//! Residency, pageout, prefetch and discard, including a
 //! property test against a reference model.
 
 // Integration tests sit at the top level of their file, which the workspace

@@ -1,4 +1,4 @@
-//! Mixed folio sizes in one region (issue 23): a writable file region of
+//! Mixed folio sizes in one region: a writable file region of
 //! small folios fills a 2 MiB-aligned run that is read in sequence as one
 //! huge page (`thp_fills`), keeps its own folios for random faults and for
 //! a partial run at the end of the file, evicts a huge run whole, and loses
@@ -374,7 +374,7 @@ fn stores_racing_huge_fills(pass: impl Fn(&Region) + Sync) {
 /// word of every pass reads right, nothing is written back (a read-only
 /// pass of a writable region leaves no folio dirty), and the file is as it
 /// was. (Found: a run read as zeros and was written back so, 1 in 5
-/// passes of 2 GiB in-thread, issue 23.)
+/// passes of 2 GiB in-thread.)
 #[test]
 fn async_readahead_of_huge_runs_reads_every_word_right_and_writes_nothing() {
     if !thp_available() {

@@ -149,12 +149,12 @@ enum Mode {
 /// The in-thread fill's order of LRU queueing and installing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InThreadFill {
-    /// The fill before issue 20 (then in fault.rs): copy (writable for a
+    /// The fill before the lost-write fixes (then in fault.rs): copy (writable for a
     /// write), then try the LRU lock; on failure MADV_DONTNEED the folio
     /// and restore its old state.
     CopyThenQueue,
     /// Try the LRU lock first; on failure nothing was installed (fill.rs
-    /// `fill_claimed` since issue 20).
+    /// `fill_claimed` since the lost-write fixes).
     QueueThenCopy,
 }
 
@@ -1494,7 +1494,7 @@ fn in_thread_two_folios_writeback_failure() {
     check_model("in_thread_two_folios_writeback_failure", cfg, iters(2000));
 }
 
-/// The model stays honest: the in-thread fill as it was before issue 20
+/// The model stays honest: the in-thread fill as it was before the lost-write fixes
 /// (install writable, then try the LRU lock, and on failure MADV_DONTNEED
 /// and restore the old state) loses a store another thread made in
 /// between, and the checker must find that schedule.

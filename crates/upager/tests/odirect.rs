@@ -1,4 +1,4 @@
-//! Issue 28 item 4: the file systems users have. A file is mapped on tmpfs,
+//! The file systems users have. A file is mapped on tmpfs,
 //! on overlayfs (over tmpfs and over the root file system, as in every
 //! container), and on a FUSE passthrough file system, in both fault modes,
 //! read-only and writable: every byte read through the region equals the
@@ -201,7 +201,7 @@ fn no_fallback(fs: &str, files: &[(PathBuf, FaultMode, Stats)]) {
 }
 
 #[test]
-fn r28_4_tmpfs_maps_read_only_and_writable() {
+fn tmpfs_maps_read_only_and_writable() {
     capture_log();
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
     make_files(dir.path());
@@ -272,7 +272,7 @@ fn fs_type(path: &Path) -> String {
 }
 
 #[test]
-fn r28_4_overlayfs_maps_read_only_and_writable() {
+fn overlayfs_maps_read_only_and_writable() {
     capture_log();
     // Layers on tmpfs, and on the root file system (what a container's
     // overlay sits on).
@@ -476,7 +476,7 @@ impl Drop for Fuse {
 }
 
 #[test]
-fn r28_4_fuse_passthrough_maps_read_only_and_writable() {
+fn fuse_passthrough_maps_read_only_and_writable() {
     capture_log();
     let Some(fuse) = Fuse::mount("plain", make_files) else {
         return;
@@ -504,7 +504,7 @@ fn r28_4_fuse_passthrough_maps_read_only_and_writable() {
 }
 
 #[test]
-fn r28_4_fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
+fn fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
     capture_log();
     let Some(fuse) = Fuse::mount("einval-direct", make_files) else {
         return;
@@ -589,7 +589,7 @@ fn r28_4_fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
         fuse.refused_more_than("write", before);
         let l = fallbacks_naming(&format!("swap file {}", swap_dir.display()));
         assert_eq!(l.len(), 1, "{mode}: {l:?}");
-        // Where io_uring is refused (seccomp) or masked (issue 28),
+        // Where io_uring is refused (seccomp) or masked,
         // batches are written with pwrite.
         let call = if batched && upager_sys::uring::WriteRing::new(8).is_ok() {
             "write (io_uring)"

@@ -1,4 +1,4 @@
-//! Reliability (issue 6): store faults injected (EIO, ENOSPC, short writes,
+//! Reliability: store faults injected (EIO, ENOSPC, short writes,
 //! short reads, slow I/O, a really full file system), recovery when the
 //! store recovers, a budget full of data that cannot be written, crash by
 //! SIGKILL, swap-file privacy, read-only files, shutdown with faults in
@@ -989,7 +989,7 @@ fn after_sigkill_every_flushed_write_is_in_the_file_and_nothing_else_changed() {
     assert!(flushed > 50_000);
 }
 
-/// Issue 20 item 9: a fault that waits more than a second is counted in
+/// A fault that waits more than a second is counted in
 /// `faults_slow` (and logged with its folio's trace), so a stall explains
 /// itself instead of showing up as a slow run. A store read that takes
 /// 1.2 s makes one such fault; fast faults make none.

@@ -1,4 +1,4 @@
-//! Hostile input (issue 6): property tests over the public API's arguments
+//! Hostile input: property tests over the public API's arguments
 //! (budgets, batches, thread counts, readahead, folio sizes, offsets,
 //! lengths, ranges) — every call works or returns a clear error and leaves
 //! the pager usable — and a reference model (a `Vec<u8>` per region) of

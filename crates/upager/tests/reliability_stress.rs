@@ -1,4 +1,4 @@
-//! The stress run (issue 6) at CI size: the same workload as the
+//! The stress run at CI size: the same workload as the
 //! `upager-stress` binary (crates/stress/src/workload.rs, included here), for
 //! `UPAGER_STRESS_SECS` seconds (default 20). Worker threads write, read and
 //! verify checksummed records over two file regions and one anonymous

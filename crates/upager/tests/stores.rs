@@ -1,4 +1,4 @@
-//! The store layer's additions of issue 14, against local stores:
+//! The store layer's batched reads and anonymous regions on a store, against local stores:
 //! anonymous regions swapping to a store of the caller's
 //! (`Pager::map_anonymous_on`) and prefetch reading separate folios with one
 //! `Store::read_batch`.

@@ -1,4 +1,4 @@
-//! 2 MiB folios as huge pages in the view (issue 13): a fill moves a
+//! 2 MiB folios as huge pages in the view: a fill moves a
 //! staged transparent huge page in whole; the view keeps it PMD-mapped
 //! through the first write, write-back (write-protect of the PMD) and
 //! eviction and re-fault; nothing is lost; without a staged page a fill
@@ -165,7 +165,7 @@ fn without_staged_huge_pages_fills_copy_and_count_the_fallback() {
     r.flush().unwrap();
     let s = pager.stats();
     assert_eq!(s.thp_fills, 0, "{s:?}");
-    // Counted as a fallback where moves could happen (not masked: issue 28).
+    // Counted as a fallback where moves could happen (not masked).
     if !masked("uffd_move") && !masked("pagemap_scan") {
         assert!(s.thp_fill_fallback >= 16, "{s:?}");
     }

@@ -1,5 +1,5 @@
 //! One TLB shootdown per eviction batch (seed 000) for base folios, and a
-//! few per 2 MiB run for mixed folio sizes (issue 23), counted from outside
+//! few per 2 MiB run for mixed folio sizes, counted from outside
 //! the engine: `tlb:tlb_flush` events with reason "remote ipi send" raised by
 //! this process's threads, while a second thread keeps the address space
 //! live on the other CPU (so every flush must interrupt it).
@@ -100,7 +100,7 @@ fn at_most_two_shootdowns_per_1000_evicted_pages() {
     );
     if !batched {
         // process_madvise refused (seccomp, a kernel before 6.13, or
-        // UPAGER_MASK_FEATURES=process_madvise: issue 28): one madvise,
+        // UPAGER_MASK_FEATURES=process_madvise): one madvise,
         // one flush, per range. The cost is
         // counted: every shootdown sent is one upager counted.
         eprintln!(
@@ -138,7 +138,7 @@ fn at_most_two_shootdowns_per_1000_evicted_pages() {
 /// its own — the move in flushes the staging slot, the move out at eviction
 /// the view, a run a fault touched first drops a page table, a read-only
 /// region changes protection around the move — documented as 4-5 per run
-/// (docs/benchmarks.md, issue 23); bounded here at 6 per run (12 per 1000
+/// (docs/benchmarks.md); bounded here at 6 per run (12 per 1000
 /// evicted pages), against about 500 per run (one per page) unbatched.
 #[test]
 fn huge_runs_cost_at_most_six_shootdowns_per_run() {

@@ -1,4 +1,4 @@
-//! TLB shootdowns of eviction batches that carry dirty data (issue 11),
+//! TLB shootdowns of eviction batches that carry dirty data,
 //! counted from outside the engine (`tlb:tlb_flush`, reason "remote ipi
 //! send", this process's threads) while a second thread keeps the address
 //! space live on the other CPU.
@@ -72,7 +72,7 @@ fn dirty_batches_cost_two_shootdowns_in_order_and_one_per_span_scattered() {
         return;
     }
     if !unmap_is_batched() {
-        // One madvise per range (issue 28): tests/tlb.rs checks that cost
+        // One madvise per range: tests/tlb.rs checks that cost
         // is counted; the per-batch bounds here do not apply.
         eprintln!("skipped: process_madvise refused or masked");
         return;

@@ -1,4 +1,4 @@
-//! TLB shootdowns of 2 MiB fills (issue 13), counted from outside the
+//! TLB shootdowns of 2 MiB fills, counted from outside the
 //! engine like tests/tlb.rs: `tlb:tlb_flush` "remote ipi send" events of
 //! this process's threads while a spinner keeps the address space live on
 //! the other CPU. A read fill of a file-backed writable region makes two

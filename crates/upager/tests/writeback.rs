@@ -100,7 +100,7 @@ impl Store for Recorder {
 
 /// Whether io_uring works here (a ring can be made); under CI it must,
 /// unless a seccomp filter refuses it on purpose (scripts/test.sh runs the
-/// suite so, as in a container: issue 28).
+/// suite so, as in a container).
 fn io_uring_works() -> bool {
     match upager_sys::uring::WriteRing::new(8) {
         Ok(_) => true,

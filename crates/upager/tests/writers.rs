@@ -1,4 +1,4 @@
-//! Several writers of one file (issue 21, item 2): two regions of one pager,
+//! Several writers of one file: two regions of one pager,
 //! two pagers, two processes, and a writer that arrives after the first has
 //! dirty folios. Each writes its own bytes, interleaved with the other's
 //! inside the same folios; after every flush order the file holds exactly

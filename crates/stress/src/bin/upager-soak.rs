@@ -1,4 +1,4 @@
-//! `upager-soak`: the lost-write soak of issue 20 (crates/stress/src/soak.rs
+//! `upager-soak`: the lost-write soak (crates/stress/src/soak.rs
 //! says what a round does and checks).
 //!
 //! ```text
@@ -64,7 +64,7 @@ struct Args {
     /// Reader threads (variants with `readers`).
     #[arg(long, default_value_t = 2)]
     readers: usize,
-    /// Mixed folio sizes (issue 23): add a sequential scanner thread, so
+    /// Mixed folio sizes: add a sequential scanner thread, so
     /// the pager fills 2 MiB runs of the file region as huge pages among
     /// the writers' folios. With the default sizes it also raises the file
     /// to 128 MiB and the budget to 32 MiB (staged huge pages need a
@@ -72,7 +72,7 @@ struct Args {
     #[arg(long)]
     mixed: bool,
     /// Sequential scanner threads (default 0; 1 with --mixed): their faults
-    /// are a stream, so the pager reads ahead, asynchronously (issue 23),
+    /// are a stream, so the pager reads ahead, asynchronously,
     /// among the writers' folios (without --mixed, in base folios).
     #[arg(long)]
     scanners: Option<usize>,

@@ -383,7 +383,7 @@ pub fn resident_pages(addr: u64, len: u64) -> u64 {
         .count() as u64
 }
 
-// ---- Added for the reliability tests (issue 6). ----
+// ---- Added for the reliability tests. ----
 
 /// A child process running this test binary's `child_main` with
 /// `UPAGER_CHILD=scenario`, whose stdout lines the parent reads as they come
@@ -720,7 +720,7 @@ pub fn setup_command(cmd: &mut std::process::Command, what: &str) -> Option<Stri
 
 /// Whether a pager here unmaps eviction batches with one `process_madvise`
 /// each (false where a seccomp filter or the kernel refuses it, or it is
-/// masked: one `madvise` per range then, issue 28).
+/// masked: one `madvise` per range then).
 pub fn unmap_is_batched() -> bool {
     upager::Pager::builder()
         .budget(1 << 20)
@@ -730,7 +730,7 @@ pub fn unmap_is_batched() -> bool {
 
 /// Whether this process runs under a seccomp filter (`Seccomp: 2` in
 /// /proc/self/status): scripts/test.sh runs the suite once so, refusing
-/// process_madvise and io_uring as a container's profile does (issue 28).
+/// process_madvise and io_uring as a container's profile does.
 pub fn under_seccomp_filter() -> bool {
     upager_sys::seccomp::status().is_ok_and(|(mode, _)| mode == 2)
 }
@@ -761,7 +761,7 @@ pub fn capture_log() {
 }
 
 /// Whether `feature` is masked for this test run (`UPAGER_MASK_FEATURES`,
-/// issue 28): a test of what the feature gives skips, saying so (a
+/// as on a kernel without it): a test of what the feature gives skips, saying so (a
 /// deliberate mask, not a missing capability: no failure under CI).
 pub fn masked(feature: &str) -> bool {
     std::env::var("UPAGER_MASK_FEATURES").is_ok_and(|v| {
