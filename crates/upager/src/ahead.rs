@@ -258,6 +258,9 @@ impl Shared {
             return;
         };
         let idx = ((addr - r.base()) >> r.shift) as usize;
+        if r.pool.is_some() {
+            return self.fill_pooled_ahead(ctx, &r, idx);
+        }
         let kind = |k: usize| folio::load(r.state(k)).kind();
         if idx >= r.nfolios() || r.is_anon() || !matches!(kind(idx), Kind::Never | Kind::Evicted) {
             return;

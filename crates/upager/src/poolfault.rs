@@ -42,8 +42,7 @@ impl Shared {
             return Outcome::HandOff;
         }
         let pi = view.first + idx;
-        // Batches of the engine's size, at most an eighth of the pool's budget.
-        let batch = (self.batch_folios(r.folio) as u64 * r.folio).min(pool.budget() / 8);
+        let batch = self.pool_batch(r);
         loop {
             match pool.claim(pi, batch, true) {
                 Claim::Claimed => break,
@@ -63,19 +62,41 @@ impl Shared {
             self.counters.faults_missing.inc();
         }
         // A stream (a fault where this process's last window ended, or at
-        // the start) gets a whole readahead window, as far as it can claim.
-        let window = if idx == 0 || view.next.load(Ordering::Relaxed) == idx {
+        // the start) gets a whole readahead window, as far as it can claim,
+        // and asks for the next one (async readahead: the prefetch thread
+        // fills it while the program reads this one).
+        let stream = idx == 0 || view.next.load(Ordering::Relaxed) == idx;
+        let out = self.fill_pooled(ctx, r, idx, stream);
+        if ctx.in_signal && out == Outcome::Done {
+            self.counters.faults_missing.inc();
+        }
+        out
+    }
+
+    /// Fills folio `idx` of pooled region `r`, claimed by the caller, and,
+    /// for a `stream`, the rest of a readahead window after it, as far as
+    /// the folios can be claimed without waiting: one store read, one
+    /// `UFFDIO_COPY` (which wakes the threads waiting in the range), then
+    /// the words published. A stream's window also asks the prefetch
+    /// thread for the next window (`fill_pooled_ahead`).
+    fn fill_pooled(&self, ctx: &mut Ctx, r: &Arc<Area>, idx: usize, stream: bool) -> Outcome {
+        let Some(view) = r.pool.as_ref() else {
+            return Outcome::Done;
+        };
+        let (pool, pi) = (&view.pool, view.first + idx);
+        let batch = self.pool_batch(r);
+        let window = if stream {
             ((self.cfg.readahead >> r.shift) as usize).max(1)
         } else {
             1
         };
-        // At most a quarter of the pool's budget, as the engine's windows.
+        // At most a quarter of the pool's budget, as the engine's windows;
+        // within the folio's shard: one UFFDIO_COPY fills the window, and
+        // each shard is a VMA of its own, registered on its own
+        // userfaultfd (a copy across the boundary fails part-way).
         let window = window
             .min(((pool.budget() / 4) >> r.shift) as usize)
             .min(ctx.buf.len() >> r.shift)
-            // Within the folio's shard: one UFFDIO_COPY fills the window,
-            // and each shard is a VMA of its own, registered on its own
-            // userfaultfd (a copy across the boundary fails part-way).
             .min(r.shard_end(idx) - idx)
             .min(pool.folios() - pi)
             .max(1);
@@ -86,8 +107,7 @@ impl Shared {
         let bytes = n << r.shift;
         let buf = &mut ctx.buf[..bytes];
         let off = r.store_off + ((idx as u64) << r.shift);
-        let read = r.store.read_at(buf, off);
-        let got = match read {
+        let got = match r.store.read_at(buf, off) {
             Ok(got) => got,
             Err(e) => {
                 if !ctx.in_signal {
@@ -108,10 +128,8 @@ impl Shared {
                 .range((idx << r.shift) + done as usize, (total - done) as usize);
             match uffd.copy(dst, &ctx.buf[done as usize..bytes], false, true) {
                 Ok(upager_sys::uffd::Fill::Done) => done = total,
-                // Already mapped here (a page of a folio another process
-                // filled before this claim could see it is not possible:
-                // FILLING is ours; but a retry after EAGAIN may meet its
-                // own pages): skip the page.
+                // A page already mapped here: only a retry after EAGAIN
+                // can meet one (the folios are FILLING, ours): skip it.
                 Ok(upager_sys::uffd::Fill::Exists { done: d }) => {
                     done += d + upager_sys::PAGE_SIZE as u64;
                 }
@@ -131,10 +149,35 @@ impl Shared {
         pool.publish(pi, n);
         view.next.store(idx + n, Ordering::Relaxed);
         self.counters.bytes_read.add(got as u64);
-        if ctx.in_signal {
-            self.counters.faults_missing.inc();
+        let next = idx + n;
+        if stream && n == window && next < r.nfolios() && self.cfg.readahead_async {
+            self.ask_ahead(r.folio_addr(next));
         }
         Outcome::Done
+    }
+
+    /// The prefetch thread's async window at folio `idx` of pooled region
+    /// `r` (asked for by a stream's fill): filled if its first folio can
+    /// be claimed without waiting; a window some process holds or fills
+    /// already is left to it.
+    pub(crate) fn fill_pooled_ahead(&self, ctx: &mut Ctx, r: &Arc<Area>, idx: usize) {
+        let Some(view) = r.pool.as_ref() else {
+            return;
+        };
+        if idx >= r.nfolios() {
+            return;
+        }
+        let batch = self.pool_batch(r);
+        if view.pool.claim(view.first + idx, batch, false) == Claim::Claimed {
+            let _ = self.fill_pooled(ctx, r, idx, true);
+        }
+    }
+
+    /// Bytes a pooled fill evicts at once when the pool is full: the
+    /// engine's batch, at most an eighth of the pool's budget.
+    fn pool_batch(&self, r: &Area) -> u64 {
+        let budget = r.pool.as_ref().map_or(u64::MAX, |v| v.pool.budget());
+        (self.batch_folios(r.folio) as u64 * r.folio).min(budget / 8)
     }
 
     /// A pooled fill of folios `[idx, idx+n)` that cannot complete: the
