@@ -50,7 +50,7 @@ if [ -n "$rust_targets" ]; then
 fi
 
 status=0
-printf '%-14s %12s %6s %7s %7s %s\n' target executions cov ft corpus result
+printf '%-18s %12s %6s %7s %7s %s\n' target executions cov ft corpus result
 for t in $rust_targets; do
     mkdir -p "$out/corpus/$t" "$out/artifacts/$t"
     log=$out/$t.log
@@ -74,7 +74,7 @@ for t in $rust_targets; do
         art=$(ls -t "$out/artifacts/$t/" 2>/dev/null | head -1)
         result="FAILED: $why${art:+ (input: $out/artifacts/$t/$art)}; log $log"
     fi
-    printf '%-14s %12s %6s %7s %7s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
+    printf '%-18s %12s %6s %7s %7s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
 done
 
 for t in $py_targets; do
@@ -82,7 +82,7 @@ for t in $py_targets; do
     if ! python3 -c 'import atheris, upager' 2>/dev/null; then
         msg="skipped: atheris or the upager package is not installed (pip install -r python/requirements-dev.txt; make python)"
         if [ "${CI:-}" = true ]; then status=1; msg="FAILED: $msg"; fi
-        printf '%-14s %12s %6s %7s %7s %s\n' "$t" - - - - "$msg"
+        printf '%-18s %12s %6s %7s %7s %s\n' "$t" - - - - "$msg"
         continue
     fi
     mkdir -p "$out/corpus/$t" "$out/artifacts/$t"
@@ -102,6 +102,6 @@ for t in $py_targets; do
         why=$(grep -a -m1 -E '^SUMMARY|Uncaught Python exception|ERROR' "$log" || echo "exit $rc")
         result="FAILED: $why; log $log"
     fi
-    printf '%-14s %12s %6s %7s %7s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
+    printf '%-18s %12s %6s %7s %7s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
 done
 exit $status
