@@ -49,6 +49,11 @@ pub struct StatArgs {
     /// Picture lines.
     #[arg(long, default_value_t = 4)]
     pub lines: usize,
+    /// List this user's page pools instead (the one copy of a file's
+    /// pages that processes share, UPAGER_POOL=on): each one's file, budget,
+    /// bytes resident, processes and counters.
+    #[arg(long, conflicts_with_all = ["store", "size"])]
+    pub pools: bool,
     /// How the pager resolves faults [default: $UPAGER_FAULT_MODE, else
     /// handlers].
     #[arg(long, value_name = "MODE", value_parser = fault_mode_arg())]
@@ -108,6 +113,9 @@ fn show(
 
 /// Runs `upager stat`.
 pub fn run(a: &StatArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if a.pools {
+        return show_pools();
+    }
     if a.width == 0 || a.lines == 0 {
         return Err("--width and --lines must be at least 1".into());
     }
@@ -176,6 +184,29 @@ pub fn run(a: &StatArgs) -> Result<(), Box<dyn std::error::Error>> {
     if !counters.is_empty() {
         println!("store counters:");
         for (name, v) in counters {
+            println!("  {name:<28} {v}");
+        }
+    }
+    Ok(())
+}
+
+/// `upager stat --pools`: this user's page pools, one block each.
+fn show_pools() -> Result<(), Box<dyn std::error::Error>> {
+    let pools = upager::pools()?;
+    if pools.is_empty() {
+        println!("no page pools (a process maps a file into one with UPAGER_POOL=on)");
+    }
+    for p in pools {
+        println!("{}", p.data_path.display());
+        println!("  holds      {}", p.key);
+        println!(
+            "  resident   {} of a {} budget",
+            format_size(p.resident),
+            format_size(p.budget)
+        );
+        let pids: Vec<String> = p.pids.iter().map(u32::to_string).collect();
+        println!("  processes  {} ({})", p.procs, pids.join(", "));
+        for (name, v) in p.counters {
             println!("  {name:<28} {v}");
         }
     }

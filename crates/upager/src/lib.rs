@@ -108,7 +108,7 @@ pub use error::{
 pub use fork::after_fork;
 pub use info::PagerInfo;
 pub use pager::Pager;
-pub use pool::{PoolError, PoolInfo, POOL_DIR_ENV};
+pub use pool::{pools, PoolError, PoolInfo, POOL_DIR_ENV};
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};
 pub use store::{

@@ -184,19 +184,52 @@ pub enum PoolError {
     },
 }
 
-/// A region's page pool, as [`Region::pool_info`](crate::Region::pool_info)
-/// reports it.
+/// A page pool, as [`Region::pool_info`](crate::Region::pool_info) and
+/// [`pools`] report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolInfo {
     /// The pool's data file (its pages; the meta file is beside it).
     pub data_path: PathBuf,
+    /// What the pool holds: its data's identity (for a file: `file
+    /// DEV:INODE SIZE MTIME CTIME`).
+    pub key: String,
     /// The pool's budget in bytes, set by the process that made it.
     pub budget: u64,
     /// Bytes in the pool now (being filled, resident or being evicted).
     pub resident: u64,
     /// Processes attached to it now.
     pub procs: usize,
+    /// Their process ids (as each saw itself when it attached).
+    pub pids: Vec<u32>,
+    /// The pool's counters (`pool_fills`, `pool_evictions`, ...).
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+/// The page pools in this user's pool directory (`/dev/shm/upager-UID`,
+/// or `UPAGER_POOL_DIR`), read without attaching to them; a pool being
+/// made or removed as it is read may be missing.
+pub fn pools() -> Result<Vec<PoolInfo>, PoolError> {
+    let dir = pool_dir()?;
+    let entries = std::fs::read_dir(&dir).map_err(|source| PoolError::Io {
+        dir: dir.display().to_string(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_none_or(|x| x != "meta") {
+            continue;
+        }
+        let Some(name) = path.file_stem().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if let Ok(p) = Pool::peek(&dir, name) {
+            out.push(p.info());
+        }
+    }
+    out.sort_by(|a, b| a.data_path.cmp(&b.data_path));
+    Ok(out)
 }
 
 /// One attached pool: its files, its shared header and state words, and
@@ -537,13 +570,65 @@ impl Pool {
         self.hdr(W_BUDGET).load(Ordering::Relaxed)
     }
 
-    /// What [`Region::pool_info`](crate::Region::pool_info) reports.
+    /// A pool's files opened read-only, to be looked at ([`pools`]): not
+    /// attached (no slot; its drop detaches nothing).
+    fn peek(dir: &Path, name: &str) -> io::Result<Pool> {
+        let meta_path = dir.join(format!("{name}.meta"));
+        let data_path = dir.join(format!("{name}.data"));
+        let ro = |p: &Path| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(p)
+        };
+        let meta_file = ro(&meta_path)?;
+        let data = ro(&data_path)?;
+        let len = meta_file.metadata()?.len() as usize;
+        if len < STATES * 8 {
+            return Err(io::ErrorKind::InvalidData.into());
+        }
+        let meta = Mapping::shared_file(&meta_file, 0, len, upager_sys::PAGE_SIZE, false)?;
+        let words = meta.atomic_words();
+        if words[W_MAGIC].load(Ordering::Acquire) != MAGIC {
+            return Err(io::ErrorKind::InvalidData.into());
+        }
+        let shift = words[W_SHIFT].load(Ordering::Relaxed) as u32;
+        let n = (words[W_FOLIOS].load(Ordering::Relaxed) as usize).min(len / 8 - STATES);
+        Ok(Pool {
+            meta,
+            meta_file,
+            data,
+            meta_path,
+            data_path,
+            name: name.to_string(),
+            n,
+            folio: 1 << shift.min(30),
+            shift,
+            slot: usize::MAX,
+            attached: false,
+        })
+    }
+
+    /// What [`Region::pool_info`](crate::Region::pool_info) and [`pools`]
+    /// report.
     pub(crate) fn info(&self) -> PoolInfo {
+        let len = (self.hdr(W_KEY_LEN).load(Ordering::Relaxed) as usize).min(KEY_WORDS * 8);
+        let key: Vec<u8> = (0..KEY_WORDS)
+            .flat_map(|i| self.hdr(W_KEY + i).load(Ordering::Relaxed).to_le_bytes())
+            .take(len)
+            .collect();
+        let pids = (0..MAX_SLOTS)
+            .filter(|&k| self.slot_alive(k))
+            .map(|k| self.hdr(W_SLOTS + k).load(Ordering::Relaxed) as u32)
+            .collect::<Vec<_>>();
         PoolInfo {
             data_path: self.data_path.clone(),
+            key: String::from_utf8_lossy(&key).into_owned(),
             budget: self.budget(),
             resident: self.hdr(W_RESIDENT).load(Ordering::Relaxed),
-            procs: self.procs(),
+            procs: pids.len(),
+            pids,
+            counters: self.counters(),
         }
     }
 

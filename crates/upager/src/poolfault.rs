@@ -66,7 +66,7 @@ impl Shared {
         // and asks for the next one (async readahead: the prefetch thread
         // fills it while the program reads this one).
         let stream = idx == 0 || view.next.load(Ordering::Relaxed) == idx;
-        let out = self.fill_pooled(ctx, r, idx, stream);
+        let out = self.fill_pooled(ctx, r, idx, stream, stream);
         if ctx.in_signal && out == Outcome::Done {
             self.counters.faults_missing.inc();
         }
@@ -77,9 +77,18 @@ impl Shared {
     /// for a `stream`, the rest of a readahead window after it, as far as
     /// the folios can be claimed without waiting: one store read, one
     /// `UFFDIO_COPY` (which wakes the threads waiting in the range), then
-    /// the words published. A stream's window also asks the prefetch
-    /// thread for the next window (`fill_pooled_ahead`).
-    fn fill_pooled(&self, ctx: &mut Ctx, r: &Arc<Area>, idx: usize, stream: bool) -> Outcome {
+    /// the words published. With `ask`, a whole window also asks the
+    /// prefetch thread for the next one (`fill_pooled_ahead`, which does
+    /// not ask in turn: the stream's next fault, at the end of that
+    /// window, does).
+    fn fill_pooled(
+        &self,
+        ctx: &mut Ctx,
+        r: &Arc<Area>,
+        idx: usize,
+        stream: bool,
+        ask: bool,
+    ) -> Outcome {
         let Some(view) = r.pool.as_ref() else {
             return Outcome::Done;
         };
@@ -150,7 +159,7 @@ impl Shared {
         view.next.store(idx + n, Ordering::Relaxed);
         self.counters.bytes_read.add(got as u64);
         let next = idx + n;
-        if stream && n == window && next < r.nfolios() && self.cfg.readahead_async {
+        if ask && n == window && next < r.nfolios() && self.cfg.readahead_async {
             self.ask_ahead(r.folio_addr(next));
         }
         Outcome::Done
@@ -169,7 +178,7 @@ impl Shared {
         }
         let batch = self.pool_batch(r);
         if view.pool.claim(view.first + idx, batch, false) == Claim::Claimed {
-            let _ = self.fill_pooled(ctx, r, idx, true);
+            let _ = self.fill_pooled(ctx, r, idx, true, false);
         }
     }
 

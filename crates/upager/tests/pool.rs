@@ -191,6 +191,24 @@ fn a_killed_process_leaves_the_pool_whole() {
     check_words(&r, 13);
 }
 
+/// A stream's async readahead stays a window ahead of the reader: reading
+/// the first 2 MiB of a 32 MiB file brings in at most two more windows,
+/// not the whole file.
+#[test]
+fn readahead_stays_a_window_ahead() {
+    let dir = common::ram_dir();
+    let path = common::pattern_file(dir.path(), "data", 32 << 20, 17);
+    let pager = pooled(64 << 20);
+    let r = pager.map_file(&path, &MapOptions::new()).unwrap();
+    let words = r.words();
+    for w in words.iter().take((2 << 20) / 8) {
+        w.load(Relaxed);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let resident = r.pool_info().unwrap().resident;
+    assert!(resident <= 6 << 20, "{} MiB in the pool", resident >> 20);
+}
+
 /// A file changed since its pool was made (size or times) gets a pool of
 /// its own: no process is served the old bytes.
 #[test]
