@@ -295,8 +295,8 @@ struct upager_map_options {
                         ...][/NAME]": the region's data lives on that Redis
                         Cluster. Credentials ("redis-cluster://USER:PASSWORD@
                         HOST", ":PASSWORD@"), TLS ("rediss-cluster://...
-                        ?ca=PATH") and the default port 6379 as the README's
-                        "Store URLs" says; messages print the password as
+                        ?ca=PATH") and the default port 6379 as docs/stores.md
+                        says; messages print the password as
                         ***. upager_map_file(pager, NULL, opts, out) maps
                         the dataset NAME (uploaded with upager_store_load() or
                         `upager load`; the folio is its chunk size, or a

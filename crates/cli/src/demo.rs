@@ -58,7 +58,8 @@ pub struct DemoArgs {
     #[arg(long)]
     pub compare: bool,
     /// How the pager resolves faults [default: $UPAGER_FAULT_MODE, else
-    /// handlers]. The demo passes no region memory to system calls, so
+    /// handlers where the process may open /dev/userfaultfd, in-thread
+    /// where not (an ordinary user)]. The demo passes no region memory to system calls, so
     /// both modes run it unchanged.
     #[arg(long, value_name = "MODE", value_parser = fault_mode_arg())]
     pub fault_mode: Option<FaultMode>,

@@ -201,7 +201,7 @@ mod tests {
     /// `--fault-mode` takes the one name of each mode on every
     /// command that builds a pager, lists the choices in --help and when a
     /// value is wrong, and leaves the default (UPAGER_FAULT_MODE, else
-    /// handlers) to the builder when absent.
+    /// handlers or in-thread by the userfaultfd) to the builder when absent.
     #[test]
     fn fault_mode_takes_the_names_of_the_modes() {
         use upager::FaultMode;

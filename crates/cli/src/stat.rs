@@ -55,7 +55,8 @@ pub struct StatArgs {
     #[arg(long, conflicts_with_all = ["store", "size"])]
     pub pools: bool,
     /// How the pager resolves faults [default: $UPAGER_FAULT_MODE, else
-    /// handlers].
+    /// handlers where the process may open /dev/userfaultfd, in-thread
+    /// where not (an ordinary user)].
     #[arg(long, value_name = "MODE", value_parser = fault_mode_arg())]
     pub fault_mode: Option<FaultMode>,
 }

@@ -15,7 +15,7 @@
 //!    replicated acknowledgement cannot lose the write: the promoted
 //!    replica has it.
 //!
-//!    The replica policy (issue 20, item 7), per master, as a degraded RAID
+//!    The replica policy, per master, as a degraded RAID
 //!    does: `n` is `replicas`, but no more than the replicas the master has
 //!    in sync (its `INFO replication`, read with the topology; a master
 //!    promoted by a failover has none until a replica rejoins) and no

@@ -1,4 +1,4 @@
-//! Store URLs, as redis-py writes them (issue 22, item 6):
+//! Store URLs, as redis-py writes them:
 //!
 //! ```text
 //! redis-cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...][/NAME][?PARAM=VALUE[&...]]

@@ -1,5 +1,5 @@
 //! [`S3Dataset`]: a read-write dataset on an S3-compatible store, as an
-//! [`upager::Store`] (issue 31 item 3), and what makes, lists and removes
+//! [`upager::Store`], and what makes, lists and removes
 //! one ([`create`], [`load`], [`list`], [`delete`]).
 //!
 //! A dataset is named by a prefix, `s3://BUCKET/NAME/` (the trailing `/`

@@ -913,7 +913,7 @@ const HEAP_TABLE_BYTES: usize = 64 << 10;
 /// to it then replaces that page with a flush of the TLB on every CPU the
 /// process runs on: one IPI per 4 KiB of table, per 512 folios of 4 KiB —
 /// measured 2.3 extra shootdowns per 1000 evicted pages on a sequential
-/// scan (`upager bench mmap-read`, issue 29; bench/tlb_sites.sh found
+/// scan (`upager bench mmap-read`; bench/tlb_sites.sh found
 /// them in `do_wp_page`). 16 MiB is the folio table of an 8 GiB region of
 /// 4 KiB folios.
 const POPULATE_TABLE_BYTES: usize = 16 << 20;

@@ -126,7 +126,7 @@ impl Region {
     /// Bytes of the region the view maps with huge pages now (2 MiB folios
     /// moved in whole; `PAGEMAP_SCAN`): 0 for other folio sizes, and for
     /// folios that were copied in as base pages (`thp_fill_fallback`).
-    /// With mixed folio sizes (issue 23), the 2 MiB runs of smaller folios
+    /// With mixed folio sizes, the 2 MiB runs of smaller folios
     /// moved in whole count too.
     pub fn huge_bytes(&self) -> std::io::Result<u64> {
         if let Some(h) = self.heir() {

@@ -69,7 +69,7 @@ pub(crate) struct Area {
     /// before a huge page is moved in. Empty for other folio sizes.
     pub tables: upager_sys::mem::AtomicTable,
     /// Folios per 2 MiB run where sequential runs are filled as one huge
-    /// page (mixed folio sizes, issue 23); 0: never (folios of 2 MiB, or
+    /// page (mixed folio sizes); 0: never (folios of 2 MiB, or
     /// read-only, anonymous, small or unaligned regions, or turned off).
     pub run_folios: usize,
     /// One bit per 2 MiB run (with `run_folios`): the run was moved in as

@@ -13,7 +13,7 @@ pub const MAX_READAHEAD: u64 = 64 << 20;
 /// fills 4 KiB; a sequential stream fills its readahead window (up to 2 MiB)
 /// as one read and one copy, so streams keep large I/O without large folios
 /// (the kernel's split, page_cache_ra_order: large folios for readahead,
-/// order-0 for random faults; issue 29). A folio set with
+/// order-0 for random faults). A folio set with
 /// [`MapOptions::folio`] overrides it.
 pub const DEFAULT_FOLIO: u64 = 4 << 10;
 /// Default folio of an anonymous region: the unit swapped out and in.
@@ -348,7 +348,7 @@ impl PagerBuilder {
         self.readahead = bytes;
         self
     }
-    /// Async readahead (issue 23): once a sequential stream's readahead
+    /// Async readahead: once a sequential stream's readahead
     /// window has grown to its largest, the fault that fills a window asks
     /// the prefetch thread to fill the next one at the same time, so the
     /// store is read on a second CPU while the stream's own fault reads
@@ -374,14 +374,14 @@ impl PagerBuilder {
         self.pool = Ok(on);
         self
     }
-    /// Mixed folio sizes (issue 23): a writable file region of folios below
+    /// Mixed folio sizes: a writable file region of folios below
     /// 2 MiB, at least [`HUGE_RUNS_MIN_BYTES`] long, fills a 2 MiB-aligned
     /// run of its folios as one huge page (one `UFFDIO_MOVE` of a PMD) when
     /// the faults there are sequential and the readahead window has grown
     /// to 2 MiB; random faults, a partial run at the end of the file and
     /// fills that find no staged huge page use the region's folios as
     /// before. Default off, measured on this machine (quiet, 2026-11-26,
-    /// docs/benchmarks.md, issue 23): with async readahead
+    /// docs/benchmarks.md, "Folio sizes, huge folios and huge runs"): with async readahead
     /// ([`PagerBuilder::readahead_async`]) a numpy pass over 2 GiB through
     /// 192 MiB takes about the same time with or without them (0.69-0.84x
     /// numpy.memmap's with them, 0.71-0.77x without, two runs), while each
@@ -485,7 +485,7 @@ impl PagerBuilder {
     /// Test knob, not for use: every `n`-th attempt of an in-thread fill to
     /// queue its folio on the LRU (a lock that a SIGBUS handler may only
     /// try) fails as a contended one would, so tests can force the
-    /// hand-off path (issue 20's lost stores). Default 0: never.
+    /// hand-off path (the lost stores it once had). Default 0: never.
     #[doc(hidden)]
     pub fn debug_lru_try_fail_every(mut self, n: u32) -> Self {
         self.debug_lru_try_fail_every = n;

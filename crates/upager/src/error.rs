@@ -17,7 +17,7 @@ pub enum PagerError {
         /// The errno the C API reports.
         errno: i32,
     },
-    /// the kernel's userfaultfd lacks {0} (the README's table of kernel features says which kernel has it)
+    /// the kernel's userfaultfd lacks {0} (docs/kernels.md's table of kernel features says which kernel has it)
     MissingFeature(&'static str),
     /// {0}
     Userfaultfd(String),

@@ -9,7 +9,7 @@
 //! ```no_run
 //! use upager::{MapOptions, Pager};
 //! let pager = Pager::new(256 << 20)?;                      // 256 MiB budget
-//! let data = pager.map_file("big.bin", &MapOptions::new())?;   // read-only, 64 KiB folios
+//! let data = pager.map_file("big.bin", &MapOptions::new())?;   // read-only, 4 KiB folios
 //! let sum: u64 = data.words().iter().map(|w| w.load(std::sync::atomic::Ordering::Relaxed)).sum();
 //! let scratch = pager.map_anonymous(64 << 30, &MapOptions::new())?; // 64 GiB, zero-filled
 //! scratch.write_at(1 << 35, &sum.to_le_bytes());

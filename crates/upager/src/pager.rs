@@ -561,7 +561,7 @@ impl Pager {
                 .map_err(|e| log::warn!("no warm start for a region of {}: {e}", store.describe()))
                 .ok()
         });
-        // Mixed folio sizes (issue 23, huge.rs): writable file regions of
+        // Mixed folio sizes (huge.rs): writable file regions of
         // folios below 2 MiB, big enough, fill sequential 2 MiB runs as huge
         // pages; their view is 2 MiB-aligned so runs are PMDs. (A fork
         // child's reservation is at the parent's address: aligned alike.)

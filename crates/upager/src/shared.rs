@@ -265,7 +265,7 @@ impl Shared {
         let user_mode_only = first.user_mode_only();
         // Where only a user-mode-only userfaultfd may be had, system calls
         // on non-resident region memory fail with EFAULT in either mode,
-        // so the faster in-thread mode costs nothing (measured: README).
+        // so the faster in-thread mode costs nothing (measured: docs/benchmarks.md, "The fault path and the two fault modes").
         let mode = match cfg.fault_mode.clone() {
             Ok(Some(m)) => m,
             Ok(None) if user_mode_only => FaultMode::InThread,

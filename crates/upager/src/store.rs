@@ -939,7 +939,7 @@ impl RingPool {
             Ok(r) => Some(r),
             Err(e) => {
                 // EINVAL: a kernel before 5.18, which does not know
-                // IORING_SETUP_SUBMIT_ALL (issue 28): pwrite there too.
+                // IORING_SETUP_SUBMIT_ALL (before 5.18): pwrite there too.
                 let off = matches!(
                     e.raw_os_error(),
                     Some(

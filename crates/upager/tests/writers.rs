@@ -336,7 +336,7 @@ fn a_process_arriving_after_the_first_has_dirty_folios() {
 }
 
 /// Several processes, each writing its own block of rows whose boundaries
-/// are not folio-aligned (the README's spawn pattern), all mapped at once,
+/// are not folio-aligned (docs/numpy.md, "fork and multiprocessing"), all mapped at once,
 /// all dirty before any flushes: the file is exact after they exit.
 #[test]
 fn processes_writing_unaligned_blocks_lose_nothing() {

@@ -47,8 +47,10 @@
  *                          2 MiB (UMap: 0); 0 turns readahead off.
  *   UMAP_LOG_LEVEL         ERROR, WARNING, INFO or DEBUG. Messages go to
  *                          stderr. Default: WARNING (UMap: INFO, on stdout).
- *   UPAGER_FAULT_MODE      upager's own: "handlers" (default) or
- *                          "in-thread", the fault mode of the pager (see
+ *   UPAGER_FAULT_MODE      upager's own: "handlers" or "in-thread"
+ *                          (unset: handlers where the process may open
+ *                          /dev/userfaultfd, else in-thread, as for an
+ *                          ordinary user), the fault mode of the pager (see
  *                          enum upager_fault_mode in <upager.h>), so an
  *                          unmodified UMap program can run in either. Read
  *                          when the pager is created; a value that names no
