@@ -468,19 +468,15 @@ impl Pool {
             upager_sys::PAGE_SIZE,
             true,
         )?;
-        let pool = Pool {
+        let pool = Pool::from_parts(
             meta,
             meta_file,
             data,
-            meta_path,
-            data_path,
-            name: name.to_string(),
+            (meta_path, data_path),
+            name,
             n,
             folio,
-            shift: folio.trailing_zeros(),
-            slot: 0,
-            attached: false,
-        };
+        );
         let mut key_words = [0u64; KEY_WORDS];
         for (i, c) in key_bytes.chunks(8).enumerate() {
             let mut w = [0u8; 8];
@@ -543,6 +539,31 @@ impl Pool {
         Ok(pool)
     }
 
+    /// A pool of these files, not attached (no slot yet).
+    fn from_parts(
+        meta: Mapping,
+        meta_file: File,
+        data: File,
+        (meta_path, data_path): (PathBuf, PathBuf),
+        name: &str,
+        n: usize,
+        folio: u64,
+    ) -> Pool {
+        Pool {
+            meta,
+            meta_file,
+            data,
+            meta_path,
+            data_path,
+            name: name.to_string(),
+            n,
+            folio,
+            shift: folio.trailing_zeros(),
+            slot: usize::MAX,
+            attached: false,
+        }
+    }
+
     fn hdr(&self, w: usize) -> &AtomicU64 {
         &self.meta.atomic_words()[w]
     }
@@ -594,19 +615,16 @@ impl Pool {
         }
         let shift = words[W_SHIFT].load(Ordering::Relaxed) as u32;
         let n = (words[W_FOLIOS].load(Ordering::Relaxed) as usize).min(len / 8 - STATES);
-        Ok(Pool {
+        let folio = 1 << shift.min(30);
+        Ok(Pool::from_parts(
             meta,
             meta_file,
             data,
-            meta_path,
-            data_path,
-            name: name.to_string(),
+            (meta_path, data_path),
+            name,
             n,
-            folio: 1 << shift.min(30),
-            shift,
-            slot: usize::MAX,
-            attached: false,
-        })
+            folio,
+        ))
     }
 
     /// What [`Region::pool_info`](crate::Region::pool_info) and [`pools`]

@@ -119,22 +119,7 @@ fn a_second_process_maps_the_pages_the_first_brought_in() {
     common::wait_until("the last window is published", 10, || {
         counter(&r, "pool_fills") == 1024
     });
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "pool_child_main",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("UPAGER_POOL_FILE", &path)
-        .env("UPAGER_POOL_BUDGET", (64u64 << 20).to_string())
-        .env("UPAGER_POOL_SEED", "12")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let line = read_line_within(&mut stdout, Duration::from_secs(60));
+    let (mut child, line) = spawn_child(&path, 64 << 20, 12);
     assert_eq!(line.trim(), "faults_missing=0 procs=2 fills=1024", "{line}");
     assert_eq!(r.pool_info().unwrap().procs, 2);
     assert_eq!(
@@ -159,22 +144,7 @@ fn a_second_process_maps_the_pages_the_first_brought_in() {
 fn a_killed_process_leaves_the_pool_whole() {
     let dir = common::ram_dir();
     let path = common::pattern_file(dir.path(), "data", 4 << 20, 13);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "pool_child_main",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("UPAGER_POOL_FILE", &path)
-        .env("UPAGER_POOL_BUDGET", (2u64 << 20).to_string())
-        .env("UPAGER_POOL_SEED", "13")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let line = read_line_within(&mut stdout, Duration::from_secs(60));
+    let (mut child, line) = spawn_child(&path, 2 << 20, 13);
     assert!(line.starts_with("faults_missing="), "{line}");
     child.kill().unwrap();
     wait_within(&mut child, Duration::from_secs(30));
@@ -249,6 +219,29 @@ fn writable_regions_and_pool_off_stay_private() {
 }
 
 /// The child's line of counters (the test harness prints its own first).
+/// Starts this binary's `pool_child_main` on `path` (pooled, `budget`,
+/// pattern `seed`) and returns it with its line of counters, read once it
+/// has checked every word; it then waits for its stdin to close.
+fn spawn_child(path: &std::path::Path, budget: u64, seed: u64) -> (std::process::Child, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "pool_child_main",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("UPAGER_POOL_FILE", path)
+        .env("UPAGER_POOL_BUDGET", budget.to_string())
+        .env("UPAGER_POOL_SEED", seed.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let line = read_line_within(&mut stdout, Duration::from_secs(60));
+    (child, line)
+}
+
 fn read_line_within(r: &mut (impl std::io::BufRead + Send), timeout: Duration) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
