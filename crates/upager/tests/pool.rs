@@ -221,8 +221,11 @@ fn writable_regions_and_pool_off_stay_private() {
 /// The child's line of counters (the test harness prints its own first).
 /// Starts this binary's `pool_child_main` on `path` (pooled, `budget`,
 /// pattern `seed`) and returns it with its line of counters, read once it
-/// has checked every word; it then waits for its stdin to close.
+/// has checked every word; it then waits for its stdin to close. A thread
+/// reads the child's stdout to its end (closing the pipe early would fail
+/// the child's next write).
 fn spawn_child(path: &std::path::Path, budget: u64, seed: u64) -> (std::process::Child, String) {
+    use std::io::BufRead;
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -237,29 +240,21 @@ fn spawn_child(path: &std::path::Path, budget: u64, seed: u64) -> (std::process:
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let line = read_line_within(&mut stdout, Duration::from_secs(60));
-    (child, line)
-}
-
-fn read_line_within(r: &mut (impl std::io::BufRead + Send), timeout: Duration) -> String {
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        s.spawn(|| loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).unwrap_or(0) == 0 {
-                let _ = tx.send(line);
-                return;
-            }
+    std::thread::spawn(move || {
+        for line in stdout.lines() {
+            let Ok(line) = line else { break };
             // After the harness's "test pool_child_main ... ", on its line.
             if let Some(at) = line.find("faults_missing=") {
                 let _ = tx.send(line[at..].to_string());
-                return;
             }
-        });
-        rx.recv_timeout(timeout)
-            .expect("the child answered in time")
-    })
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the child printed its counters in time");
+    (child, line)
 }
 
 fn wait_within(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
