@@ -4,8 +4,9 @@
 # which stable rustc accepts) and overflow and debug assertions for the
 # crates of this repository (upager's crates and the fuzz targets) only,
 # not for build scripts (which could not link without libFuzzer's
-# callbacks). The dependencies build as usual: the parsers are upager's,
-# and instrumenting them too made the cold build twice as long.
+# callbacks; RUSTFLAGS would reach them unless every build passed
+# --target). The dependencies build as usual: the parsers are upager's,
+# and coverage counts their code alone.
 rustc=$1
 shift
 root=$(cd "$(dirname "$0")/.." && pwd)
