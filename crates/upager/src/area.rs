@@ -17,7 +17,8 @@ use upager_sys::mem::Mapping;
 
 use crate::error::RangeError;
 use crate::folio::State;
-use crate::store::{Slots, Src, Store};
+use crate::store::{Src, Store};
+use crate::swap::Slots;
 
 /// Engine-side state of one region, shared by handles, fault handlers and
 /// the reclaimer.

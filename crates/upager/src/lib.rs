@@ -63,9 +63,11 @@ mod ahead;
 mod area;
 mod budget;
 mod config;
+mod direct;
 mod dirty;
 mod error;
 mod fault;
+mod file_store;
 mod fill;
 mod folio;
 mod fork;
@@ -83,9 +85,12 @@ mod poolfault;
 mod readahead;
 mod reclaim;
 mod region;
+mod rings;
 mod shared;
+mod shares;
 mod stats;
 mod store;
+mod swap;
 mod sync;
 mod table;
 mod thp;
@@ -105,15 +110,15 @@ pub use error::{
     errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,
     RangeError, UnmapError,
 };
+pub use file_store::{open_regular_file, FileStore, OpenRegularError};
 pub use fork::after_fork;
 pub use info::PagerInfo;
 pub use pager::Pager;
 pub use pool::{pools, PoolError, PoolInfo, POOL_DIR_ENV};
 pub use region::Region;
 pub use stats::{FaultPhases, Stats};
-pub use store::{
-    open_regular_file, FileStore, OpenRegularError, ReadReq, Src, Store, SwapFile, Write, Written,
-};
+pub use store::{ReadReq, Src, Store, Write, Written};
+pub use swap::SwapFile;
 pub use upager_sys::mem::FixedRange;
 #[doc(hidden)]
 pub use warm::{decode_trace_for_fuzz, encode_trace_for_fuzz};
@@ -151,8 +156,9 @@ mod tests {
     // element is longer than 10 characters, as "readahead" is.)
     #[rustfmt::skip]
     const LAYERS: &[&str] = &[
-        "sync", "config", "info", "error", "folio", "trace", "stats", "store", "pool", "warm",
-        "twins", "budget",
+        "sync", "config", "info", "error", "folio", "trace", "stats",
+        "store", "direct", "rings", "swap", "file_store", "shares",
+        "pool", "warm", "twins", "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
         "readahead", "fill", "poolfault", "dirty", "ahead", "fault", "inthread", "lineage", "region",
         "advice", "pager", "fork",

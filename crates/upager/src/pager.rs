@@ -15,10 +15,12 @@ use upager_sys::mem::{Advice, Mapping};
 use crate::area::Area;
 use crate::config::{PagerBuilder, DEFAULT_ANON_FOLIO, DEFAULT_FOLIO, MAX_FOLIO, MIN_FOLIO};
 use crate::error::{limit_error, FileKind, MapError, PagerError};
+use crate::file_store::FileStore;
 use crate::region::Region;
 use crate::shared::{Owner, Shared};
 use crate::stats::Stats;
-use crate::store::{FileStore, Slots, Store, SwapFile};
+use crate::store::Store;
+use crate::swap::{Slots, SwapFile};
 use crate::twins::FileWriters;
 use crate::MapOptions;
 
@@ -248,7 +250,7 @@ impl Pager {
         // A file mapped already (by another region) shares its descriptors.
         let meta = std::fs::metadata(path).map_err(open_error)?;
         // Before opening: opening a FIFO waits for a writer.
-        if let Some(kind) = crate::store::unpageable(&meta) {
+        if let Some(kind) = crate::file_store::unpageable(&meta) {
             return Err(not_regular(kind));
         }
         let writers = || {
@@ -266,7 +268,7 @@ impl Pager {
         }
         let store = FileStore::open(path, opts.writable, self.shared().cfg.direct_io)
             .map_err(open_error)?;
-        if let Some(kind) = crate::store::unpageable_open(store.file(), &meta) {
+        if let Some(kind) = crate::file_store::unpageable_open(store.file(), &meta) {
             return Err(not_regular(kind));
         }
         let store = self.shared().stores.add_file(&meta, opts.writable, store);
@@ -311,7 +313,7 @@ impl Pager {
             path: fd_path.clone(),
             source,
         })?;
-        if let Some(kind) = crate::store::unpageable_open(&file, &meta) {
+        if let Some(kind) = crate::file_store::unpageable_open(&file, &meta) {
             return Err(MapError::NotARegularFile {
                 path: fd_path,
                 kind,
@@ -321,7 +323,7 @@ impl Pager {
         // A warm start keeps its trace beside the file: the path the
         // descriptor was opened by, if it still names this file.
         let opts = &*opts.beside(|| {
-            let path = crate::store::path_if_same(&file, &meta);
+            let path = crate::file_store::path_if_same(&file, &meta);
             if path.is_none() {
                 log::warn!(
                     "warm start: the mapped descriptor's file has no path of its own (deleted, or renamed over): no trace is kept"

@@ -31,8 +31,8 @@ use crate::config::{FaultMode, PagerBuilder, DEFAULT_BATCH_BYTES, MAX_FOLIO, MIN
 use crate::error::PagerError;
 use crate::folio::{State, WAITER};
 use crate::lru::Lru;
+use crate::shares::Shares;
 use crate::stats::{Counters, PhaseClock};
-use crate::store::Shares;
 use crate::table::RegionTable;
 
 /// State shared by a pager's handles, regions and threads.
