@@ -97,6 +97,9 @@ mod thp;
 mod trace;
 mod twins;
 mod warm;
+mod warm_format;
+mod warm_record;
+mod warm_replay;
 
 pub use advice::Residency;
 pub use config::WarmStart;
@@ -121,8 +124,8 @@ pub use store::{ReadReq, Src, Store, Write, Written};
 pub use swap::SwapFile;
 pub use upager_sys::mem::FixedRange;
 #[doc(hidden)]
-pub use warm::{decode_trace_for_fuzz, encode_trace_for_fuzz};
-pub use warm::{trace_info, trace_path, trace_version_of, TraceInfo, TRACE_SUFFIX};
+pub use warm_format::{decode_trace_for_fuzz, encode_trace_for_fuzz};
+pub use warm_format::{trace_info, trace_path, trace_version_of, TraceInfo, TRACE_SUFFIX};
 
 /// Sends the engine's log messages (warnings and errors: a write-back that
 /// failed on drop, an unmap waiting long for faults in flight) to standard
@@ -158,7 +161,8 @@ mod tests {
     const LAYERS: &[&str] = &[
         "sync", "config", "info", "error", "folio", "trace", "stats",
         "store", "direct", "rings", "swap", "file_store", "shares",
-        "pool", "warm", "twins", "budget",
+        "pool", "warm_format", "warm_record", "warm_replay", "warm", "twins",
+        "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
         "readahead", "fill", "poolfault", "dirty", "ahead", "fault", "inthread", "lineage", "region",
         "advice", "pager", "fork",

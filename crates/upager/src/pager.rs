@@ -540,9 +540,9 @@ impl Pager {
         // are the pool's.)
         let home = match &opts.warm_file {
             _ if opts.warm == crate::WarmStart::Off || slots.is_some() || pool.is_some() => None,
-            Some(file) => Some(crate::warm::Home::File(file.clone())),
+            Some(file) => Some(crate::warm_format::Home::File(file.clone())),
             None if store.trace_version().is_some() => {
-                Some(crate::warm::Home::Store(Arc::clone(&store)))
+                Some(crate::warm_format::Home::Store(Arc::clone(&store)))
             }
             None => None,
         };
