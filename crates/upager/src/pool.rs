@@ -250,11 +250,16 @@ pub(crate) struct Pool {
     slot: usize,
     /// Set once the slot is taken: only then does the drop detach.
     attached: bool,
+    /// The process that attached: a fork child's copy of the pool (its
+    /// locks are the parent's open file description) detaches nothing.
+    pid: u32,
 }
 
-/// The pools this process has attached, by name: a second region of the
-/// same data joins the same `Pool` (one slot per process).
-static ATTACHED: Mutex<Vec<(String, Weak<Pool>)>> = Mutex::new(Vec::new());
+/// The pools this process has attached, by name and the pid that attached
+/// them: a second region of the same data joins the same `Pool` (one slot
+/// per process). A fork child's entries are its parent's (their slot
+/// locks are the parent's open file description): it attaches anew.
+static ATTACHED: Mutex<Vec<(String, u32, Weak<Pool>)>> = Mutex::new(Vec::new());
 
 /// How a claim of a state word ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,11 +278,12 @@ pub(crate) enum Claim {
 pub(crate) fn attach(key: &str, len: u64, folio: u64, budget: u64) -> Result<Arc<Pool>, PoolError> {
     let name = format!("{:016x}-{}", fnv1a(key.as_bytes()), folio.trailing_zeros());
     let mut list = ATTACHED.lock().unwrap_or_else(|p| p.into_inner());
-    list.retain(|(_, w)| w.strong_count() > 0);
+    let pid = std::process::id();
+    list.retain(|(_, by, w)| *by == pid && w.strong_count() > 0);
     if let Some(p) = list
         .iter()
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, w)| w.upgrade())
+        .find(|(n, _, _)| *n == name)
+        .and_then(|(_, _, w)| w.upgrade())
     {
         return Ok(p);
     }
@@ -293,7 +299,7 @@ pub(crate) fn attach(key: &str, len: u64, folio: u64, budget: u64) -> Result<Arc
         OpenError::Pool(p) => p,
     })?;
     let pool = Arc::new(pool);
-    list.push((name, Arc::downgrade(&pool)));
+    list.push((name, pid, Arc::downgrade(&pool)));
     Ok(pool)
 }
 
@@ -561,6 +567,7 @@ impl Pool {
             shift: folio.trailing_zeros(),
             slot: usize::MAX,
             attached: false,
+            pid: std::process::id(),
         }
     }
 
@@ -913,8 +920,10 @@ impl Drop for Pool {
     /// Detaches: frees this process's slot and, if no other process is
     /// attached, removes the pool's files (the last process out).
     fn drop(&mut self) {
-        if !self.attached {
-            return; // a failed open: closing the meta file releases INIT
+        if !self.attached || self.pid != std::process::id() {
+            // A failed open (closing the meta file releases INIT), or a
+            // fork child's copy: the parent's locks stay the parent's.
+            return;
         }
         if no_eintr(|| ofd_lock(&self.meta_file, LockKind::Write, L_INIT, 1, true)).is_err() {
             return; // the files stay; the next first opener starts them anew
@@ -1059,6 +1068,24 @@ mod tests {
         assert_eq!(blocks, 0, "the partial page was punched");
         assert_eq!(a.claim(5, 4096, false), Claim::Claimed);
         std::mem::forget(b); // its detach would trip over its released slot
+    }
+
+    /// A fork child's copy of an attached pool detaches nothing when it
+    /// drops (the slot and ATTACHED locks belong to the parent's open file
+    /// description): here, the last copy out leaves the files.
+    #[test]
+    fn a_fork_child_s_copy_detaches_nothing() {
+        let d = tmp_pool_dir();
+        let mut a = open(d.path(), "k", 8 * 4096);
+        let slot = a.slot;
+        let slot_pid = a.hdr(W_SLOTS + slot).load(Ordering::Relaxed);
+        a.pid = std::process::id().wrapping_add(1); // as a child sees it
+        let meta = a.meta_path.clone();
+        let words = Mapping::shared_file(&a.meta_file, 0, 4096, 4096, false).unwrap();
+        drop(a);
+        assert!(meta.exists(), "not removed by a copy");
+        let kept = words.atomic_words()[W_SLOTS + slot].load(Ordering::Relaxed);
+        assert_eq!(kept, slot_pid, "the slot still names the parent");
     }
 
     /// A pool no process is attached to (all were killed) is swept; one
