@@ -2,6 +2,8 @@
 //! (or sets `errno`, on the UMap face) and leaves its full message, the
 //! engine error's rendered chain, in a per-thread slot read by
 //! `upager_last_error()`.
+//!
+//! Uses: none.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CString};
@@ -89,6 +91,19 @@ pub(crate) fn errno_text(err: c_int) -> String {
     match s.rfind(" (os error ") {
         Some(i) => s[..i].to_string(),
         None => s,
+    }
+}
+
+/// Checks a caller's struct `size` field against this library's: a struct
+/// not initialised by its `_init()`, or built against another upager.h, is
+/// refused (EINVAL). Shared by the native API and the callback stores.
+pub(crate) fn checked_size(got: usize, want: usize, what: &str) -> Result<(), Failure> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Failure::inval(format!(
+            "{what}.size is {got}, expected {want}: initialise the struct with {what}_init() (and build against the upager.h of this library version)"
+        )))
     }
 }
 

@@ -8,6 +8,8 @@
 //! Every function returns 0 (or a count) on success and `-errno` on
 //! failure, and leaves the failure's full message for `upager_last_error()`
 //! on the calling thread.
+//!
+//! Uses: `error`, `store`.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -16,7 +18,7 @@ use std::sync::{Mutex, OnceLock};
 
 use engine::{FaultMode, MapOptions, Pager, Region, Stats};
 
-use crate::error::{self, guard, Failure};
+use crate::error::{self, checked_size, guard, Failure};
 
 /// Opaque pager handle (`upager_t` in C).
 #[derive(Debug)]
@@ -221,16 +223,6 @@ unsafe fn put<T>(out: *mut *mut T, v: T) -> Result<c_int, Failure> {
     // SAFETY: `out` is non-NULL and, by this function's contract, writable.
     unsafe { out.write(p) };
     Ok(0)
-}
-
-pub(crate) fn checked_size(got: usize, want: usize, what: &str) -> Result<(), Failure> {
-    if got == want {
-        Ok(())
-    } else {
-        Err(Failure::inval(format!(
-            "{what}.size is {got}, expected {want}: initialise the struct with {what}_init() (and build against the upager.h of this library version)"
-        )))
-    }
 }
 
 /// `upager_options_init`: fills `o` with the defaults (`fault_mode` from

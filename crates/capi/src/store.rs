@@ -21,6 +21,8 @@
 //!
 //! Offsets are the store's own: the region's byte 0 is the store's
 //! `upager_map_options.offset`.
+//!
+//! Uses: `error`.
 
 use std::ffi::{c_int, c_void};
 use std::io;
@@ -177,7 +179,7 @@ pub(crate) unsafe fn store_from(
             "the store ops pointer is NULL",
         ));
     };
-    crate::native::checked_size(
+    crate::error::checked_size(
         o.size,
         std::mem::size_of::<upager_store_ops>(),
         "upager_store_ops",

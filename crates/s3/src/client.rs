@@ -32,7 +32,7 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
 use crate::config::Resolved;
-use crate::store::{OpenError, S3Options};
+use crate::options::{OpenError, S3Options};
 use crate::url::S3Url;
 
 /// Settings whose clients are kept after their last user went.
@@ -184,9 +184,9 @@ fn chain_credential(
     let detail = if res.no_chain {
         "AWS_EC2_METADATA_DISABLED is set, and no container or web identity variables".to_string()
     } else {
-        match crate::store::run(rt, opts.guard(), client.credentials().get_credential()) {
+        match crate::options::run(rt, opts.guard(), client.credentials().get_credential()) {
             Some(Ok(_)) => return Ok(()),
-            Some(Err(e)) => crate::store::error_chain(&e),
+            Some(Err(e)) => crate::options::error_chain(&e),
             None => format!("no answer within {} s", opts.guard().as_secs()),
         }
     };

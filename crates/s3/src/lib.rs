@@ -41,6 +41,7 @@
 mod client;
 pub mod config;
 pub mod dataset;
+mod options;
 pub mod store;
 pub mod url;
 
