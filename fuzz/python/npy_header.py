@@ -2,7 +2,8 @@
 
 The input is an .npy file's bytes. Holds, for every input:
 - upager.load(path, mmap_mode="r") maps what numpy.load(path,
-  mmap_mode="r") maps (the same shape, dtype, order and values); an .npy
+  mmap_mode="r") maps (the same shape, dtype, order and values), but for
+  dtypes of no size, which it refuses with ValueError; an .npy
   file numpy will not map (no .npy header, Python objects, data past the
   file's end) it refuses with ValueError, its documented error; anything
   else it hands to numpy.load, as numpy.load answers: no array reaches
@@ -83,6 +84,14 @@ def test_one(data: bytes) -> None:
     with open(PATH, "wb") as f:
         f.write(data)
     theirs, ours = numpy_load(), upager_load()
+    head = file_header(data) if data.startswith(b"\x93NUMPY") else None
+    if theirs[0] == "ok" and ours[0] == "refused" and head and head[0] != "refused" \
+            and head[2].itemsize == 0:
+        # A dtype of no size (|V0, ('<f4', (0,))): numpy maps an empty
+        # array, upager refuses it (ValueError "dtype ... has no size",
+        # _array._open): a known difference (docs/fuzzing.md), no bytes read.
+        assert issubclass(ours[1], ValueError), ours
+        return
     if theirs[0] == "ok" or ours[0] == "ok":
         assert theirs == ours, f"numpy {theirs[:4]!r}, upager {ours[:4]!r}"
     elif data.startswith(b"\x93NUMPY"):
