@@ -93,7 +93,7 @@ installs its handler again, which it does when it maps the next region::
                       fault_mode="in-thread")
     a.region.fault_in(0, 1 << 20)          # before a system call on it
 
-Requirements: Linux 5.11+ (x86-64; the README's feature table says what
+Requirements: Linux 5.11+ (x86-64; docs/kernels.md's feature table says what
 each newer kernel adds), no privilege. Counters (``Pager.stats()``) use the same stable names
 as the C API and the ``upager stat`` command.
 """
