@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
+# The fuzz targets (scripts/fuzz.sh): libfuzzer-sys builds libFuzzer with g++.
+command -v g++ >/dev/null || need_apt+=(g++)
 command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v losetup >/dev/null || need_apt+=(mount)
