@@ -49,6 +49,27 @@ if [ -n "$rust_targets" ]; then
     bin=$out/release
 fi
 
+# One target's line: executions, coverage (cov, ft), corpus, and the
+# result; a failure (exit `rc`) names the first line of its log matching
+# `why` and the input that made it, and fails the run.
+report() {
+    local t=$1 log=$2 rc=$3 why=$4 execs last cov ft corp result art
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    last=$(grep -a -E '^#[0-9]+' "$log" | tail -1 || true)
+    cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
+    ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
+    corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
+    if [ "$rc" -eq 0 ]; then
+        result="ok, 0 crashes"
+    else
+        status=1
+        why=$(grep -a -m1 -E "$why" "$log" || echo "exit $rc")
+        art=$(ls -t "$out/artifacts/$t/" 2>/dev/null | head -1)
+        result="FAILED: $why${art:+ (input: $out/artifacts/$t/$art)}; log $log"
+    fi
+    printf '%-18s %12s %6s %7s %7s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
+}
+
 status=0
 printf '%-18s %12s %6s %7s %7s %s\n' target executions cov ft corpus result
 for t in $rust_targets; do
@@ -61,20 +82,7 @@ for t in $rust_targets; do
         -malloc_limit_mb=64 -rss_limit_mb=1024 -print_final_stats=1 \
         -artifact_prefix="$out/artifacts/$t/" \
         "$out/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
-    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-    last=$(grep -a -E '^#[0-9]+' "$log" | tail -1 || true)
-    cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
-    ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
-    corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
-    if [ $rc -eq 0 ]; then
-        result="ok, 0 crashes"
-    else
-        status=1
-        why=$(grep -a -m1 -E '^SUMMARY|panicked at|ERROR: libFuzzer' "$log" || echo "exit $rc")
-        art=$(ls -t "$out/artifacts/$t/" 2>/dev/null | head -1)
-        result="FAILED: $why${art:+ (input: $out/artifacts/$t/$art)}; log $log"
-    fi
-    printf '%-18s %12s %6s %7s %7s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
+    report "$t" "$log" $rc 'SUMMARY|panicked at|ERROR: libFuzzer'
 done
 
 for t in $py_targets; do
@@ -90,18 +98,7 @@ for t in $py_targets; do
     python3 "fuzz/python/$t.py" -max_total_time="$secs" -max_len=4096 -timeout=10 \
         -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$out/artifacts/$t/" \
         "$out/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
-    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-    last=$(grep -a -E '^#[0-9]+' "$log" | tail -1 || true)
-    cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
-    ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
-    corp=$(sed -n 's/.* corp: \([0-9]*\).*/\1/p' <<<"$last")
-    if [ $rc -eq 0 ]; then
-        result="ok, 0 crashes"
-    else
-        status=1
-        why=$(grep -a -m1 -E '^SUMMARY|Uncaught Python exception|ERROR' "$log" || echo "exit $rc")
-        result="FAILED: $why; log $log"
-    fi
-    printf '%-18s %12s %6s %7s %7s %s\n' "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$result"
+    report "$t" "$log" $rc 'SUMMARY|Uncaught Python exception|ERROR'
 done
 exit $status
+
