@@ -14,7 +14,8 @@
 //! Counters: `faults_missing`, `faults_stale`, `bytes_read`, `read_errors`
 //! here; the pool's own (`pool_*`) in pool.rs.
 //!
-//! Uses: `area`, `fill` (Outcome), `folio`, `pool`, `shared`.
+//! Uses: `area`, `fill` (Outcome), `folio`, `install` (copy_all), `pool`,
+//! `shared`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -122,39 +123,24 @@ impl Shared {
                 if !ctx.in_signal {
                     self.counters.read_errors.inc();
                 }
-                let what = format_args!("reading {} at {off}", r.store.describe());
-                return self.pooled_failed(ctx, r, idx, n, what, &e);
+                return self.pooled_failed(ctx, r, idx, n, || {
+                    log::error!("reading {} at {off} failed: {e}", r.store.describe());
+                });
             }
         };
         buf[got..].fill(0);
-        let uffd = self.uffd_of(r, idx);
-        let mut done = 0u64;
-        let total = bytes as u64;
-        let mut failed = None;
-        while done < total {
-            let dst = r
-                .map
-                .range((idx << r.shift) + done as usize, (total - done) as usize);
-            match uffd.copy(dst, &ctx.buf[done as usize..bytes], false, true) {
-                Ok(upager_sys::uffd::Fill::Done) => done = total,
-                // A page already mapped here: only a retry after EAGAIN
-                // can meet one (the folios are FILLING, ours): skip it.
-                Ok(upager_sys::uffd::Fill::Exists { done: d }) => {
-                    done += d + upager_sys::PAGE_SIZE as u64;
-                }
-                Ok(upager_sys::uffd::Fill::Retry { done: d }) => done += d,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(e) = failed {
+        // One copy of the window, retried as every fill's is (install.rs),
+        // then one wake over it (copy_all does not wake).
+        let dst = r.map.range(idx << r.shift, bytes);
+        if self
+            .copy_all(r, dst, &ctx.buf[..bytes], false, ctx.in_signal)
+            .is_err()
+        {
             // The view is going away (unmap), or the kernel refused (the
-            // pool's file system is full).
-            let what = format_args!("filling a page pool's folio");
-            return self.pooled_failed(ctx, r, idx, n, what, &e);
+            // pool's file system is full): copy_all logged why.
+            return self.pooled_failed(ctx, r, idx, n, || {});
         }
+        let _ = self.uffd_of(r, idx).wake(dst.addr(), dst.len());
         pool.publish(pi, n);
         view.next.store(idx + n, Ordering::Relaxed);
         self.counters.bytes_read.add(got as u64);
@@ -199,8 +185,7 @@ impl Shared {
         r: &Arc<Area>,
         idx: usize,
         n: usize,
-        what: std::fmt::Arguments<'_>,
-        e: &std::io::Error,
+        log: impl FnOnce(),
     ) -> Outcome {
         if let Some(v) = r.pool.as_ref() {
             v.pool.abandon(v.first + idx, n);
@@ -208,7 +193,7 @@ impl Shared {
         if ctx.in_signal {
             return Outcome::HandOff;
         }
-        log::error!("{what} failed: {e}");
+        log(); // not in a signal handler: it may allocate
         if let Some(_old) = folio::try_claim(r.state(idx), |s| {
             matches!(s.kind(), Kind::Never | Kind::Evicted)
         }) {
