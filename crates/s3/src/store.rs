@@ -714,6 +714,15 @@ impl upager::Store for S3Store {
         Some(upager::trace_version_of(&self.etag))
     }
 
+    /// The object by endpoint, bucket, key, size and ETag: a rewritten
+    /// object (another ETag) gets an entry of its own in the disk tier.
+    fn cache_key(&self) -> Option<String> {
+        Some(format!(
+            "s3 {} {} size {} etag {}",
+            self.endpoint, self.url, self.len, self.etag
+        ))
+    }
+
     fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
         let key = trace_key(&self.url.key);
         let got = run(self.rt(), self.opts.guard(), async {

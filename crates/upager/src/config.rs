@@ -111,6 +111,26 @@ impl std::fmt::Display for FaultMode {
 /// does ([`PagerBuilder::pool`]).
 pub const POOL_ENV: &str = "UPAGER_POOL";
 
+/// The environment variable naming the disk tier's directory
+/// ([`PagerBuilder::cache_dir`]).
+pub const CACHE_DIR_ENV: &str = "UPAGER_CACHE_DIR";
+/// The environment variable setting the disk tier's size
+/// ([`PagerBuilder::cache_size`]: `20G`, `512M`; `0` turns it off).
+pub const CACHE_SIZE_ENV: &str = "UPAGER_CACHE_SIZE";
+
+/// A size an environment variable sets: None when unset or blank, an
+/// error naming the variable when it is not a size ([`parse_size`]).
+fn env_size(var: &str) -> Result<Option<u64>, String> {
+    match std::env::var(var) {
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => parse_size(&v)
+            .map(Some)
+            .map_err(|e| format!("{var}={v:?}: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{var} is not valid UTF-8")),
+    }
+}
+
 /// An on/off setting of an environment variable: `on`, `1`, `true`, `yes`
 /// or `off`, `0`, `false`, `no`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +274,12 @@ pub struct PagerBuilder {
     /// Page pools for read-only file regions, or why `UPAGER_POOL` named
     /// no setting (reported by `build`; [`PagerBuilder::pool`] clears it).
     pub(crate) pool: Result<bool, String>,
+    /// The disk tier's directory (None: the default under the user's
+    /// cache directory).
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// The disk tier's size (None: the default; 0: off), or why
+    /// `UPAGER_CACHE_SIZE` named none (reported by `build`).
+    pub(crate) cache_size: Result<Option<u64>, String>,
 }
 
 impl Default for PagerBuilder {
@@ -281,6 +307,10 @@ impl Default for PagerBuilder {
             readahead_async: true,
             huge_runs: false,
             pool: env_choice::<Switch>(POOL_ENV).map(|s| s.is_some_and(|s| s.0)),
+            cache_dir: std::env::var_os(CACHE_DIR_ENV)
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from),
+            cache_size: env_size(CACHE_SIZE_ENV),
         }
     }
 }
@@ -372,6 +402,23 @@ impl PagerBuilder {
     /// `UPAGER_POOL` environment variable (`on`/`off`), else off.
     pub fn pool(mut self, on: bool) -> Self {
         self.pool = Ok(on);
+        self
+    }
+    /// The disk tier's directory (cache.rs): what the read-only regions of
+    /// a network store (an S3 object) fetch stays there, keyed by the
+    /// data's identity, for later faults, passes and runs; shared by this
+    /// user's processes. Default: `UPAGER_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/upager`, else `~/.cache/upager`.
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+    /// The disk tier's size in bytes: the directory's contents stay within
+    /// it (the least recently used go first). `0` turns the tier off.
+    /// Default: `UPAGER_CACHE_SIZE`, else 20 GiB or half the free space of
+    /// its file system when that is less.
+    pub fn cache_size(mut self, bytes: u64) -> Self {
+        self.cache_size = Ok(Some(bytes));
         self
     }
     /// Mixed folio sizes: a writable file region of folios below

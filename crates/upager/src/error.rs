@@ -58,6 +58,8 @@ pub enum PagerError {
     FaultMode(String),
     /// {0}
     Pool(String),
+    /// {0}
+    Cache(String),
     /// could not install upager's SIGBUS handler for fault mode in-thread: {0}
     SignalHandler(#[source] io::Error),
     /// could not start a pager thread: {0}
@@ -464,7 +466,8 @@ impl ErrorCode for PagerError {
             | PagerError::DirtyLimit { .. }
             | PagerError::Readahead(_)
             | PagerError::FaultMode(_)
-            | PagerError::Pool(_) => errno::EINVAL,
+            | PagerError::Pool(_)
+            | PagerError::Cache(_) => errno::EINVAL,
             PagerError::Api(s)
             | PagerError::Spawn(s)
             | PagerError::EventFd(s)

@@ -62,6 +62,7 @@ mod advice;
 mod ahead;
 mod area;
 mod budget;
+mod cache;
 mod config;
 mod direct;
 mod dirty;
@@ -82,6 +83,7 @@ mod pager;
 mod poison;
 mod pool;
 mod poolfault;
+mod private_dir;
 mod readahead;
 mod reclaim;
 mod region;
@@ -102,8 +104,12 @@ mod warm_record;
 mod warm_replay;
 
 pub use advice::Residency;
+pub use cache::{
+    clear as cache_clear, scan as cache_scan, CacheConfig, CacheError, CachedStore,
+    DirInfo as CacheDirInfo, EntryInfo as CacheEntryInfo, CHUNK as CACHE_CHUNK,
+};
 pub use config::WarmStart;
-pub use config::POOL_ENV;
+pub use config::{CACHE_DIR_ENV, CACHE_SIZE_ENV, POOL_ENV};
 pub use config::{
     format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, Userfaultfd,
     DEFAULT_ANON_FOLIO, DEFAULT_DIRTY_EXPIRE, DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO,
@@ -159,8 +165,8 @@ mod tests {
     // element is longer than 10 characters, as "readahead" is.)
     #[rustfmt::skip]
     const LAYERS: &[&str] = &[
-        "sync", "config", "info", "error", "folio", "trace", "stats",
-        "store", "direct", "rings", "swap", "file_store", "shares",
+        "sync", "private_dir", "config", "info", "error", "folio", "trace", "stats",
+        "store", "direct", "cache", "rings", "swap", "file_store", "shares",
         "pool", "warm_format", "warm_record", "warm_replay", "warm", "twins",
         "budget",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",

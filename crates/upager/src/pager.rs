@@ -83,6 +83,9 @@ impl Pager {
         if let Err(e) = &cfg.pool {
             return Err(PagerError::Pool(e.clone()));
         }
+        if let Err(e) = &cfg.cache_size {
+            return Err(PagerError::Cache(e.clone()));
+        }
         if cfg.readahead > crate::config::MAX_READAHEAD {
             return Err(PagerError::Readahead(cfg.readahead));
         }
@@ -359,7 +362,32 @@ impl Pager {
         if let Some(p) = self.heir() {
             return p.map_store(store, opts);
         }
+        let store = self.tiered(store, opts);
         self.map_store_of(store, opts, None)
+    }
+
+    /// `store` behind the disk tier (cache.rs) when it names its bytes
+    /// ([`Store::cache_key`]), the region is read-only and the tier is on;
+    /// else `store` itself (a tier that cannot open is logged once).
+    fn tiered(&self, store: Arc<dyn Store>, opts: &MapOptions) -> Arc<dyn Store> {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let cfg = &self.shared().cfg;
+        let (Some(key), Ok(size)) = (store.cache_key(), &cfg.cache_size) else {
+            return store;
+        };
+        let tier = crate::cache::CacheConfig::new(cfg.cache_dir.clone(), *size);
+        if opts.writable || store.writable() || !tier.enabled() {
+            return store;
+        }
+        match crate::cache::CachedStore::open(Arc::clone(&store), &key, &tier) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    log::warn!("{} is read without the disk tier: {e}", store.describe());
+                }
+                store
+            }
+        }
     }
 
     /// [`Pager::map_store`] of a file store, with this process's writers of

@@ -72,10 +72,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+use crate::private_dir::PrivateDirError;
 use std::time::{Duration, Instant};
 
 use upager_sys::futex;
@@ -312,34 +314,26 @@ fn pool_dir() -> Result<PathBuf, PoolError> {
 
 /// [`pool_dir`] with `UPAGER_POOL_DIR` as `var`.
 fn pool_dir_at(var: Option<std::ffi::OsString>) -> Result<PathBuf, PoolError> {
-    let uid = std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .map_err(|source| PoolError::Io {
-            dir: "/proc/self".into(),
-            source,
-        })?;
+    let uid = crate::private_dir::my_uid().map_err(|source| PoolError::Io {
+        dir: "/proc/self".into(),
+        source,
+    })?;
     let dir = match var.filter(|v| !v.is_empty()) {
         Some(d) => PathBuf::from(d),
         None => Path::new(POOL_ROOT).join(format!("upager-{uid}")),
     };
-    let io_err = |source| PoolError::Io {
-        dir: dir.display().to_string(),
-        source,
-    };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_err(e)),
-    }
-    let m = std::fs::symlink_metadata(&dir).map_err(io_err)?;
-    if !m.is_dir() || m.uid() != uid || m.mode() & 0o077 != 0 {
-        return Err(PoolError::NotPrivate {
+    match crate::private_dir::make_private_dir(&dir, false) {
+        Ok(()) => Ok(dir),
+        Err(PrivateDirError::Io(source)) => Err(PoolError::Io {
             dir: dir.display().to_string(),
-            owner: m.uid(),
-            mode: m.mode() & 0o7777,
-        });
+            source,
+        }),
+        Err(PrivateDirError::NotPrivate { owner, mode }) => Err(PoolError::NotPrivate {
+            dir: dir.display().to_string(),
+            owner,
+            mode,
+        }),
     }
-    Ok(dir)
 }
 
 /// Removes the pools in `dir` that no live process is attached to (left

@@ -241,6 +241,16 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn pool_key(&self) -> Option<String> {
         None
     }
+    /// The identity of the store's bytes for the disk tier (cache.rs), for
+    /// a store whose every read is a trip over the network: equal keys mean
+    /// equal bytes, for ever (an S3 object's endpoint, bucket, key, size
+    /// and ETag), so a changed object is never served an old byte. Its
+    /// read-only regions then keep what they fetch in the user's cache
+    /// directory ([`PagerBuilder::cache_size`](crate::PagerBuilder::cache_size)).
+    /// Default None: no disk tier.
+    fn cache_key(&self) -> Option<String> {
+        None
+    }
     /// The warm-start trace kept with the data, if any (stores with a
     /// [`Store::trace_version`]).
     fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
