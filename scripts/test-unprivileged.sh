@@ -56,7 +56,7 @@ chown "$USER_NAME" "$SCRATCH"
 trap 'rm -rf "$SCRATCH"' EXIT
 
 as_user() {
-    runuser -u "$USER_NAME" -- env HOME="$SCRATCH" TMPDIR="$SCRATCH" \
+    runuser -u "$USER_NAME" -- env HOME="$SCRATCH" TMPDIR="$SCRATCH" UPAGER_CACHE_DIR="$SCRATCH/cache" \
         UPAGER_TEST_DIR="$SCRATCH" CI="${CI:-}" PATH="$PATH" "$@"
 }
 

@@ -11,6 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RUST_BACKTRACE=1
+# The disk tier (crates/upager/src/cache.rs) keeps what S3 objects' regions
+# fetch: the suite's go to a directory of its own that starts empty, not to
+# the user's ~/.cache/upager (a test uploading the same bytes as an earlier
+# run's would otherwise read them from there, not from the store).
+UPAGER_CACHE_DIR=$(mktemp -d /tmp/upager-test-cache.XXXXXX)
+export UPAGER_CACHE_DIR
+trap 'rm -rf "$UPAGER_CACHE_DIR"' EXIT
 status=0
 # Each step prints its time, so a CI log shows where the suite's time goes.
 run() {

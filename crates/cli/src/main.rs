@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod cache;
 mod datasets;
 mod demo;
 mod load;
@@ -53,6 +54,9 @@ enum Cmd {
     /// Delete a dataset (complete or not) from a Redis Cluster
     /// (redis-cluster://HOST:PORT/NAME), or an S3 object or dataset.
     Delete(datasets::DeleteArgs),
+    /// The disk tier: what remote stores' regions keep on local disk
+    /// (stat, list, clear).
+    Cache(cache::CacheArgs),
     /// Show the warm-start trace beside a file (FILE.upager-trace): how many
     /// folios it holds, and whether a map would replay it now.
     Trace(trace::TraceArgs),
@@ -72,6 +76,7 @@ fn main() -> std::process::ExitCode {
         Cmd::List(a) => datasets::list(&a),
         Cmd::Delete(a) => datasets::delete(&a),
         Cmd::Trace(a) => trace::run(&a),
+        Cmd::Cache(a) => cache::run(&a),
     };
     if let Err(e) = res {
         eprintln!("upager: {e}");
@@ -210,7 +215,12 @@ mod tests {
             Ok(match parse(&args)?.cmd {
                 Cmd::Demo(a) => a.fault_mode,
                 Cmd::Stat(a) => a.fault_mode,
-                Cmd::Bench(_) | Cmd::Load(_) | Cmd::List(_) | Cmd::Delete(_) | Cmd::Trace(_) => {
+                Cmd::Bench(_)
+                | Cmd::Load(_)
+                | Cmd::List(_)
+                | Cmd::Delete(_)
+                | Cmd::Trace(_)
+                | Cmd::Cache(_) => {
                     unreachable!("no --fault-mode there")
                 }
             })

@@ -937,3 +937,59 @@ fn two_writers_of_a_dataset_do_not_lose_each_others_writes() {
     assert!(buf.iter().all(|&b| b == 0), "the old group showed through");
     dataset::delete(&url, &opts, &env).unwrap();
 }
+
+/// The disk tier: a second pager (a second run) reads an object from the
+/// cache directory, not the server; the object rewritten (another ETag)
+/// is read from the server again and no old byte is served; the
+/// counters say where the reads were served from.
+#[test]
+fn a_second_run_reads_the_disk_tier_and_a_rewritten_object_the_server() {
+    let Some(s) = shared("tier") else { return };
+    let o = s.objects("tier");
+    let len = 8 * MIB;
+    o.put("obj", pattern(len, 3)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let run = |seed: u64| {
+        let st =
+            S3Store::open_with(&s.url("tier", "obj"), &S3Options::default(), &s.env()).unwrap();
+        let pager = Pager::builder()
+            .budget(2 * MIB)
+            .cache_dir(&dir)
+            .cache_size(64 * MIB)
+            .build()
+            .unwrap();
+        let r = pager
+            .map_store(Arc::clone(&st) as Arc<dyn Store>, &MapOptions::new())
+            .unwrap();
+        for (i, w) in r.words().iter().enumerate() {
+            assert_eq!(w.load(Relaxed), word(i as u64, seed), "word {i}");
+        }
+        let c = r.store_counters();
+        let get = |n: &str| c.iter().find(|(k, _)| *k == n).map(|(_, v)| *v).unwrap();
+        (
+            st.counters().bytes_received,
+            get("cache_hit_bytes"),
+            get("cache_misses"),
+        )
+    };
+    let (net1, hit1, miss1) = run(3);
+    assert!(
+        net1 >= len && miss1 == len / upager::CACHE_CHUNK,
+        "{net1} {hit1} {miss1}"
+    );
+    let (net2, hit2, miss2) = run(3);
+    assert_eq!((net2, miss2), (0, 0), "a second run read the server");
+    assert!(hit2 >= len, "{hit2}");
+    o.put("obj", pattern(len, 4)).unwrap();
+    let (net3, _, miss3) = run(4);
+    assert!(
+        net3 >= len && miss3 == len / upager::CACHE_CHUNK,
+        "{net3} {miss3}"
+    );
+    let listed = upager::cache_scan(&dir).unwrap().entries;
+    assert_eq!(listed.len(), 2, "one entry per ETag: {listed:?}");
+    assert!(listed
+        .iter()
+        .all(|e| e.key.contains("tier/obj") && e.key.contains("etag")));
+}

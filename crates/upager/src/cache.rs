@@ -107,15 +107,15 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
-    /// The default directory: `$XDG_CACHE_HOME/upager`, else
-    /// `$HOME/.cache/upager`, else `/tmp/upager-cache-UID`.
+    /// The default directory: `$XDG_CACHE_HOME/upager/tier`,
+    /// else `$HOME/.cache/upager/tier`, else `/tmp/upager-cache-UID`.
     pub fn default_dir() -> PathBuf {
         let nonempty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
         if let Some(x) = nonempty("XDG_CACHE_HOME") {
-            return PathBuf::from(x).join("upager");
+            return PathBuf::from(x).join("upager").join("tier");
         }
         if let Some(h) = nonempty("HOME") {
-            return PathBuf::from(h).join(".cache").join("upager");
+            return PathBuf::from(h).join(".cache").join("upager").join("tier");
         }
         let uid = crate::private_dir::my_uid().unwrap_or(0);
         std::env::temp_dir().join(format!("upager-cache-{uid}"))
@@ -211,7 +211,7 @@ pub fn scan(dir: &Path) -> io::Result<DirInfo> {
     };
     for ent in rd.flatten() {
         let path = ent.path();
-        if !ent.file_type().is_ok_and(|t| t.is_dir()) {
+        if !is_entry(&ent) {
             continue;
         }
         let bytes = entry_bytes(&path);
@@ -238,12 +238,28 @@ pub fn scan(dir: &Path) -> io::Result<DirInfo> {
 /// Returns the bytes freed.
 pub fn clear(dir: &Path) -> io::Result<u64> {
     let info = scan(dir)?;
-    for ent in fs::read_dir(dir)?.flatten() {
-        if ent.file_type().is_ok_and(|t| t.is_dir()) {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for ent in rd.flatten() {
+        if is_entry(&ent) {
             remove_entry(&ent.path())?;
         }
     }
     Ok(info.bytes)
+}
+
+/// Whether `ent` is an entry of a cache directory (named by a key's hash,
+/// or one being made or removed), so that a directory named by mistake
+/// loses nothing else.
+fn is_entry(ent: &fs::DirEntry) -> bool {
+    let name = ent.file_name();
+    let name = name.to_string_lossy();
+    let hashed = name.len() == 16 && name.bytes().all(|b| b.is_ascii_hexdigit());
+    (hashed || name.starts_with(".new-") || name.starts_with(".gone-"))
+        && ent.file_type().is_ok_and(|t| t.is_dir())
 }
 
 fn entry_bytes(path: &Path) -> u64 {
