@@ -16,10 +16,25 @@
 //!   background half (`dirty_background_ratio`).
 //! - Pinned bytes (resident folios reclaim must leave alone) at most half the
 //!   budget, so reclaim always has room to work with.
+//! - Compressed pools (ztier.rs) are part of the budget, never beside it:
+//!   the bytes a pool holds are in the same `resident` count as folios.
+//!   A pool grows while an eviction batch writes back, before that batch's
+//!   folios are unmapped and uncharged; so its growth is first *pending*
+//!   ([`Charge::pool_grow`]), and the next [`Budget::uncharge`] (the
+//!   batch's own, or any other) turns pending bytes into charged ones by
+//!   returning that much less. The count therefore never passes the limit
+//!   and never counts less than folios + pool once the batch is released;
+//!   between the pool's growth and the unmap, the compressed copies of the
+//!   batch in flight coexist with its pages (at most 3/4 of one batch,
+//!   ztier.rs `MAX_RATIO`), as in the kernel's zswap.
+//!   When a charge finds nothing to evict, the registered pools are asked
+//!   to shrink ([`PoolTier::shrink`]: their oldest entries go to the swap
+//!   file).
 //!
-//! Uses: `config`.
+//! Uses: `config`, `stats`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::config::{DEFAULT_BATCH_BYTES, MIN_FOLIO};
@@ -28,17 +43,94 @@ use crate::config::{DEFAULT_BATCH_BYTES, MIN_FOLIO};
 /// gets SIGBUS rather than hang).
 pub(crate) const DIRECT_RECLAIM_GIVE_UP: Duration = Duration::from_secs(5);
 
-/// Resident and dirty bytes of one pager against its limits.
-#[derive(Debug)]
-pub(crate) struct Budget {
-    limit: u64,
+/// A pool of compressed folios charged to the budget (ztier.rs): the
+/// budget asks it to shrink under pressure and reads its counters.
+pub(crate) trait PoolTier: Send + Sync {
+    /// Writes out the pool's oldest entries (to the swap file) and frees
+    /// their space; returns the bytes freed (0: nothing to free).
+    fn shrink(&self) -> u64;
+    /// Adds the pool's counters to `s` (the `ztier_` ones).
+    fn add_counters(&self, s: &mut crate::stats::Stats);
+}
+
+/// The counts a pool shares with its budget: resident bytes (folios and
+/// pools), the peak, and the pool's bytes not yet charged (see the module
+/// doc). Held by the budget and by each pool.
+#[derive(Debug, Default)]
+pub(crate) struct Charge {
     resident: AtomicU64,
     peak: AtomicU64,
+    /// Pool bytes grown and not yet charged (settled by `uncharge`).
+    pending: AtomicU64,
+    /// Bytes all pools hold (charged or pending).
+    pool: AtomicU64,
+    limit: u64,
+}
+
+impl Charge {
+    /// A pool grew by `bytes` while the folios it took are still charged:
+    /// charged by the next uncharge.
+    pub fn pool_grow(&self, bytes: u64) {
+        self.pool.fetch_add(bytes, Ordering::AcqRel);
+        self.pending.fetch_add(bytes, Ordering::AcqRel);
+    }
+    /// A pool freed `bytes` (pending ones first).
+    pub fn pool_shrink(&self, bytes: u64) {
+        self.pool.fetch_sub(bytes, Ordering::AcqRel);
+        let rest = bytes - self.take_pending(bytes);
+        if rest > 0 {
+            self.resident.fetch_sub(rest, Ordering::AcqRel);
+        }
+    }
+    /// Bytes all pools hold now.
+    pub fn pool_bytes(&self) -> u64 {
+        self.pool.load(Ordering::Relaxed)
+    }
+    /// The budget's limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// Takes up to `most` pending bytes; returns how many.
+    fn take_pending(&self, most: u64) -> u64 {
+        let mut cur = self.pending.load(Ordering::Relaxed);
+        while cur > 0 {
+            let take = cur.min(most);
+            match self.pending.compare_exchange_weak(
+                cur,
+                cur - take,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return take,
+                Err(v) => cur = v,
+            }
+        }
+        0
+    }
+}
+
+/// Resident and dirty bytes of one pager against its limits.
+pub(crate) struct Budget {
+    limit: u64,
+    /// Resident bytes (folios and compressed pools) and their peak.
+    charge: Arc<Charge>,
+    /// The compressed pools charged here (ztier.rs), for pressure and stats.
+    pools: Mutex<Vec<Weak<dyn PoolTier>>>,
     high_wm: u64,
     low_wm: u64,
     dirty: AtomicU64,
     dirty_limit: u64,
     pinned: AtomicU64,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("limit", &self.limit)
+            .field("charge", &self.charge)
+            .field("dirty", &self.dirty)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Budget {
@@ -47,8 +139,11 @@ impl Budget {
         let gap = (limit / 8).min(2 * DEFAULT_BATCH_BYTES);
         Budget {
             limit,
-            resident: AtomicU64::new(0),
-            peak: AtomicU64::new(0),
+            charge: Arc::new(Charge {
+                limit,
+                ..Charge::default()
+            }),
+            pools: Mutex::new(Vec::new()),
             high_wm: limit - gap / 2,
             low_wm: limit - gap,
             dirty: AtomicU64::new(0),
@@ -79,13 +174,37 @@ impl Budget {
     pub fn limit(&self) -> u64 {
         self.limit
     }
-    /// Bytes charged now.
+    /// Bytes charged now (folios and compressed pools).
     pub fn resident(&self) -> u64 {
-        self.resident.load(Ordering::Relaxed)
+        self.charge.resident.load(Ordering::Relaxed)
     }
     /// Highest charge seen.
     pub fn peak(&self) -> u64 {
-        self.peak.load(Ordering::Relaxed)
+        self.charge.peak.load(Ordering::Relaxed)
+    }
+    /// The counts a compressed pool shares with the budget.
+    pub fn charge_handle(&self) -> Arc<Charge> {
+        Arc::clone(&self.charge)
+    }
+    /// Registers a compressed pool: asked to shrink when a charge finds
+    /// nothing to evict, and read for counters.
+    pub fn register_pool(&self, p: Weak<dyn PoolTier>) {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.retain(|w| w.strong_count() > 0);
+        pools.push(p);
+    }
+    /// The live compressed pools.
+    pub fn pools(&self) -> Vec<Arc<dyn PoolTier>> {
+        let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.iter().filter_map(Weak::upgrade).collect()
+    }
+    /// Asks the pools to shrink; true if any freed bytes.
+    pub fn shrink_pools(&self) -> bool {
+        let mut freed = 0;
+        for p in self.pools() {
+            freed += p.shrink();
+        }
+        freed > 0
     }
     /// Whether `bytes` more would still fit.
     pub fn fits(&self, bytes: u64) -> bool {
@@ -102,19 +221,20 @@ impl Budget {
 
     /// Charges `bytes` if they fit, without waiting.
     pub fn try_charge(&self, bytes: u64) -> bool {
-        let mut cur = self.resident.load(Ordering::Relaxed);
+        let c = &*self.charge;
+        let mut cur = c.resident.load(Ordering::Relaxed);
         loop {
             if cur + bytes > self.limit {
                 return false;
             }
-            match self.resident.compare_exchange_weak(
+            match c.resident.compare_exchange_weak(
                 cur,
                 cur + bytes,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    self.peak.fetch_max(cur + bytes, Ordering::Relaxed);
+                    c.peak.fetch_max(cur + bytes, Ordering::Relaxed);
                     return true;
                 }
                 Err(v) => cur = v,
@@ -134,7 +254,9 @@ impl Budget {
     ) -> bool {
         let mut last_progress = Instant::now();
         loop {
-            if reclaim() {
+            // Nothing evictable: the compressed pools give back space
+            // (their oldest entries written out to the swap file).
+            if reclaim() || self.shrink_pools() {
                 last_progress = Instant::now();
             } else {
                 // Everything resident is busy (fills or write-backs in
@@ -150,10 +272,12 @@ impl Budget {
         }
     }
 
-    /// Returns `bytes` whose pages are gone.
+    /// Returns `bytes` whose pages are gone, less the pools' pending
+    /// growth, which is charged instead (see the module doc).
     pub fn uncharge(&self, bytes: u64) {
-        if bytes > 0 {
-            self.resident.fetch_sub(bytes, Ordering::AcqRel);
+        let rest = bytes - self.charge.take_pending(bytes);
+        if rest > 0 {
+            self.charge.resident.fetch_sub(rest, Ordering::AcqRel);
         }
     }
 

@@ -554,6 +554,9 @@ pub struct MapOptions {
     pub(crate) at: Option<upager_sys::mem::FixedRange>,
     pub(crate) huge_runs: Option<bool>,
     pub(crate) pool: Option<bool>,
+    /// The compressed tier of an anonymous region (ztier.rs; None: the
+    /// `UPAGER_ZTIER` environment variable, else on).
+    pub(crate) ztier: Option<bool>,
     pub(crate) warm: WarmStart,
     /// The data file of a file region with a warm start (set by
     /// `Pager::map_file` and `map_open_file`: [`MapOptions::beside`]).
@@ -619,6 +622,16 @@ impl MapOptions {
     /// Default: the pager's setting.
     pub fn pool(mut self, on: bool) -> Self {
         self.pool = Some(on);
+        self
+    }
+    /// The compressed tier of an anonymous region (`Pager::map_anonymous`):
+    /// evicted folios that compress to 3/4 of their size or less are kept
+    /// compressed in memory, charged to the budget (at most half of it),
+    /// and a refault decompresses them instead of reading the swap file;
+    /// the rest go to the swap file as without it. Default: the
+    /// `UPAGER_ZTIER` environment variable (`on`/`off`), else on.
+    pub fn compressed_tier(mut self, on: bool) -> Self {
+        self.ztier = Some(on);
         self
     }
     /// Record the order this file region's folios are first needed beside

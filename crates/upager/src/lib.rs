@@ -102,6 +102,7 @@ mod warm;
 mod warm_format;
 mod warm_record;
 mod warm_replay;
+mod ztier;
 
 pub use advice::Residency;
 pub use cache::{
@@ -132,6 +133,7 @@ pub use upager_sys::mem::FixedRange;
 #[doc(hidden)]
 pub use warm_format::{decode_trace_for_fuzz, encode_trace_for_fuzz};
 pub use warm_format::{trace_info, trace_path, trace_version_of, TraceInfo, TRACE_SUFFIX};
+pub use ztier::ZTIER_ENV;
 
 /// Sends the engine's log messages (warnings and errors: a write-back that
 /// failed on drop, an unmap waiting long for faults in flight) to standard
@@ -168,7 +170,7 @@ mod tests {
         "sync", "private_dir", "config", "info", "error", "folio", "trace", "stats",
         "store", "direct", "cache", "rings", "swap", "file_store", "shares",
         "pool", "warm_format", "warm_record", "warm_replay", "warm", "twins",
-        "budget",
+        "budget", "ztier",
         "area", "table", "lru", "thp", "shared", "gather", "reclaim", "poison", "install", "huge",
         "readahead", "fill", "poolfault", "dirty", "ahead", "fault", "inthread", "lineage", "region",
         "advice", "pager", "fork",

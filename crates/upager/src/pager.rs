@@ -439,6 +439,7 @@ impl Pager {
         let opts = &check_anonymous(len, opts)?;
         self.check_budget(opts.folio_bytes())?;
         let (swap, slots) = self.swap_space(opts.folio_bytes())?;
+        let swap = self.compressed_tier(swap, len, opts);
         self.map_inner(
             swap,
             Some(slots),
@@ -480,6 +481,31 @@ impl Pager {
             &opts.clone().writable(true),
             None,
         )
+    }
+
+    /// `swap` with the compressed tier in front (ztier.rs), if the region's
+    /// options or `UPAGER_ZTIER` leave it on and the budget has room for a
+    /// pool; else `swap`.
+    fn compressed_tier(&self, swap: Arc<dyn Store>, len: u64, opts: &MapOptions) -> Arc<dyn Store> {
+        if !crate::ztier::enabled(opts.ztier) {
+            return swap;
+        }
+        let sh = self.shared();
+        let folio = opts.folio_bytes();
+        let charge = sh.budget.charge_handle();
+        match crate::ztier::ZStore::new(Arc::clone(&swap), folio, len.div_ceil(folio), charge) {
+            Ok(Some(z)) => {
+                let z = Arc::new(z);
+                let pool: Arc<dyn crate::budget::PoolTier> = z.clone();
+                sh.budget.register_pool(Arc::downgrade(&pool));
+                z
+            }
+            Ok(None) => swap,
+            Err(e) => {
+                log::warn!("no compressed tier for an anonymous region ({e}): it swaps to the swap file only");
+                swap
+            }
+        }
     }
 
     /// The swap file and slot allocator of anonymous regions with `folio`
@@ -793,6 +819,9 @@ impl Pager {
         s.pinned_bytes = sh.budget.pinned();
         s.evicted_markers = crate::advice::count_markers(sh.table.all().iter());
         s.overhead_bytes = sh.overhead_bytes();
+        for pool in sh.budget.pools() {
+            pool.add_counters(&mut s);
+        }
         s
     }
 

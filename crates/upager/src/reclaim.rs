@@ -374,7 +374,9 @@ impl Shared {
             }
             if self.cfg.background_reclaim {
                 while self.budget.above_low() && !self.stopping() {
-                    if self.evict_batch(Mode::Background) == 0 {
+                    // Nothing evictable: the compressed pools shrink
+                    // (their oldest entries to the swap file, ztier.rs).
+                    if self.evict_batch(Mode::Background) == 0 && !self.budget.shrink_pools() {
                         break;
                     }
                 }

@@ -161,6 +161,26 @@ counters! {
     replay_hits,
     /// Of `replay_reads`, folios evicted before the program's faults reached their place in the trace (read for nothing).
     replay_wasted,
+    /// Compressed tier (ztier.rs): folios evicted into the compressed pool instead of the swap file.
+    ztier_stores,
+    /// Compressed tier: refaults served by decompressing from the pool instead of reading the swap file.
+    ztier_loads,
+    /// Compressed tier: evicted folios sent to the swap file because they did not compress (their batch's sample, or the folio itself, above 3/4 of its size) or the pool had no room.
+    ztier_rejects,
+    /// Compressed tier: pool entries written out to the swap file to make room (the pool at its cap, or the budget under pressure).
+    ztier_writebacks,
+    /// Compressed tier: folios the pool holds now (gauge).
+    ztier_folios,
+    /// Compressed tier: compressed bytes the pool holds now (gauge).
+    ztier_bytes,
+    /// Compressed tier: bytes of the budget the pool takes now, headers and holes included (gauge; part of `resident_bytes`).
+    ztier_pool_bytes,
+    /// Compressed tier: folio bytes held in the pool less the pool's bytes: what it saves of the budget now (gauge).
+    ztier_saved_bytes,
+    /// Compressed tier: nanoseconds spent compressing (sampling included).
+    ztier_compress_ns,
+    /// Compressed tier: nanoseconds spent decompressing refaults.
+    ztier_decompress_ns,
 }
 
 /// Where the fills of missing faults spend their time in the engine,
