@@ -159,7 +159,16 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats) -> PyResult<Bound<'py, PyDict>> {
 /// Pager(budget="256MiB", folio="64KiB", *, batch=None, handler_threads=None,
 ///       readahead=None, swap_dir=None, direct_io=True, background_reclaim=True,
 ///       dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=False,
-///       readahead_async=True, warm=None)
+///       readahead_async=True, warm=None, cache_dir=None, cache_size=None)
+///
+/// `cache_dir`, `cache_size`: the disk tier. What the read-only regions of
+/// an S3 object fetch stays in `cache_dir` on local disk (default the
+/// environment variable UPAGER_CACHE_DIR, else ~/.cache/upager/tier),
+/// keyed by the object's ETag, for later faults, passes and runs; the
+/// directory stays within `cache_size` bytes (default UPAGER_CACHE_SIZE,
+/// else 20 GiB or half the disk's free space; 0 turns the tier off).
+/// Counters `cache_hits`, `cache_misses`, `cache_hit_bytes`, ... in
+/// `Region.store_counters()`; `upager cache list` shows what it holds.
 ///
 /// `warm` ("off", the default, "auto" or "record"): warm starts for the
 /// file and dataset regions this pager maps (each map call may say
@@ -278,7 +287,7 @@ impl PyPager {
 #[pymethods]
 impl PyPager {
     #[new]
-    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false, readahead_async=true, warm=None))]
+    #[pyo3(signature = (budget=None, folio=None, *, batch=None, handler_threads=None, readahead=None, swap_dir=None, direct_io=true, background_reclaim=true, dirty_limit=None, fault_mode=None, dirty_expire=None, huge_runs=false, readahead_async=true, warm=None, cache_dir=None, cache_size=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -296,6 +305,8 @@ impl PyPager {
         huge_runs: bool,
         readahead_async: bool,
         warm: Option<&str>,
+        cache_dir: Option<std::path::PathBuf>,
+        cache_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let warm = warm_arg(warm, WarmStart::Off)?;
         let budget = opt_size(budget, "budget")?.unwrap_or(256 << 20);
@@ -337,6 +348,12 @@ impl PyPager {
         }
         if let Some(l) = opt_size(dirty_limit, "dirty_limit")? {
             b = b.dirty_limit(l);
+        }
+        if let Some(d) = cache_dir {
+            b = b.cache_dir(d);
+        }
+        if let Some(n) = opt_size(cache_size, "cache_size")? {
+            b = b.cache_size(n);
         }
         if let Some(m) = fault_mode_arg(fault_mode)? {
             b = b.fault_mode(m);

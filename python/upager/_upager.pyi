@@ -39,6 +39,8 @@ class Pager:
         huge_runs: bool = False,
         readahead_async: bool = True,
         warm: Optional[_Warm] = None,
+        cache_dir: Optional[_Path] = None,
+        cache_size: Optional[_Size] = None,
     ) -> None: ...
     def map_file(
         self,

@@ -169,6 +169,18 @@ struct upager_options {
                                  on another CPU while the stream's fault
                                  reads this one. Counter readahead_async.
                                  -1 = default (on), 0 = off, 1 = on. */
+    const char *cache_dir;    /* the disk tier: what read-only regions of an
+                                 S3 object fetch stays in this directory
+                                 (keyed by the object's ETag) for later
+                                 faults, passes and runs. NULL = default
+                                 (UPAGER_CACHE_DIR, else
+                                 ~/.cache/upager/tier). */
+    int64_t cache_size;       /* the disk tier's size in bytes (least
+                                 recently used entries go first); -1 =
+                                 default (UPAGER_CACHE_SIZE, else 20 GiB or
+                                 half the disk's free space), 0 = off.
+                                 Counters cache_hits, cache_misses, ... in
+                                 upager_region_store_counters. */
 };
 
 /* Fills *opts with the defaults (including opts->size; fault_mode from

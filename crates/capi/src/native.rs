@@ -64,6 +64,10 @@ pub struct upager_options {
     pub huge_runs: c_int,
     /// Async readahead: -1 default (on), 0 off, 1 on.
     pub readahead_async: c_int,
+    /// The disk tier's directory; NULL = default.
+    pub cache_dir: *const c_char,
+    /// The disk tier's size in bytes; -1 = default, 0 = off.
+    pub cache_size: i64,
 }
 
 /// Region options (`struct upager_map_options`); see upager.h.
@@ -169,6 +173,8 @@ fn default_options() -> upager_options {
         dirty_expire_ms: -1,
         huge_runs: -1,
         readahead_async: -1,
+        cache_dir: std::ptr::null(),
+        cache_size: -1,
     }
 }
 
@@ -265,8 +271,8 @@ fn tri(v: c_int, what: &str) -> Result<Option<bool>, Failure> {
 ///
 /// # Safety
 /// `opts` is NULL or points to an initialised `struct upager_options` whose
-/// `swap_dir` is NULL or a NUL-terminated string; `out` is valid for one
-/// pointer write.
+/// `swap_dir` and `cache_dir` are NULL or NUL-terminated strings; `out` is
+/// valid for one pointer write.
 #[no_mangle]
 pub unsafe extern "C" fn upager_create(
     opts: *const upager_options,
@@ -337,6 +343,20 @@ pub unsafe extern "C" fn upager_create(
         }
         if let Some(m) = fault_mode_arg(o.fault_mode)? {
             b = b.fault_mode(m);
+        }
+        if !o.cache_dir.is_null() {
+            // SAFETY: a non-NULL cache_dir is a NUL-terminated string valid
+            // for this call, by this function's contract.
+            b = b.cache_dir(unsafe { c_str(o.cache_dir, "cache_dir") }?);
+        }
+        match o.cache_size {
+            -1 => {}
+            n if n >= 0 => b = b.cache_size(n as u64),
+            n => {
+                return Err(Failure::inval(format!(
+                    "cache_size must be -1 (default), 0 (off) or a byte count, got {n}"
+                )))
+            }
         }
         let pager = b.build()?;
         // SAFETY: `out` is writable by this function's contract.

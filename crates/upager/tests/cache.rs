@@ -240,8 +240,14 @@ fn a_chunk_that_hashes_wrong_is_fetched_again() {
         let c = pass(&pager(mode, dir.path(), 64 * MIB, 64 * MIB), &store, 1);
         // Two chunks are bad; a fault and a readahead may both find one.
         let refetched = store.read_bytes.load(Relaxed) - before;
-        assert!((2..=4).contains(&counter(&c, "cache_corrupt")), "{mode:?}: {c:?}");
-        assert!((2 * 65536..=4 * 65536).contains(&refetched), "{refetched}: {c:?}");
+        assert!(
+            (2..=4).contains(&counter(&c, "cache_corrupt")),
+            "{mode:?}: {c:?}"
+        );
+        assert!(
+            (2 * 65536..=4 * 65536).contains(&refetched),
+            "{refetched}: {c:?}"
+        );
         // And the fetched chunks were cached again, right.
         let before = store.read_bytes.load(Relaxed);
         let c = pass(&pager(mode, dir.path(), 64 * MIB, 64 * MIB), &store, 1);
