@@ -354,4 +354,25 @@ mod tests {
         b.dirty_charge(1);
         assert!(b.dirty_above_background());
     }
+
+    /// A pool's growth is pending until the next uncharge, which returns
+    /// that much less: the count never passes the limit and ends as folios
+    /// + pool.
+    #[test]
+    fn a_pools_growth_is_charged_by_the_next_uncharge() {
+        let b = Budget::new(1 << 20, None);
+        let c = b.charge_handle();
+        assert!(b.try_charge(1 << 20));
+        c.pool_grow(3000); // a batch compressed, its folios still charged
+        assert_eq!(b.resident(), 1 << 20);
+        b.uncharge(8192); // the batch unmapped
+        assert_eq!(b.resident(), (1 << 20) - 8192 + 3000);
+        c.pool_shrink(1000);
+        assert_eq!(b.resident(), (1 << 20) - 8192 + 2000);
+        c.pool_grow(500);
+        c.pool_shrink(700); // pending first, then charged bytes
+        assert_eq!(b.resident(), (1 << 20) - 8192 + 1800);
+        assert_eq!(c.pool_bytes(), 1800);
+        assert!(b.peak() <= 1 << 20);
+    }
 }

@@ -831,7 +831,7 @@ fn errors_are_clear_and_leave_nothing_behind() {
 /// removing or reordering a counter fails here; a new counter goes at the
 /// end, here and in the same lists of crates/capi/tests/c/stat_names.c and
 /// python/tests/test_upager.py.
-const STAT_NAMES: [&str; 55] = [
+const STAT_NAMES: [&str; 65] = [
     "faults_missing",
     "faults_wp",
     "faults_deferred",
@@ -887,6 +887,16 @@ const STAT_NAMES: [&str; 55] = [
     "replay_reads",
     "replay_hits",
     "replay_wasted",
+    "ztier_stores",
+    "ztier_loads",
+    "ztier_rejects",
+    "ztier_writebacks",
+    "ztier_folios",
+    "ztier_bytes",
+    "ztier_pool_bytes",
+    "ztier_saved_bytes",
+    "ztier_compress_ns",
+    "ztier_decompress_ns",
 ];
 
 #[test]
