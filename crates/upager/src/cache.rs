@@ -34,7 +34,7 @@
 //! processes; a word is written by one `pwrite` of 8 aligned bytes.
 //!
 //! Inserts never wait on the disk: a miss's bytes are copied to a queue
-//! (at most [`QUEUE_BYTES`]; more is dropped and counted) that the writer
+//! (at most [`QUEUE_BYTES`], 8 MiB; more is dropped and counted) that the writer
 //! thread of the store writes with `O_DIRECT` where the file system takes
 //! it (the `direct` module's descriptors), so the page cache keeps no
 //! second copy outside the budget. The store's drop waits for the queue.
@@ -84,7 +84,7 @@ use crate::store::{ReadReq, Src, Store};
 pub const CHUNK: u64 = 64 << 10;
 
 /// Bytes of misses queued for the writer at most; more are not cached.
-pub const QUEUE_BYTES: u64 = 16 << 20;
+pub const QUEUE_BYTES: u64 = 8 << 20;
 
 /// The writer's page-aligned staging buffer (O_DIRECT needs aligned
 /// memory): a job is written this much at a time.
@@ -564,9 +564,10 @@ impl CachedStore {
         out
     }
 
-    /// Fetches the pieces `misses` from the inner store in one batch, each
-    /// widened to whole chunks, copies them into their reads' buffers and
-    /// queues the chunks for the disk.
+    /// Fetches the ranges `misses` (read, from, to; in order) from the
+    /// inner store in one batch: whole chunks straight into their reads'
+    /// buffers, a range's partial first and last chunk whole into a chunk
+    /// of scratch each (then copied); then queues the chunks for the disk.
     fn fetch(
         &self,
         reads: &mut [ReadReq<'_>],
@@ -574,47 +575,66 @@ impl CachedStore {
         out: &mut [io::Result<usize>],
     ) {
         let e = &self.entry;
-        let widened: Vec<(u64, u64)> = misses
+        let cut: Vec<(usize, Piece)> = misses
             .iter()
-            .map(|&(_, a, b)| {
-                let start = a - a % CHUNK;
-                (start, b.div_ceil(CHUNK).saturating_mul(CHUNK).min(e.len))
-            })
+            .flat_map(|&(i, a, b)| pieces(a, b, e.len).into_iter().map(move |p| (i, p)))
             .collect();
-        let mut bufs: Vec<Vec<u8>> = widened
+        let mut scratch: Vec<Vec<u8>> = cut
             .iter()
-            .map(|&(a, b)| vec![0u8; (b - a) as usize])
+            .filter(|(_, p)| !p.whole(e.len))
+            .map(|(_, p)| vec![0u8; p.chunk_bytes(e.len) as usize])
             .collect();
-        let mut reqs: Vec<ReadReq<'_>> = bufs
-            .iter_mut()
-            .zip(&widened)
-            .map(|(buf, &(a, _))| ReadReq {
-                buf: buf.as_mut_slice(),
-                offset: a,
-            })
-            .collect();
+        let mut spare = scratch.iter_mut();
+        let mut reqs: Vec<ReadReq<'_>> = Vec::with_capacity(cut.len());
+        // Per request: its read, its piece, and (scratch) where its part goes.
+        let mut dsts: Vec<(usize, &Piece, Option<&mut [u8]>)> = Vec::with_capacity(cut.len());
+        let mut next = cut.iter().peekable();
+        for (i, r) in reads.iter_mut().enumerate() {
+            let mut rest: &mut [u8] = &mut *r.buf;
+            let mut cur = r.offset;
+            while let Some((_, p)) = next.next_if(|(j, _)| *j == i) {
+                let skipped = std::mem::take(&mut rest)
+                    .split_at_mut((p.a - cur) as usize)
+                    .1;
+                let (here, after) = skipped.split_at_mut((p.b - p.a) as usize);
+                rest = after;
+                cur = p.b;
+                if p.whole(e.len) {
+                    reqs.push(ReadReq {
+                        buf: here,
+                        offset: p.a,
+                    });
+                    dsts.push((i, p, None));
+                } else {
+                    let buf = spare.next().expect("a scratch chunk per partial piece");
+                    reqs.push(ReadReq {
+                        buf: buf.as_mut_slice(),
+                        offset: p.c0 as u64 * CHUNK,
+                    });
+                    dsts.push((i, p, Some(here)));
+                }
+            }
+        }
         let got = self.inner.read_batch(&mut reqs);
-        drop(reqs);
-        for (((&(i, a, b), &(wa, wb)), buf), res) in misses.iter().zip(&widened).zip(&bufs).zip(got)
-        {
+        for ((req, (i, p, dst)), res) in reqs.iter().zip(dsts).zip(got) {
+            let want = req.buf.len();
             match res {
-                Ok(n) if n as u64 >= b - wa => {
-                    let r = &mut reads[i];
-                    let dst = (a - r.offset) as usize..(b - r.offset) as usize;
-                    r.buf[dst].copy_from_slice(&buf[(a - wa) as usize..(b - wa) as usize]);
-                    e.counters
-                        .misses
-                        .fetch_add((wb - wa).div_ceil(CHUNK), Relaxed);
-                    if n as u64 >= wb - wa {
-                        self.insert((wa / CHUNK) as usize, &buf[..(wb - wa) as usize]);
+                Ok(n) if n >= want => {
+                    if let Some(dst) = dst {
+                        let from = (p.a - p.c0 as u64 * CHUNK) as usize;
+                        let n = dst.len();
+                        dst.copy_from_slice(&req.buf[from..from + n]);
                     }
+                    e.counters.misses.fetch_add((p.c1 - p.c0) as u64, Relaxed);
+                    self.insert(p.c0, req.buf);
                 }
                 Ok(_) => {
                     out[i] = Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         format!(
-                            "{}: a read at byte {a} came back short",
-                            self.inner.describe()
+                            "{}: a read at byte {} came back short",
+                            self.inner.describe(),
+                            req.offset
                         ),
                     ))
                 }
@@ -622,6 +642,60 @@ impl CachedStore {
             }
         }
     }
+}
+
+/// A part `[a, b)` of a range of the data, in chunks `[c0, c1)`: whole
+/// chunks (the middle of a range, and its end where it ends the data), or
+/// part of one chunk (a range's unaligned start or end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    c0: usize,
+    c1: usize,
+    a: u64,
+    b: u64,
+}
+
+impl Piece {
+    /// Whether the piece is its chunks' bytes exactly.
+    fn whole(&self, len: u64) -> bool {
+        self.a == self.c0 as u64 * CHUNK && self.b == (self.c1 as u64 * CHUNK).min(len)
+    }
+    /// The bytes of its chunks.
+    fn chunk_bytes(&self, len: u64) -> u64 {
+        (self.c1 as u64 * CHUNK).min(len) - self.c0 as u64 * CHUNK
+    }
+}
+
+/// Cuts `[a, b)` of data of `len` bytes into at most three pieces: a
+/// partial first chunk, the whole chunks, a partial last chunk.
+fn pieces(a: u64, b: u64, len: u64) -> Vec<Piece> {
+    let one = |at: u64, to: u64| Piece {
+        c0: (at / CHUNK) as usize,
+        c1: (at / CHUNK) as usize + 1,
+        a: at,
+        b: to,
+    };
+    let mut v = Vec::with_capacity(3);
+    let mut at = a;
+    if !at.is_multiple_of(CHUNK) && at < b {
+        let to = b.min(at.next_multiple_of(CHUNK));
+        v.push(one(at, to));
+        at = to;
+    }
+    let whole_end = if b == len { b } else { b - b % CHUNK };
+    if whole_end > at {
+        v.push(Piece {
+            c0: (at / CHUNK) as usize,
+            c1: whole_end.div_ceil(CHUNK) as usize,
+            a: at,
+            b: whole_end,
+        });
+        at = whole_end;
+    }
+    if at < b {
+        v.push(one(at, b));
+    }
+    v
 }
 
 impl Drop for CachedStore {
@@ -814,25 +888,31 @@ impl Entry {
     /// Reads the chunks `[c, end_c)` from disk and serves the part of them
     /// from data offset `at` into `dst`; returns the chunks that hashed
     /// wrong (all of them if the read failed), whose part of `dst` is left
-    /// for the caller to fetch.
+    /// for the caller to fetch. Whole chunks are read straight into
+    /// `dst`, a partial first or last one into a chunk of scratch.
     fn serve(&self, c: usize, end_c: usize, at: u64, dst: &mut [u8]) -> Vec<usize> {
-        let start = c as u64 * CHUNK;
-        let end = (end_c as u64 * CHUNK).min(self.len);
-        let n = dst.len();
-        let bad = if start == at && end == at + n as u64 {
-            self.read_checked(c, dst)
-        } else {
-            let mut whole = vec![0u8; (end - start) as usize];
-            let bad = self.read_checked(c, &mut whole);
-            let from = (at - start) as usize;
-            dst.copy_from_slice(&whole[from..from + n]);
-            bad
-        };
-        let good = (end_c - c - bad.len()) as u64;
-        self.counters.hits.fetch_add(good, Relaxed);
-        self.counters
-            .hit_bytes
-            .fetch_add((n as u64).saturating_sub(bad.len() as u64 * CHUNK), Relaxed);
+        debug_assert!(c as u64 * CHUNK <= at && at + dst.len() as u64 <= (end_c as u64 * CHUNK));
+        let mut bad = Vec::new();
+        for p in pieces(at, at + dst.len() as u64, self.len) {
+            let here = &mut dst[(p.a - at) as usize..(p.b - at) as usize];
+            let wrong = if p.whole(self.len) {
+                self.read_checked(p.c0, here)
+            } else {
+                let mut chunk = vec![0u8; p.chunk_bytes(self.len) as usize];
+                let wrong = self.read_checked(p.c0, &mut chunk);
+                if wrong.is_empty() {
+                    let from = (p.a - p.c0 as u64 * CHUNK) as usize;
+                    let n = here.len();
+                    here.copy_from_slice(&chunk[from..from + n]);
+                }
+                wrong
+            };
+            let good = (p.c1 - p.c0 - wrong.len()) as u64;
+            self.counters.hits.fetch_add(good, Relaxed);
+            let served = (p.b - p.a).saturating_sub(wrong.len() as u64 * CHUNK);
+            self.counters.hit_bytes.fetch_add(served, Relaxed);
+            bad.extend(wrong);
+        }
         bad
     }
 
@@ -1029,5 +1109,38 @@ impl Store for CachedStore {
     }
     fn cache_key(&self) -> Option<String> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pieces, Piece, CHUNK};
+
+    /// A range is cut into a partial first chunk, whole chunks and a
+    /// partial last chunk; every byte in one piece, in order; a range
+    /// that ends the data ends in whole chunks.
+    #[test]
+    fn pieces_cover_the_range_once_in_whole_chunks_where_they_can() {
+        let len = 10 * CHUNK + 100;
+        let p = |c0, c1, a, b| Piece { c0, c1, a, b };
+        assert_eq!(pieces(0, 2 * CHUNK, len), [p(0, 2, 0, 2 * CHUNK)]);
+        assert_eq!(
+            pieces(4096, 3 * CHUNK + 8192, len),
+            [
+                p(0, 1, 4096, CHUNK),
+                p(1, 3, CHUNK, 3 * CHUNK),
+                p(3, 4, 3 * CHUNK, 3 * CHUNK + 8192)
+            ]
+        );
+        assert_eq!(pieces(4096, 8192, len), [p(0, 1, 4096, 8192)]);
+        assert_eq!(pieces(9 * CHUNK, len, len), [p(9, 11, 9 * CHUNK, len)]);
+        assert!(pieces(9 * CHUNK, len, len)[0].whole(len));
+        assert!(!pieces(4096, 8192, len)[0].whole(len));
+        for &(a, b) in &[(0, len), (4096, len), (CHUNK - 4096, CHUNK + 4096), (5, 6)] {
+            let v = pieces(a, b, len);
+            assert_eq!(v.first().unwrap().a, a);
+            assert_eq!(v.last().unwrap().b, b);
+            assert!(v.windows(2).all(|w| w[0].b == w[1].a));
+        }
     }
 }
