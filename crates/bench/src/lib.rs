@@ -66,6 +66,7 @@
 //! | `suite` | [`prepare`], [`run_scenario`] | engine, env, host, pattern, report, scenario |
 #![deny(unsafe_code)]
 
+pub mod anon_fill;
 mod blockdev;
 mod cgroup;
 pub mod engine;
@@ -93,6 +94,7 @@ pub mod worker;
 pub mod workloads;
 
 pub use engine::{BenchError, Engine, KernelEngine};
+pub use meter::median as median_of;
 pub use env::{
     BenchEnv, Cgroup, CgroupVersion, EnvConfig, MemoryHierarchy, SetupError, SwapDevice, SwapKind,
     ThpKnobs, ZramExt4,

@@ -189,6 +189,15 @@ pub enum UpagerJob {
         /// Passes (the first writes).
         passes: u32,
     },
+    /// The compressed tier's benchmark (anon_fill.rs): an anonymous
+    /// region of `bytes` with the default options written word by word,
+    /// read back and checked.
+    AnonFill {
+        /// Region size.
+        bytes: u64,
+        /// The data.
+        kind: crate::anon_fill::FillKind,
+    },
     /// Can a pager with this configuration be built and resolve a fault?
     /// (Asked before a run, so a fault mode the engine refuses is left out
     /// with a clear note instead of failing every run.) Maps 1 MiB of
@@ -288,6 +297,7 @@ pub fn run_job(
                     passes,
                 } => usemem(&p, c, *threads, *bytes_per_thread, *passes)?,
                 UpagerJob::Probe => probe(&p)?,
+                UpagerJob::AnonFill { bytes, kind } => crate::anon_fill::upager(&p, *bytes, *kind)?,
                 UpagerJob::Unmap { .. }
                 | UpagerJob::TlbReach { .. }
                 | UpagerJob::Residency { .. } => unreachable!(),

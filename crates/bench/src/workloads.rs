@@ -95,6 +95,15 @@ pub enum Workload {
         /// Passes (the first writes).
         passes: u32,
     },
+    /// The compressed tier's benchmark (anon_fill.rs): an anonymous area
+    /// of `bytes` written word by word with `kind` data, then read back
+    /// and checked (the worker runs in the cgroup with zram swap).
+    AnonFill {
+        /// Area size.
+        bytes: u64,
+        /// The data.
+        kind: crate::anon_fill::FillKind,
+    },
     /// Helper for testing the TLB counter: a thread pinned to CPU 1 keeps
     /// reading its own anonymous page (the mm stays live there) while CPU 0
     /// faults in and discards one page of another map `iterations` times;
@@ -226,6 +235,7 @@ pub fn run_workload(w: &Workload) -> Result<WorkerResult, WorkloadError> {
             passes,
         } => kernel::usemem(*threads, *bytes_per_thread, *passes),
         Workload::MadviseLoop { iterations } => kernel::madvise_loop(*iterations),
+        Workload::AnonFill { bytes, kind } => crate::anon_fill::kernel(*bytes, *kind),
         Workload::Upager {
             budget,
             config,

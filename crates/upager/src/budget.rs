@@ -65,6 +65,9 @@ pub(crate) struct Charge {
     /// Bytes all pools hold (charged or pending).
     pool: AtomicU64,
     limit: u64,
+    /// The cumulative counters of pools that are gone (their regions
+    /// unmapped), so the pager's counters never go back.
+    retired: Mutex<crate::stats::Stats>,
 }
 
 impl Charge {
@@ -89,6 +92,10 @@ impl Charge {
     /// The budget's limit.
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+    /// A pool going away adds its cumulative counters here.
+    pub fn retire(&self, add: impl FnOnce(&mut crate::stats::Stats)) {
+        add(&mut self.retired.lock().unwrap_or_else(|e| e.into_inner()));
     }
     /// Takes up to `most` pending bytes; returns how many.
     fn take_pending(&self, most: u64) -> u64 {
@@ -197,6 +204,20 @@ impl Budget {
     pub fn pools(&self) -> Vec<Arc<dyn PoolTier>> {
         let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         pools.iter().filter_map(Weak::upgrade).collect()
+    }
+    /// Adds the pools' counters (live pools and gone ones) to `s`.
+    pub fn add_pool_counters(&self, s: &mut crate::stats::Stats) {
+        let gone = *self
+            .charge
+            .retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (name, v) in gone.iter().filter(|&(_, v)| v > 0) {
+            s.add(name, v);
+        }
+        for p in self.pools() {
+            p.add_counters(s);
+        }
     }
     /// Asks the pools to shrink; true if any freed bytes.
     pub fn shrink_pools(&self) -> bool {

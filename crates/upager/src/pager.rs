@@ -819,9 +819,7 @@ impl Pager {
         s.pinned_bytes = sh.budget.pinned();
         s.evicted_markers = crate::advice::count_markers(sh.table.all().iter());
         s.overhead_bytes = sh.overhead_bytes();
-        for pool in sh.budget.pools() {
-            pool.add_counters(&mut s);
-        }
+        sh.budget.add_pool_counters(&mut s);
         s
     }
 

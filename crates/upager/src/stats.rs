@@ -40,6 +40,11 @@ macro_rules! counters {
             pub fn get(&self, name: &str) -> Option<u64> {
                 self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
             }
+
+            /// Adds `v` to the counter called `name` (none: nothing).
+            pub(crate) fn add(&mut self, name: &str, v: u64) {
+                $(if name == stringify!($name) { self.$name += v; return; })*
+            }
         }
 
         impl Counters {

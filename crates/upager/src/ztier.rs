@@ -667,6 +667,17 @@ impl Drop for ZStore {
         let log = self.log.get_mut().unwrap_or_else(|e| e.into_inner());
         let held = log.head - log.released;
         self.charge.pool_shrink(held);
+        // The cumulative counters stay with the pager (the gauges go to 0).
+        let c = &self.c;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.charge.retire(|s| {
+            s.ztier_stores += get(&c.stores);
+            s.ztier_loads += get(&c.loads);
+            s.ztier_rejects += get(&c.rejects);
+            s.ztier_writebacks += get(&c.writebacks);
+            s.ztier_compress_ns += get(&c.compress_ns);
+            s.ztier_decompress_ns += get(&c.decompress_ns);
+        });
     }
 }
 

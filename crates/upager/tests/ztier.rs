@@ -269,3 +269,28 @@ proptest! {
         prop_assert!(s.resident_peak_bytes <= s.budget_bytes);
     }
 }
+
+/// Unmapping the region returns the pool's charge to the budget; the
+/// cumulative counters stay with the pager.
+#[test]
+fn unmapping_returns_the_pools_charge_and_keeps_the_counters() {
+    let p = pager(8 * MIB, FaultMode::InThread);
+    let r = anon(&p, 32 * MIB, true);
+    for (i, w) in r.words().iter().enumerate() {
+        w.store(i as u64, Relaxed);
+    }
+    let before = p.stats();
+    assert!(
+        before.ztier_pool_bytes > 0 && before.ztier_stores > 0,
+        "{before:?}"
+    );
+    r.unmap().map_err(|(e, _)| e).unwrap();
+    let s = p.stats();
+    assert_eq!(
+        s.ztier_pool_bytes + s.ztier_folios + s.ztier_bytes,
+        0,
+        "{s:?}"
+    );
+    assert_eq!(s.resident_bytes, 0, "the pool's charge came back: {s:?}");
+    assert!(s.ztier_stores >= before.ztier_stores, "{s:?}");
+}
