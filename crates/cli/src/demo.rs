@@ -947,6 +947,7 @@ fn s3_demo(
     let (scan, reads, _) = scan_and_read(a, &region, words);
     println!("  (an s3:// object is read-only: no write phase; every word read was checked)");
     let stats = pager.stats();
+    let counters = region.store_counters();
     unmap(region)?;
     println!();
     println!(
@@ -954,10 +955,26 @@ fn s3_demo(
         per_sec(reads)
     );
     print_stats(&stats, folio);
-    println!("store counters (the region's S3 store):");
-    for (name, v) in st.counters().iter() {
+    let get = |n: &str| counters.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+    if let Some(hit) = get("cache_hit_bytes") {
+        let net = get("store_bytes_received").unwrap_or(0);
+        println!(
+            "reads served: {} from the disk tier, {} over the network",
+            format_size(hit),
+            format_size(net)
+        );
+    }
+    println!("store counters (the region's S3 store, and its disk tier):");
+    for (name, v) in counters {
         println!("  {name:<28} {v}");
     }
+    drop(st);
+    // The object is deleted at the end: its bytes in the disk tier go too.
+    let dir = std::env::var_os(upager::CACHE_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map_or_else(upager::CacheConfig::default_dir, std::path::PathBuf::from);
+    let named = format!(" {url} ");
+    upager::cache_remove(&dir, |k| k.contains(&named))?;
     Ok(())
 }
 

@@ -33,11 +33,13 @@
 //! hash wrong (or are right: a chunk of zeros). No lock is shared between
 //! processes; a word is written by one `pwrite` of 8 aligned bytes.
 //!
-//! Inserts never wait on the disk: a miss's bytes are copied to a queue
-//! (at most [`QUEUE_BYTES`], 8 MiB; more is dropped and counted) that the writer
+//! Inserts do not wait on the disk: a miss's bytes are copied to a queue
+//! (at most [`QUEUE_BYTES`], 8 MiB; a miss waits up to [`QUEUE_WAIT`] for
+//! room, then its chunks go uncached and are counted) that the writer
 //! thread of the store writes with `O_DIRECT` where the file system takes
 //! it (the `direct` module's descriptors), so the page cache keeps no
-//! second copy outside the budget. The store's drop waits for the queue.
+//! second copy outside the budget. Reads find queued chunks in the queue.
+//! The store's drop waits for the queue.
 //!
 //! Size: the directory's bytes (the data files' allocated blocks and the
 //! index files) stay at or below its size. The writer checks before each
@@ -49,8 +51,9 @@
 //! inserts between scans, so the directory may pass its size by up to one
 //! eighth of it per such process until the next scan.
 //!
-//! Lock order: `CachedStore::writer` (the queue's sender), a leaf; the
-//! writer thread takes none.
+//! Lock order: `Entry::queued_chunks` (with its condition variable
+//! `room`), released before `CachedStore::writer` (the queue's sender) is
+//! taken; both leaves. The writer thread takes only the first.
 //!
 //! Counters ([`Store::store_counters`], beside the inner store's):
 //! `cache_hits`, `cache_misses` (chunk reads served from disk / fetched),
@@ -69,7 +72,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use upager_sys::mem::Mapping;
@@ -85,6 +88,10 @@ pub const CHUNK: u64 = 64 << 10;
 
 /// Bytes of misses queued for the writer at most; more are not cached.
 pub const QUEUE_BYTES: u64 = 8 << 20;
+
+/// Longest a miss waits for room in the writer's queue before its chunks
+/// go uncached.
+pub const QUEUE_WAIT: Duration = Duration::from_millis(100);
 
 /// The writer's page-aligned staging buffer (O_DIRECT needs aligned
 /// memory): a job is written this much at a time.
@@ -251,6 +258,19 @@ pub fn clear(dir: &Path) -> io::Result<u64> {
     Ok(info.bytes)
 }
 
+/// Removes the entries of the cache directory `dir` whose key `which`
+/// picks (e.g. the objects a program deleted); returns the bytes freed.
+pub fn remove(dir: &Path, which: impl Fn(&str) -> bool) -> io::Result<u64> {
+    let mut freed = 0;
+    for e in scan(dir)?.entries {
+        if which(&e.key) {
+            remove_entry(&e.path)?;
+            freed += e.bytes;
+        }
+    }
+    Ok(freed)
+}
+
 /// Whether `ent` is an entry of a cache directory (named by a key's hash,
 /// or one being made or removed), so that a directory named by mistake
 /// loses nothing else.
@@ -325,6 +345,8 @@ struct Entry {
     /// The queued chunks, which reads are served from until they are on
     /// disk (a window's fault and its readahead read one chunk at once).
     queued_chunks: Mutex<HashMap<usize, Arc<[u8]>>>,
+    /// Signalled when the writer takes bytes off the queue.
+    room: Condvar,
 }
 
 /// Where a chunk is.
@@ -423,6 +445,7 @@ impl CachedStore {
             hand: AtomicUsize::new(0),
             queued: AtomicU64::new(0),
             queued_chunks: Mutex::default(),
+            room: Condvar::new(),
         });
         entry.counters.bytes.store(used, Relaxed);
         if used > size {
@@ -461,8 +484,7 @@ impl CachedStore {
         if n == 0 {
             return;
         }
-        if e.queued.fetch_add(n, Relaxed) + n > QUEUE_BYTES || n > e.size {
-            e.queued.fetch_sub(n, Relaxed);
+        if !e.reserve_queue(n) {
             e.counters.drops.fetch_add(1, Relaxed);
             return;
         }
@@ -843,8 +865,36 @@ impl Entry {
                 q.remove(&(job.first + k));
             }
         }
-        drop(q);
         self.queued.fetch_sub(job.bytes(), Relaxed);
+        drop(q);
+        self.room.notify_all();
+    }
+
+    /// Reserves `n` bytes of the queue, waiting up to [`QUEUE_WAIT`] for
+    /// the writer to make room (a dropped insert costs a fetch later);
+    /// false: no room (or more than the queue or the cache holds).
+    fn reserve_queue(&self, n: u64) -> bool {
+        if n > QUEUE_BYTES || n > self.size {
+            return false;
+        }
+        let deadline = Instant::now() + QUEUE_WAIT;
+        let mut q = self.lock_queued();
+        loop {
+            let cur = self.queued.load(Relaxed);
+            if cur + n <= QUEUE_BYTES {
+                self.queued.store(cur + n, Relaxed);
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            q = self
+                .room
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// Where chunk `c` is, as this process knows.

@@ -106,16 +106,16 @@ mod ztier;
 
 pub use advice::Residency;
 pub use cache::{
-    clear as cache_clear, scan as cache_scan, CacheConfig, CacheError, CachedStore,
-    DirInfo as CacheDirInfo, EntryInfo as CacheEntryInfo, CHUNK as CACHE_CHUNK,
+    clear as cache_clear, remove as cache_remove, scan as cache_scan, CacheConfig, CacheError,
+    CachedStore, DirInfo as CacheDirInfo, EntryInfo as CacheEntryInfo, CHUNK as CACHE_CHUNK,
 };
 pub use config::WarmStart;
-pub use config::{CACHE_DIR_ENV, CACHE_SIZE_ENV, POOL_ENV};
 pub use config::{
     format_size, parse_size, FaultMode, Lookup, MapOptions, PagerBuilder, Userfaultfd,
     DEFAULT_ANON_FOLIO, DEFAULT_DIRTY_EXPIRE, DEFAULT_FOLIO, HUGE_RUNS_MIN_BYTES, MAX_FOLIO,
     MIN_FOLIO,
 };
+pub use config::{CACHE_DIR_ENV, CACHE_SIZE_ENV, POOL_ENV};
 pub use error::{
     errno, error_chain, AdviseError, ErrorCode, FileKind, FlushError, MapError, PagerError,
     RangeError, UnmapError,
