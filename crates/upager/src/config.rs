@@ -408,7 +408,7 @@ impl PagerBuilder {
     /// a network store (an S3 object) fetch stays there, keyed by the
     /// data's identity, for later faults, passes and runs; shared by this
     /// user's processes. Default: `UPAGER_CACHE_DIR`, else
-    /// `$XDG_CACHE_HOME/upager`, else `~/.cache/upager`.
+    /// `$XDG_CACHE_HOME/upager/tier`, else `~/.cache/upager/tier`.
     pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cache_dir = Some(dir.into());
         self
