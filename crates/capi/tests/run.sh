@@ -76,7 +76,7 @@ run "$OUT/native_rw_fullstatic"
 run env UMAP_BUFSIZE=2048 UMAP_PAGE_FILLERS=2 "$OUT/umap_rw" 64 4
 # 64 KiB pages, with readahead pinned to 4 pages.
 run env UMAP_PAGESIZE=65536 UMAP_BUFSIZE=128 UMAP_READ_AHEAD=4 "$OUT/umap_rw" 64 4
-# 2 MiB pages (issue 13: huge pages in the view), a 32 MiB buffer.
+# 2 MiB pages (folios mapped as huge pages in the view), a 32 MiB buffer.
 run env UMAP_PAGESIZE=2097152 UMAP_BUFSIZE=16 "$OUT/umap_rw" 64 2
 # A buffer of 4 pages (16 KiB), which crashes UMap: still correct, in budget.
 run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
@@ -84,25 +84,25 @@ run env UMAP_BUFSIZE=4 "$OUT/umap_rw" 2 3
 run env UMAP_BUFSIZE=4096 "$OUT/umap_atexit"
 run env UMAP_BUFSIZE=256 "$OUT/errors"
 run "$OUT/stat_names"
-# Readers racing an unmap (issue 20): right data or SIGSEGV, never SIGBUS.
+# Readers racing an unmap: right data or SIGSEGV, never SIGBUS.
 run "$OUT/unmap_race"
 run "$OUT/dirty_expire"
-# Warm starts (issue 32): record, replay, record anew; both fault modes.
+# Warm starts: record, replay, record anew; both fault modes.
 run env UPAGER_FAULT_MODE=handlers "$OUT/warm"
 run env UPAGER_FAULT_MODE=in-thread "$OUT/warm"
-# fork (issue 21): children and a grandchild use the inherited region.
+# fork: children and a grandchild use the inherited region.
 run env UPAGER_FAULT_MODE=handlers "$OUT/fork"
 run env UPAGER_FAULT_MODE=in-thread "$OUT/fork"
 run "$OUT/writers"
 run "$OUT/huge_runs"
-# The fault mode (issue 12): options, defaults from UPAGER_FAULT_MODE, both
+# The fault mode: options, defaults from UPAGER_FAULT_MODE, both
 # modes at work; the UMap drop-in under each value of the variable.
 run env -u UPAGER_FAULT_MODE "$OUT/fault_mode"
 run env UPAGER_FAULT_MODE=in-thread "$OUT/fault_mode"
 for mode in "" handlers in-thread sigbus; do
     run env UPAGER_FAULT_MODE="$mode" UMAP_BUFSIZE=1024 "$OUT/umap_fault_mode"
 done
-# Stores of the program's own (issue 15): C callbacks (short, failing and
+# Stores of the program's own: C callbacks (short, failing and
 # blocking stores), UMap's C++ Umap::Store and SparseStore, umapsort's
 # multi-file mode at fixed addresses.
 run "$OUT/store_ops"
@@ -113,7 +113,7 @@ run env UMAP_BUFSIZE=4096 "$OUT/umap_fixed_sort"
 for mode in handlers in-thread; do
     run env UPAGER_FAULT_MODE="$mode" UPAGER_WARM=on UMAP_BUFSIZE=2048 "$OUT/umap_warm"
 done
-# A Redis Cluster store (issue 14): a local cluster of its own (ports
+# A Redis Cluster store: a local cluster of its own (ports
 # 7200-7205, or UPAGER_REDIS_PORT), stopped again at the end. Without
 # redis-server the test is skipped, except under CI=true.
 REPO=$(cd "$(dirname "$0")/../../.." && pwd)

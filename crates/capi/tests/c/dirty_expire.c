@@ -1,8 +1,8 @@
-/* upager_options.dirty_expire_ms (issue 20, item 10): data dirty for longer
+/* upager_options.dirty_expire_ms: data dirty for longer
  * than the expiry is written back in the background, so plain reads of the
  * file see it without upager_flush(); a negative value other than -1 is
- * -EINVAL with a message naming the field. And upager_invalidate (issue
- * 21): a second region of the file sees those writes once it drops its
+ * -EINVAL with a message naming the field. And upager_invalidate: a
+ * second region of the file sees those writes once it drops its
  * clean copy. */
 #include "common.h" /* first: it sets _GNU_SOURCE */
 

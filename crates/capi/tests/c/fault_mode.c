@@ -1,4 +1,4 @@
-/* upager_options.fault_mode (issue 12): upager_options_init fills it from
+/* upager_options.fault_mode: upager_options_init fills it from
  * UPAGER_FAULT_MODE, the mode reaches the pager (upager_fault_mode, and
  * faults are counted where that mode takes them), a bad value is -EINVAL
  * with a message naming the choices (and the variable, when it came from
@@ -94,8 +94,8 @@ static void syscall_on_region(int mode, const char *path, const char *out) {
     CHECK(fd >= 0, "open %s", out);
     ssize_t w = write(fd, base + off, n);
     /* System calls fault pages in with handler threads and a userfaultfd
-     * that serves them; in-thread, or user-mode-only (an ordinary user's,
-     * issue 28), they get EFAULT. */
+     * that serves them; in-thread, or where the userfaultfd is
+     * user-mode-only (an ordinary user's), they get EFAULT. */
     struct upager_info info = {.size = sizeof info};
     CHECK(upager_info(pg, &info) == 0, "upager_info: %s", upager_last_error());
     CHECK(info.syscalls_fault_in ==
@@ -165,7 +165,7 @@ int main(void) {
         CHECK(upager_info(pg, &info) == 0, "upager_info: %s",
               upager_last_error());
         /* Unset: handlers where system calls can fault pages in, in-thread
-         * where the userfaultfd is user-mode-only (issue 28). */
+         * where the userfaultfd is user-mode-only (an ordinary user's). */
         int chosen = want != UPAGER_FAULT_FROM_ENV ? want
                      : info.user_mode_only ? UPAGER_FAULT_IN_THREAD
                                            : UPAGER_FAULT_HANDLERS;

@@ -1,4 +1,4 @@
-/* The engine's own memory (issue 15): starting it (the first umap() of a
+/* The engine's own memory: starting it (the first umap() of a
  * 64 KiB file) adds at most 4 MiB of resident memory; after a 64 MiB scan
  * through a 16 MiB buffer, once idle, what the process holds beyond the
  * resident folios shrinks back under 4 MiB (the fill buffers a readahead

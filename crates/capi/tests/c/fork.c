@@ -1,4 +1,4 @@
-/* fork() with upager.h (issue 21): a child uses the file region it
+/* fork() with upager.h: a child uses the file region it
  * inherited at the same address. The parent writes folio 0 before the
  * fork (flushed by the fork handler, so the child sees it); the child
  * checks that and the pattern, writes folio 1, and forks a grandchild that

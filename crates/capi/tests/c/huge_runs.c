@@ -1,4 +1,4 @@
-/* upager_options.huge_runs (issue 23): mixed folio sizes, and
+/* upager_options.huge_runs: mixed folio sizes, and
  * upager_options.readahead_async. Default -1 (huge_runs off, readahead_async on);
  * another value than -1, 0, 1 is -EINVAL naming the field. With 1,
  * sequential passes over a writable file region of 4 KiB folios
@@ -59,7 +59,7 @@ int main(void) {
     int rc = upager_create(&po, &pg);
     CHECK(rc == -EINVAL && strstr(upager_last_error(), "huge_runs"),
           "huge_runs 2: rc %d, message %s", rc, upager_last_error());
-    /* readahead_async (issue 23) takes the same -1/0/1. */
+    /* readahead_async takes the same -1/0/1. */
     upager_options_init(&po);
     CHECK(po.readahead_async == -1, "readahead_async default is -1, got %d",
           po.readahead_async);

@@ -1,4 +1,4 @@
-/* A store of the program's own (struct upager_store_ops, issue 15): an
+/* A store of the program's own (struct upager_store_ops): an
  * in-memory store with counters, mapped under a budget 1/4 of its size.
  *   - every word reads right through short reads (at most 3000 bytes per
  *     call), and every write reaches the store (after upager_flush, the

@@ -1,11 +1,11 @@
-/* A Redis Cluster store from C (issue 14): upager_store_load uploads a
+/* A Redis Cluster store from C: upager_store_load uploads a
  * dataset, upager_map_file(pager, NULL, opts) with opts.store maps it by
  * name (read-write under a budget a quarter of its size: every word right,
  * writes back on the cluster after flush + unmap, seen by a second mapping),
  * upager_map_anonymous with opts.store swaps to the cluster (far memory), and
  * each misuse is a clear negative errno with a message; upager_store_list
- * shows the dataset (complete, its size) and upager_store_delete removes it
- * (issue 20, item 8); loading a directory writes nothing.
+ * shows the dataset (complete, its size) and upager_store_delete removes it;
+ * loading a directory writes nothing.
  *   store_redis redis-cluster://127.0.0.1:PORT */
 #include "common.h"
 #include <upager.h>
@@ -97,7 +97,7 @@ int main(int argc, char **argv) {
     CHECK(strstr(upager_last_error(), "127.0.0.1:1") != NULL, "%s",
           upager_last_error());
     /* Credentials pass through as given; no message prints the password
-       (issue 22, item 6). */
+       (a URL in a message shows it as ***). */
     mo.store = "redis-cluster://alice:hunter2%40x@127.0.0.1:1/x";
     check_rc(upager_map_file(pg, NULL, &mo, &r), -ECONNREFUSED,
              "unreachable, with credentials");
@@ -114,7 +114,8 @@ int main(int argc, char **argv) {
     check_rc(upager_map_file(pg, NULL, &mo, &r), -ENOENT, "missing dataset");
     check_rc(upager_map_fd(pg, 0, &mo, &r), -EINVAL, "fd and store");
 
-    /* list / delete (issue 20, item 8). */
+    /* list shows the dataset, complete and of its size; delete removes
+       it, and a second delete is -ENOENT naming it. */
     char name[64];
     snprintf(name, sizeof name, "c-test-%d", (int)getpid());
     int n = upager_store_list(argv[1], NULL, 0);

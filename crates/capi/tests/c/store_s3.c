@@ -1,4 +1,4 @@
-/* An object of an S3-compatible store from C (issue 31): with opts.store =
+/* An object of an S3-compatible store from C: with opts.store =
  * "s3://BUCKET/KEY", upager_map_file(pager, NULL, opts) maps the object
  * read-only under a budget a quarter of its size (every word right); a
  * writable map is -EROFS, an anonymous region swapping to an object

@@ -1,4 +1,4 @@
-/* umap/umap.h honours UPAGER_FAULT_MODE (issue 12), so an unmodified UMap
+/* umap/umap.h honours UPAGER_FAULT_MODE, so an unmodified UMap
  * program can run in either fault mode: the pager behind umap() takes the
  * mode the variable names (handlers if unset), its faults are counted
  * where that mode takes them, and a value that names no mode makes umap()
@@ -62,7 +62,7 @@ int main(void) {
           upager_last_error());
     CHECK(info.fault_mode == mode, "info %d, mode %d", info.fault_mode, mode);
     /* Unset: handlers, or in-thread with a user-mode-only userfaultfd (an
-     * ordinary user's, issue 28). */
+     * ordinary user's). */
     if (want == -2)
         want = info.user_mode_only ? UPAGER_FAULT_IN_THREAD : UPAGER_FAULT_HANDLERS;
     CHECK(mode == want, "umap pager under UPAGER_FAULT_MODE=%s: mode %d (%s), "

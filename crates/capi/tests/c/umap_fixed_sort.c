@@ -1,4 +1,4 @@
-/* umapsort's multi-file mode through umap/umap.h (issue 15), as umapsort
+/* umapsort's multi-file mode through umap/umap.h, as umapsort
  * does it: umap a 64 MiB base file to get the address range, then map two
  * 32 MiB files of random 64-bit keys with UMAP_FIXED side by side over it
  * (each replaces the regions in its range, as MAP_FIXED does: the base

@@ -1,4 +1,4 @@
-// Umap::SparseStore (issue 15): a region of 8 MiB over a directory of
+// Umap::SparseStore: a region of 8 MiB over a directory of
 // 1 MiB files, buffer 1/8 of it (UMAP_BUFSIZE from the harness). Writing
 // only the first and the sixth MiB creates exactly files 0 and 5 (the
 // store is sparse: files appear where pages were written); after uunmap

@@ -1,4 +1,4 @@
-// A UMap C++ program with its own Umap::Store subclass (issue 15): an
+// A UMap C++ program with its own Umap::Store subclass: an
 // in-memory store counting its calls, mapped with Umap::umap_ex under a
 // buffer of 1/8 of the region (UMAP_BUFSIZE from the harness). Every word
 // reads right, every write reaches the store (after uunmap the store holds

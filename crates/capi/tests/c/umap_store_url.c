@@ -1,5 +1,5 @@
-/* A UMap program's file paged from a store (UPAGER_UMAP_STORE, issue 32:
- * UMap's own programs, bfs among them, unchanged, over a Redis Cluster).
+/* A UMap program's file paged from a store (UPAGER_UMAP_STORE: UMap's own
+ * programs, bfs among them, unchanged, over a Redis Cluster).
  * The file is uploaded with upager_store_load, then replaced by a
  * placeholder of its size (zeros), as a user who keeps the data only on
  * the cluster would. umap() of the placeholder serves the dataset's words,

@@ -1,4 +1,4 @@
-/* Several writers of one file (issue 21, item 2): two pagers of one
+/* Several writers of one file: two pagers of one
  * process map the same file writable and write alternate words of the
  * same folios; after flushes in both orders the file holds both writers'
  * words (twins and diffs), and twins_made / diff_writebacks count them. */
