@@ -89,6 +89,10 @@ pub const CHUNK: u64 = 64 << 10;
 /// Bytes of misses queued for the writer at most; more are not cached.
 pub const QUEUE_BYTES: u64 = 8 << 20;
 
+/// Threads that read a batch's runs from disk at once (each waits on the
+/// disk: a virtio or NVMe disk serves several reads in flight).
+pub const DISK_READERS: usize = 8;
+
 /// Longest a miss waits for room in the writer's queue before its chunks
 /// go uncached.
 pub const QUEUE_WAIT: Duration = Duration::from_millis(100);
@@ -538,8 +542,10 @@ impl CachedStore {
         let t0 = Instant::now();
         let e = &self.entry;
         let mut out: Vec<io::Result<usize>> = Vec::with_capacity(reads.len());
-        // Pieces to fetch: (read index, range in the data, range in its buf).
+        // Ranges to fetch: (read index, from, to) in the data.
         let mut misses: Vec<(usize, u64, u64)> = Vec::new();
+        // Runs on disk: (read index, first chunk, end chunk, from, where to).
+        let mut disk: Vec<(usize, usize, usize, u64, &mut [u8])> = Vec::new();
         for (i, r) in reads.iter_mut().enumerate() {
             let off = r.offset;
             if off >= e.len {
@@ -549,6 +555,7 @@ impl CachedStore {
             let n = (r.buf.len() as u64).min(e.len - off);
             out.push(Ok(n as usize));
             e.refresh((off / CHUNK) as usize, (off + n).div_ceil(CHUNK) as usize);
+            let mut rest: &mut [u8] = &mut r.buf[..n as usize];
             let mut at = off;
             while at < off + n {
                 let c = (at / CHUNK) as usize;
@@ -559,25 +566,27 @@ impl CachedStore {
                     end_c += 1;
                 }
                 let end = (end_c as u64 * CHUNK).min(off + n);
-                let dst = &mut r.buf[(at - off) as usize..(end - off) as usize];
-                let bad = match state {
-                    Held::Disk => e.serve(c, end_c, at, dst),
-                    Held::Queued => e.serve_queued(c, end_c, at, dst),
-                    Held::Absent => (c..end_c).collect(),
-                };
-                // Each chunk not served is fetched (its part of this run).
-                for k in bad {
-                    let a = (k as u64 * CHUNK).max(at);
-                    let b = ((k as u64 + 1) * CHUNK).min(end);
-                    match misses.last_mut() {
-                        Some((j, _, last_b)) if *j == i && *last_b == a => *last_b = b,
-                        _ => misses.push((i, a, b)),
+                let (dst, after) = std::mem::take(&mut rest).split_at_mut((end - at) as usize);
+                rest = after;
+                match state {
+                    Held::Disk => disk.push((i, c, end_c, at, dst)),
+                    Held::Queued => {
+                        let bad = e.serve_queued(c, end_c, at, dst);
+                        add_misses(&mut misses, i, at, end, bad);
                     }
+                    Held::Absent => add_misses(&mut misses, i, at, end, c..end_c),
                 }
                 at = end;
             }
         }
+        // The disk's runs, several at once when a batch has many (a gather's
+        // scattered chunks: each read waits on the disk, not the CPU).
+        let served = e.serve_all(disk);
+        for (i, at, end, bad) in served {
+            add_misses(&mut misses, i, at, end, bad);
+        }
         if !misses.is_empty() {
+            misses.sort_unstable_by_key(|&(i, a, _)| (i, a));
             self.fetch(reads, &misses, &mut out);
         }
         e.counters
@@ -662,6 +671,25 @@ impl CachedStore {
                 }
                 Err(err) => out[i] = Err(err),
             }
+        }
+    }
+}
+
+/// Adds to `misses` the part of `[at, end)` (of read `i`) in each chunk of
+/// `bad`, merged with the range before it where they touch.
+fn add_misses(
+    misses: &mut Vec<(usize, u64, u64)>,
+    i: usize,
+    at: u64,
+    end: u64,
+    bad: impl IntoIterator<Item = usize>,
+) {
+    for k in bad {
+        let a = (k as u64 * CHUNK).max(at);
+        let b = ((k as u64 + 1) * CHUNK).min(end);
+        match misses.last_mut() {
+            Some((j, _, last_b)) if *j == i && *last_b == a => *last_b = b,
+            _ => misses.push((i, a, b)),
         }
     }
 }
@@ -852,6 +880,48 @@ impl Entry {
     /// Whether chunk `c` is present, as this process knows.
     fn present(&self, c: usize) -> bool {
         self.words.get(c).is_some_and(|w| w.load(Relaxed) != 0)
+    }
+
+    /// Serves the runs `disk` (read index, first chunk, end chunk, from,
+    /// where to) from disk, up to [`DISK_READERS`] at once; returns each
+    /// run's read index, range and the chunks that hashed wrong.
+    #[allow(clippy::type_complexity)]
+    fn serve_all(
+        &self,
+        disk: Vec<(usize, usize, usize, u64, &mut [u8])>,
+    ) -> Vec<(usize, u64, u64, Vec<usize>)> {
+        let one = |(i, c, end_c, at, dst): (usize, usize, usize, u64, &mut [u8])| {
+            let end = at + dst.len() as u64;
+            (i, at, end, self.serve(c, end_c, at, dst))
+        };
+        let workers = DISK_READERS.min(disk.len() / 2);
+        if workers <= 1 {
+            return disk.into_iter().map(one).collect();
+        }
+        let tasks = Mutex::new(disk.into_iter());
+        let next = || tasks.lock().unwrap_or_else(|p| p.into_inner()).next();
+        std::thread::scope(|s| {
+            let hands: Vec<_> = (1..workers)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut done = Vec::new();
+                        while let Some(t) = next() {
+                            done.push(one(t));
+                        }
+                        done
+                    })
+                })
+                .collect();
+            let mut done = Vec::new();
+            while let Some(t) = next() {
+                done.push(one(t));
+            }
+            for h in hands {
+                // A panic in a reader is a bug: propagate it.
+                done.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            }
+            done
+        })
     }
 
     /// Takes a job's chunks out of the queue (after their words are set,
