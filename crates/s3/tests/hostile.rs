@@ -662,7 +662,26 @@ fn writeback_case(s: &Server, kind: &str, rounds: u64, every: u64) -> Row {
                     p.listen(true);
                 });
             }
-            r.flush()
+            // Writes while the flush runs (to folios it may be writing
+            // back): they must survive, whatever the flush does.
+            let seed = rng.next();
+            let racing = sc.spawn(move || {
+                let mut g = Rng(seed | 1);
+                (0..6)
+                    .map(|_| {
+                        std::thread::sleep(Duration::from_millis(2));
+                        let i = g.below(w.len() as u64) as usize;
+                        let v = g.next() | 1;
+                        w[i].store(v, Relaxed);
+                        (i, v)
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let res = r.flush();
+            for (i, v) in racing.join().unwrap() {
+                model[i] = v;
+            }
+            res
         });
         row.max_stall = row.max_stall.max(t.elapsed());
         row.calls += 1;
