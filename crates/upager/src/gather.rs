@@ -15,6 +15,11 @@
 //!                slot instead: thp.rs, one flush each; its charge stays)
 //!   5) release   state -> EVICTED/NEVER (wake waiters), budget returned
 //! ```
+//! `finish_batch` drives the batch, one function per step: `protect_batch`
+//! (2), `write_back_batch` (3) and `keep_unwritten` (its failures), then
+//! `clean_batch` for `Writeback`, or `unmap_batch` (4) and `release_batch`
+//! (5). `discard_batch` is `Discard`'s own path.
+//!
 //! `Writeback` (flush, the dirty limit) stops after 3) with the folios CLEAN
 //! and resident; `Discard` skips 2)–3) (the contents are dropped) and frees
 //! swap slots after punching them. Clean victims skip 2)–3): a CLEAN folio
@@ -212,55 +217,42 @@ impl<'a> Gather<'a> {
 
 /// Runs victims through protect → write back → unmap → release (or, for
 /// [`Mode::Writeback`], protect → write back → CLEAN). Returns the folios
-/// evicted (or cleaned) and the first write error (the failed folios stay
-/// resident and dirty).
+/// evicted (or cleaned) and the first error: a span the kernel refused to
+/// protect, then a failed write (the failed folios stay resident and dirty).
+///
+/// The stages run in the module's order, each over the whole batch, each
+/// only after the one before it has finished: 4) must not unmap a folio
+/// whose write 3) has not completed, and 3) must not copy a folio 2) has
+/// not protected.
 fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Option<io::Error>) {
     victims.sort_unstable_by_key(|v| (v.region.id, v.idx));
     let mut first_err: Option<io::Error> = None;
+    // 2) protect
+    let unprotected = protect_batch(sh, &victims, &mut first_err);
+    // 3) write back
+    let written = write_back_batch(sh, &victims, &unprotected, &mut first_err);
+    let kept = keep_unwritten(sh, victims, &unprotected, written);
+    if mode == Mode::Writeback {
+        return (clean_batch(sh, kept), first_err);
+    }
+    // 4) unmap
+    let unmapped = unmap_batch(sh, kept);
+    // 5) release
+    (release_batch(sh, unmapped, mode), first_err)
+}
 
-    // 2) protect: one write-protect per span of dirty victims. A span the
-    // kernel refused to protect may still be writable: its dirty victims
-    // are not written back (a store could land after the copy was taken)
-    // and stay resident and DIRTY (`unprotected`), and the batch reports
-    // the refusal as its error (a flush must not say Ok over them).
+/// Protect (step 2): one write-protect per span of dirty victims, region by
+/// region. A span the kernel refused to protect may still be writable: its
+/// dirty victims are not written back (a store could land after the copy
+/// was taken) and stay resident and DIRTY; they are `true` in the returned
+/// vector (by position in `victims`), and the batch reports the refusal as
+/// its error (a flush must not say Ok over them).
+fn protect_batch(sh: &Shared, victims: &[Victim], first_err: &mut Option<io::Error>) -> Vec<bool> {
     let mut unprotected = vec![false; victims.len()];
     let mut at = 0;
     for group in victims.chunk_by(|a, b| a.region.id == b.region.id) {
         let r = &group[0].region;
-        let mut span: Option<(usize, usize)> = None;
-        let mut refused: Vec<(usize, usize)> = Vec::new();
-        let mut spans: Vec<(usize, usize)> = Vec::new();
-        for v in group.iter().filter(|v| v.old.kind() == Kind::Dirty) {
-            // A span also protects the folios in its gaps; a pinned one must
-            // stay writable (a system call may be writing into it in
-            // in-thread mode, where a write-protected page gives EFAULT), so
-            // a pinned folio in a gap ends the span.
-            let gap_pinned =
-                |e: usize| (e + 1..v.idx).any(|i| folio::load(r.state(i)).has(folio::PINNED));
-            span = match span {
-                Some((s, e))
-                    if ((v.idx - e) as u64) * r.folio <= WP_SPAN_GAP_BYTES && !gap_pinned(e) =>
-                {
-                    Some((s, v.idx))
-                }
-                Some((s, e)) => {
-                    if let Err(err) = write_protect(sh, r, s, e) {
-                        refused.push((s, e));
-                        first_err.get_or_insert(err);
-                    }
-                    spans.push((s, e));
-                    Some((v.idx, v.idx))
-                }
-                None => Some((v.idx, v.idx)),
-            };
-        }
-        if let Some((s, e)) = span {
-            if let Err(err) = write_protect(sh, r, s, e) {
-                refused.push((s, e));
-                first_err.get_or_insert(err);
-            }
-            spans.push((s, e));
-        }
+        let (spans, refused) = protect_dirty_spans(sh, r, group, first_err);
         for (k, v) in group.iter().enumerate() {
             if v.old.kind() == Kind::Dirty && refused.iter().any(|&(s, e)| (s..=e).contains(&v.idx))
             {
@@ -270,166 +262,318 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         unprotect_pinned(sh, r, group, &spans);
         at += group.len();
     }
+    unprotected
+}
 
-    // 3) write back dirty victims: per region, its writes (runs of
-    // consecutive folios; one per folio for swap slots) go to its store
-    // together, and every one has completed when write_batch returns.
-    let mut failed = vec![false; victims.len()];
-    let mut new_slots: Vec<Option<u32>> = vec![None; victims.len()];
-    let mut i = 0;
-    while i < victims.len() {
-        let r = Arc::clone(&victims[i].region);
-        let mut j = i;
-        while j < victims.len() && victims[j].region.id == r.id {
-            j += 1;
+/// Spans of folios `[first, last]` of one region.
+type Spans = Vec<(usize, usize)>;
+
+/// Write-protects the dirty victims of `group` (victims of region `r`), one
+/// call per span (see [`WP_SPAN_GAP_BYTES`]). Returns the spans protected
+/// and those of them the kernel refused (its first error in `first_err`).
+fn protect_dirty_spans(
+    sh: &Shared,
+    r: &Area,
+    group: &[Victim],
+    first_err: &mut Option<io::Error>,
+) -> (Spans, Spans) {
+    let mut span: Option<(usize, usize)> = None;
+    let mut refused: Spans = Vec::new();
+    let mut spans: Spans = Vec::new();
+    let mut protect = |(s, e): (usize, usize)| {
+        if let Err(err) = write_protect(sh, r, s, e) {
+            refused.push((s, e));
+            first_err.get_or_insert(err);
         }
-        if r.is_anon() {
-            // Swap: give every dirty victim of this region without a slot
-            // one, under a single lock acquisition (seed 003).
-            let need: Vec<usize> = (i..j)
-                .filter(|&k| {
-                    victims[k].old.kind() == Kind::Dirty
-                        && !unprotected[k]
-                        && victims[k].old.slot().is_none()
-                })
-                .collect();
-            if !need.is_empty() {
-                let pool = r.slots.as_ref().expect("anonymous region has slots");
-                let before = pool.acquisitions();
-                let slots = pool.alloc(need.len(), sh.cfg.batched_removal);
-                sh.counters
-                    .reclaim_lock_acquisitions
-                    .add(pool.acquisitions() - before);
-                for (k, s) in need.into_iter().zip(slots) {
-                    new_slots[k] = Some(s);
-                }
-            }
-        }
-        // `runs[n]`: the victims `[a, b)` and bytes of `writes[n]`.
-        let mut writes: Vec<Write<'_>> = Vec::new();
-        let mut runs: Vec<(usize, usize, u64)> = Vec::new();
-        let mut k = i;
-        while k < j {
-            let v = &victims[k];
-            if v.old.kind() != Kind::Dirty || unprotected[k] {
-                k += 1;
-                continue;
-            }
-            if r.is_anon() {
-                let slot = new_slots[k].or(v.old.slot()).expect("slot assigned");
-                writes.push(Write {
-                    src: r.src(v.idx, r.folio),
-                    offset: u64::from(slot) * r.folio,
-                });
-                runs.push((k, k + 1, r.folio));
-                k += 1;
-                continue;
-            }
-            let off = r.store_offset(v.idx, v.old).expect("file offset");
-            if r.twins.has(v.idx) {
-                // Its file has several writers: only what this region
-                // changed goes back, merged into the file (twins.rs).
-                let res = sh.write_back_diff(&r, v.idx, off);
-                let bytes = *res.as_ref().unwrap_or(&0);
-                account_write(
-                    sh,
-                    &r,
-                    &mut failed[k..k + 1],
-                    res.map(|_| ()),
-                    bytes,
-                    &mut first_err,
-                );
-                k += 1;
-                continue;
-            }
-            if v.old.has(folio::PARTIAL) {
-                // Dirty in part: its one written page goes back alone (the
-                // rest is write-protected, as the store has it).
-                let (at, bytes) = r.partial_span(v.idx);
-                writes.push(Write {
-                    src: r.src_at(v.idx, at, bytes),
-                    offset: off + at,
-                });
-                runs.push((k, k + 1, bytes));
-                k += 1;
-                continue;
-            }
-            let mut e = k + 1;
-            while e < j
-                && victims[e].old.wholly_dirty()
-                && !unprotected[e]
-                && victims[e].idx == victims[e - 1].idx + 1
-                && !r.twins.has(victims[e].idx)
+        spans.push((s, e));
+    };
+    for v in group.iter().filter(|v| v.old.kind() == Kind::Dirty) {
+        // A span also protects the folios in its gaps; a pinned one must
+        // stay writable (a system call may be writing into it in
+        // in-thread mode, where a write-protected page gives EFAULT), so
+        // a pinned folio in a gap ends the span.
+        let gap_pinned =
+            |e: usize| (e + 1..v.idx).any(|i| folio::load(r.state(i)).has(folio::PINNED));
+        span = match span {
+            Some((s, e))
+                if ((v.idx - e) as u64) * r.folio <= WP_SPAN_GAP_BYTES && !gap_pinned(e) =>
             {
-                e += 1;
+                Some((s, v.idx))
             }
-            let (first, last) = (v.idx, victims[e - 1].idx);
-            let bytes = ((last - first) as u64 * r.folio) + r.valid_len(last);
-            writes.push(Write {
-                src: r.src(first, bytes),
-                offset: off,
-            });
-            runs.push((k, e, bytes));
-            k = e;
-        }
-        if !writes.is_empty() {
-            let results = write_back(sh, &r, &writes);
-            for ((a, b, bytes), res) in runs.into_iter().zip(results) {
-                account_write(sh, &r, &mut failed[a..b], res, bytes, &mut first_err);
+            Some(done) => {
+                protect(done);
+                Some((v.idx, v.idx))
             }
+            None => Some((v.idx, v.idx)),
+        };
+    }
+    if let Some(last) = span {
+        protect(last);
+    }
+    (spans, refused)
+}
+
+/// What 3) did to each victim of a batch, by position.
+struct Written {
+    /// Its write-back failed: it stays resident and DIRTY.
+    failed: Vec<bool>,
+    /// The swap slot it was given for its write-back (anonymous regions).
+    new_slots: Vec<Option<u32>>,
+}
+
+/// Write back (step 3) the dirty, protected victims: per region, its writes (runs
+/// of consecutive folios; one per folio for swap slots) go to its store
+/// together, and every one has completed when this returns.
+fn write_back_batch(
+    sh: &Shared,
+    victims: &[Victim],
+    unprotected: &[bool],
+    first_err: &mut Option<io::Error>,
+) -> Written {
+    let mut out = Written {
+        failed: vec![false; victims.len()],
+        new_slots: vec![None; victims.len()],
+    };
+    let mut i = 0;
+    for group in victims.chunk_by(|a, b| a.region.id == b.region.id) {
+        let j = i + group.len();
+        let r = &group[0].region;
+        if r.is_anon() {
+            alloc_swap_slots(sh, r, group, &unprotected[i..j], &mut out.new_slots[i..j]);
         }
+        write_back_region(
+            sh,
+            r,
+            group,
+            &unprotected[i..j],
+            &out.new_slots[i..j],
+            &mut out.failed[i..j],
+            first_err,
+        );
         i = j;
     }
+    out
+}
 
-    // Failed write-backs stay resident and dirty (their pages may stay
-    // write-protected: the next write faults and unprotects them).
+/// Swap: gives every dirty, protected victim of `group` (victims of the
+/// anonymous region `r`) without a slot one, under a single lock
+/// acquisition (the batched slot allocation, seed 003).
+fn alloc_swap_slots(
+    sh: &Shared,
+    r: &Area,
+    group: &[Victim],
+    unprotected: &[bool],
+    new_slots: &mut [Option<u32>],
+) {
+    let need: Vec<usize> = (0..group.len())
+        .filter(|&k| {
+            group[k].old.kind() == Kind::Dirty && !unprotected[k] && group[k].old.slot().is_none()
+        })
+        .collect();
+    if need.is_empty() {
+        return;
+    }
+    let pool = r.slots.as_ref().expect("anonymous region has slots");
+    let before = pool.acquisitions();
+    let slots = pool.alloc(need.len(), sh.cfg.batched_removal);
+    sh.counters
+        .reclaim_lock_acquisitions
+        .add(pool.acquisitions() - before);
+    for (k, s) in need.into_iter().zip(slots) {
+        new_slots[k] = Some(s);
+    }
+}
+
+/// Writes back the dirty, protected victims of `group` (victims of region
+/// `r`; the other slices are theirs, by position): a folio with a twin at
+/// once, as a diff; the others as one [`write_back`] of every run (swap:
+/// every folio). Marks the folios whose write failed in `failed`.
+fn write_back_region(
+    sh: &Shared,
+    r: &Area,
+    group: &[Victim],
+    unprotected: &[bool],
+    new_slots: &[Option<u32>],
+    failed: &mut [bool],
+    first_err: &mut Option<io::Error>,
+) {
+    // `runs[n]`: the victims `[a, b)` and bytes of `writes[n]`.
+    let mut writes: Vec<Write<'_>> = Vec::new();
+    let mut runs: Vec<(usize, usize, u64)> = Vec::new();
+    let mut k = 0;
+    while k < group.len() {
+        let v = &group[k];
+        if v.old.kind() != Kind::Dirty || unprotected[k] {
+            k += 1;
+            continue;
+        }
+        if r.is_anon() {
+            let slot = new_slots[k].or(v.old.slot()).expect("slot assigned");
+            writes.push(Write {
+                src: r.src(v.idx, r.folio),
+                offset: u64::from(slot) * r.folio,
+            });
+            runs.push((k, k + 1, r.folio));
+            k += 1;
+            continue;
+        }
+        let off = r.store_offset(v.idx, v.old).expect("file offset");
+        if r.twins.has(v.idx) {
+            // Its file has several writers: only what this region
+            // changed goes back, merged into the file (twins.rs).
+            let (res, bytes) = match sh.write_back_diff(r, v.idx, off) {
+                Ok(n) => (Ok(()), n),
+                Err(e) => (Err(e), 0),
+            };
+            account_write(sh, r, &mut failed[k..k + 1], res, bytes, first_err);
+            k += 1;
+            continue;
+        }
+        if v.old.has(folio::PARTIAL) {
+            // Dirty in part: its one written page goes back alone (the
+            // rest is write-protected, as the store has it).
+            let (at, bytes) = r.partial_span(v.idx);
+            writes.push(Write {
+                src: r.src_at(v.idx, at, bytes),
+                offset: off + at,
+            });
+            runs.push((k, k + 1, bytes));
+            k += 1;
+            continue;
+        }
+        let mut e = k + 1;
+        while e < group.len()
+            && group[e].old.wholly_dirty()
+            && !unprotected[e]
+            && group[e].idx == group[e - 1].idx + 1
+            && !r.twins.has(group[e].idx)
+        {
+            e += 1;
+        }
+        let (first, last) = (v.idx, group[e - 1].idx);
+        let bytes = ((last - first) as u64 * r.folio) + r.valid_len(last);
+        writes.push(Write {
+            src: r.src(first, bytes),
+            offset: off,
+        });
+        runs.push((k, e, bytes));
+        k = e;
+    }
+    if !writes.is_empty() {
+        let results = write_back(sh, r, &writes);
+        for ((a, b, bytes), res) in runs.into_iter().zip(results) {
+            account_write(sh, r, &mut failed[a..b], res, bytes, first_err);
+        }
+    }
+}
+
+/// After 3): victims whose write-back failed, or whose span was refused
+/// protection, go back resident and DIRTY (their pages may stay
+/// write-protected: the next write faults and unprotects them), their new
+/// swap slot freed. Returns the others, each with its new slot.
+fn keep_unwritten(
+    sh: &Shared,
+    victims: Vec<Victim>,
+    unprotected: &[bool],
+    written: Written,
+) -> Vec<(Victim, Option<u32>)> {
+    let Written { failed, new_slots } = written;
     let mut kept = Vec::with_capacity(victims.len());
     for (k, v) in victims.into_iter().enumerate() {
         if failed[k] || unprotected[k] {
             if let Some(s) = new_slots[k] {
                 v.region.slots.as_ref().expect("anon").free(&[s], true);
             }
-            // Resident and dirty again, and back on the LRU if isolation
-            // took it off, so a later batch retries it.
-            v.region
-                .trace
-                .record(v.idx, Path::KeptDirty, Kind::Busy, Kind::Dirty);
-            let prev = folio::release(v.region.state(v.idx), |s| {
-                s.with_kind(Kind::Dirty)
-                    .with_slot(v.old.slot())
-                    .set(QUEUED, true)
-            });
-            sh.wake_if_waiter(&v.region, v.idx, prev);
-            if !prev.has(QUEUED) {
-                sh.lru.add(&v.region, &[(v.idx, false)]);
-            }
+            // Back on the LRU if isolation took it off, so a later batch
+            // retries it.
+            requeue(sh, &v, Path::KeptDirty, Kind::Dirty, v.old.slot());
         } else {
             kept.push((v, new_slots[k]));
         }
     }
+    kept
+}
 
-    if mode == Mode::Writeback {
-        let n = kept.len();
-        for (v, _) in kept {
-            if v.old.kind() == Kind::Dirty {
-                sh.dirty_sub(&v.region, 1);
-            }
-            v.region
-                .trace
-                .record(v.idx, Path::Cleaned, Kind::Busy, Kind::Clean);
-            let prev = folio::release(v.region.state(v.idx), |s| s.with_kind(Kind::Clean));
-            sh.wake_if_waiter(&v.region, v.idx, prev);
-        }
-        return (n, first_err);
+/// Releases a claimed victim resident, as `kind` with swap slot `slot`, and
+/// puts it back on the LRU unless it is still queued there.
+fn requeue(sh: &Shared, v: &Victim, path: Path, kind: Kind, slot: Option<u32>) {
+    v.region.trace.record(v.idx, path, Kind::Busy, kind);
+    let prev = folio::release(v.region.state(v.idx), |s| {
+        s.with_kind(kind).with_slot(slot).set(QUEUED, true)
+    });
+    sh.wake_if_waiter(&v.region, v.idx, prev);
+    if !prev.has(QUEUED) {
+        sh.lru.add(&v.region, &[(v.idx, false)]);
     }
+}
 
-    // 4) unmap: one process_madvise per ≤ 1024 merged ranges. A huge page
-    // moved in whole is moved out into a free staging slot instead (thp.rs:
-    // recycled, not freed; its charge stays, as the staged page's).
-    // A huge run of a region of smaller folios (mixed folio sizes) is
-    // recycled the same way when the batch holds all its folios (`kept` is
-    // sorted and distinct: its first and last suffice); evicted in part,
-    // it is no longer one PMD.
+/// [`Mode::Writeback`]'s end, after 3): the written victims stay resident,
+/// CLEAN. Returns how many.
+fn clean_batch(sh: &Shared, kept: Vec<(Victim, Option<u32>)>) -> usize {
+    let n = kept.len();
+    for (v, _) in kept {
+        if v.old.kind() == Kind::Dirty {
+            sh.dirty_sub(&v.region, 1);
+        }
+        v.region
+            .trace
+            .record(v.idx, Path::Cleaned, Kind::Busy, Kind::Clean);
+        let prev = folio::release(v.region.state(v.idx), |s| s.with_kind(Kind::Clean));
+        sh.wake_if_waiter(&v.region, v.idx, prev);
+    }
+    n
+}
+
+/// What 4) leaves for 5).
+struct Unmapped {
+    /// The victims unmapped (or recycled), each with its new swap slot.
+    gone: Vec<(Victim, Option<u32>)>,
+    /// Huge runs moved out into staging slots (their charge stays).
+    recycled: u64,
+    /// Whole huge runs among them.
+    huge: u64,
+}
+
+/// Unmap (step 4): one process_madvise per ≤ 1024 merged ranges. A huge page
+/// moved in whole is moved out into a free staging slot instead (thp.rs:
+/// recycled, not freed; its charge stays, as the staged page's).
+/// Folios the kernel did not unmap are still mapped, write-protected and
+/// written back: they stay resident, CLEAN (never released, or a later
+/// refill would copy over a live page and the budget would lie).
+fn unmap_batch(sh: &Shared, kept: Vec<(Victim, Option<u32>)>) -> Unmapped {
+    let (ranges, recycled, huge) = unmap_ranges(sh, &kept);
+    let not_unmapped = dontneed_ranges(sh, &ranges);
+    drop(ranges);
+    let (gone, stayed): (Vec<_>, Vec<_>) = kept.into_iter().partition(|(v, _)| {
+        let a = v.region.folio_addr(v.idx);
+        !not_unmapped
+            .iter()
+            .any(|&(at, len)| at <= a && a < at + len)
+    });
+    for (v, new_slot) in stayed {
+        if v.old.kind() == Kind::Dirty {
+            sh.dirty_sub(&v.region, 1);
+        }
+        let slot = new_slot.or(v.old.slot());
+        requeue(sh, &v, Path::Cleaned, Kind::Clean, slot);
+    }
+    Unmapped {
+        gone,
+        recycled,
+        huge,
+    }
+}
+
+/// The ranges `kept` (sorted and distinct) unmap, merged, after moving its
+/// PMD-mapped huge runs out into staging slots. A huge run of a region of
+/// smaller folios (mixed folio sizes) is recycled the same way when the
+/// batch holds all its folios (its first and last suffice); evicted in
+/// part, it is no longer one PMD. Returns the ranges, the runs recycled and
+/// the whole huge runs met.
+fn unmap_ranges<'a>(
+    sh: &Shared,
+    kept: &'a [(Victim, Option<u32>)],
+) -> (Vec<MapRange<'a>>, u64, u64) {
     let mut ranges: Vec<MapRange<'_>> = Vec::with_capacity(kept.len());
     let mut recycled = 0u64;
     let mut huge = 0u64;
@@ -474,6 +618,12 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
             ranges.push(span);
         }
     }
+    (ranges, recycled, huge)
+}
+
+/// MADV_DONTNEEDs `ranges`, one process_madvise (one flush) per ≤ 1024.
+/// Returns the `(address, length)` of what the kernel left mapped.
+fn dontneed_ranges(sh: &Shared, ranges: &[MapRange<'_>]) -> Vec<(u64, u64)> {
     let mut not_unmapped: Vec<(u64, u64)> = Vec::new();
     for chunk in ranges.chunks(MAX_IOV) {
         // One flush per process_madvise; one per range without it.
@@ -483,7 +633,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         let mut rest = chunk;
         // process_madvise advises the ranges in order and returns the bytes
         // it advised: a short count leaves the tail. Retry it once; what the
-        // kernel still refuses stays resident (below).
+        // kernel still refuses stays resident.
         for attempt in 0..2 {
             let want: u64 = rest.iter().map(MapRange::len).sum();
             let got = match sh.pidfd.dontneed(rest) {
@@ -512,39 +662,24 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         }
         not_unmapped.extend(rest.iter().map(|m| (m.addr(), m.len())));
     }
-    drop(ranges);
-    // Folios the kernel did not unmap are still mapped, write-protected and
-    // written back: they stay resident, CLEAN (never released, or a later
-    // refill would copy over a live page and the budget would lie).
-    let (kept, stayed): (Vec<_>, Vec<_>) = kept.into_iter().partition(|(v, _)| {
-        let a = v.region.folio_addr(v.idx);
-        !not_unmapped
-            .iter()
-            .any(|&(at, len)| at <= a && a < at + len)
-    });
-    for (v, new_slot) in stayed {
-        if v.old.kind() == Kind::Dirty {
-            sh.dirty_sub(&v.region, 1);
-        }
-        let slot = new_slot.or(v.old.slot());
-        v.region
-            .trace
-            .record(v.idx, Path::Cleaned, Kind::Busy, Kind::Clean);
-        let prev = folio::release(v.region.state(v.idx), |s| {
-            s.with_kind(Kind::Clean).with_slot(slot).set(QUEUED, true)
-        });
-        sh.wake_if_waiter(&v.region, v.idx, prev);
-        if !prev.has(QUEUED) {
-            sh.lru.add(&v.region, &[(v.idx, false)]);
-        }
-    }
+    not_unmapped
+}
 
-    // 5) release: EVICTED (or NEVER for never-written anonymous folios).
-    let pages: u64 = kept.iter().map(|(v, _)| v.region.folio / 4096).sum();
+/// Release (step 5): the unmapped victims become EVICTED (or NEVER for
+/// never-written anonymous folios), their budget returns (but a recycled
+/// huge run's, which stays with its staging slot), and the batch is
+/// counted. Returns the folios evicted.
+fn release_batch(sh: &Shared, unmapped: Unmapped, mode: Mode) -> usize {
+    let Unmapped {
+        gone,
+        recycled,
+        mut huge,
+    } = unmapped;
+    let pages: u64 = gone.iter().map(|(v, _)| v.region.folio / 4096).sum();
     let seq_end = sh.evict_seq.fetch_add(pages, Ordering::Relaxed) + pages;
     let mut bytes = 0u64;
-    let n = kept.len();
-    for (v, new_slot) in kept {
+    let n = gone.len();
+    for (v, new_slot) in gone {
         bytes += v.region.folio;
         huge += u64::from(v.region.folio == crate::thp::HUGE);
         evict_one(sh, &v, new_slot, seq_end);
@@ -560,7 +695,7 @@ fn finish_batch(sh: &Shared, mut victims: Vec<Victim>, mode: Mode) -> (usize, Op
         Mode::Pageout => sh.counters.evict_pageout.add(n as u64),
         Mode::Writeback | Mode::Discard => {}
     }
-    (n, first_err)
+    n
 }
 
 /// Final state of one evicted folio.
