@@ -33,6 +33,10 @@
 //!    upload hash it owns (the dataset disappears at once), removes the
 //!    chunks, then the hash. An interrupted delete leaves an incomplete
 //!    dataset, which a second delete finishes.
+//!
+//! Uses: `reply`, `store` (its keys, its connection and its chunks), `url`.
+//! The store never uses this module: creating and deleting a dataset
+//! ([`RedisStore::create`], [`RedisStore::delete`]) are defined here.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -41,7 +45,10 @@ use std::sync::Arc;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
 
-use crate::store::{meta_key, OpenError, RedisOptions, RedisStore, StoreError};
+use crate::reply::{bad_reply, text, texts};
+use crate::store::{
+    meta_key, trace_key, upload_key, OpenError, RedisOptions, RedisStore, StoreError,
+};
 use crate::url::StoreUrl;
 
 /// An upload whose heartbeat is older than this (seconds) is taken to be
@@ -51,11 +58,6 @@ pub const STALE_SECS: u64 = 60;
 
 /// Chunks removed per step of a delete (one pipeline per node each).
 const DELETE_STEP: u64 = 4096;
-
-/// The upload hash of dataset `name`.
-pub(crate) fn upload_key(name: &str) -> String {
-    format!("upager:{{{name}}}:upload")
-}
 
 /// Claims `KEYS[1]` (upload) unless `KEYS[2]` (meta) exists or a live
 /// upload holds it. ARGV: token, len, chunk, stale seconds. Replies
@@ -146,26 +148,6 @@ fn token() -> String {
         std::process::id(),
         N.fetch_add(1, Relaxed)
     )
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-pub(crate) fn texts(v: &Value) -> Vec<String> {
-    match v {
-        Value::Array(a) => a.iter().map(|x| text(x).unwrap_or_default()).collect(),
-        v => text(v).into_iter().collect(),
-    }
-}
-
-pub(crate) fn bad_reply(what: &str, v: &Value) -> io::Error {
-    io::Error::other(format!("redis: unexpected reply {v:?} to {what}"))
 }
 
 /// An upload in progress: the claimed name and the store its chunks go to.
@@ -407,7 +389,7 @@ pub fn delete(
     // Its warm-start trace goes with it (before the record: a delete that
     // stops here is finished by the next one).
     up.store
-        .command(redis::cmd("UNLINK").arg(crate::store::trace_key(up.store.name())))
+        .command(redis::cmd("UNLINK").arg(trace_key(up.store.name())))
         .map_err(del_err)?;
     up.script(RELEASE, false).map_err(del_err)?;
     Ok(DatasetInfo {
@@ -420,6 +402,33 @@ pub fn delete(
 }
 
 impl RedisStore {
+    /// Creates the empty dataset (all zeros) of `len` bytes in chunks of
+    /// `chunk` bytes that the URL names; fails if it exists (or an upload
+    /// of it runs). Visible at once, complete: its metadata is published
+    /// as an upload's is (see the `dataset` module).
+    pub fn create(
+        url: &StoreUrl,
+        len: u64,
+        chunk: u64,
+        opts: &RedisOptions,
+    ) -> Result<Arc<RedisStore>, OpenError> {
+        let up = Upload::begin(url, len, chunk, opts)?;
+        up.finish().map_err(|source| OpenError::Redis {
+            addrs: url.addresses(),
+            source,
+        })?;
+        Ok(Arc::clone(&up.store))
+    }
+
+    /// Removes the dataset: hidden first, then every chunk key, then its
+    /// metadata (see [`crate::delete`]); swap space: its keys.
+    pub fn delete(self: &Arc<Self>) -> Result<(), StoreError> {
+        if self.is_swap() {
+            return self.delete_swap();
+        }
+        delete(&self.dataset_url(), self.options(), &mut |_, _| {}).map(|_| ())
+    }
+
     /// Chunks `[first, end)` of this store's name removed (pipelined per
     /// node); `progress(done)` after each step.
     pub(crate) fn remove_chunks(
@@ -476,18 +485,5 @@ impl RedisStore {
         out.sort();
         out.dedup();
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn upload_hash_shares_the_metadata_slot() {
-        use crate::store::{meta_key, slot};
-        assert_eq!(
-            slot(super::upload_key("d").as_bytes()),
-            slot(meta_key("d").as_bytes())
-        );
-        assert_eq!(super::upload_key("d"), "upager:{d}:upload");
     }
 }

@@ -33,6 +33,7 @@
 
 pub mod dataset;
 mod errno;
+mod reply;
 pub mod store;
 pub mod url;
 
@@ -266,4 +267,40 @@ pub fn map_anonymous(
     let st = RedisStore::swap(url, folio, ropts)?;
     let opts = opts.clone().folio(folio);
     Ok(pager.map_anonymous_on(st as Arc<dyn upager::Store>, len, &opts)?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The crate's modules, lowest layer first: each may use only the ones
+    /// before it (the facade, this file, uses them all).
+    const LAYERS: &[&str] = &["reply", "url", "store", "dataset", "errno"];
+
+    /// The names `src` uses as `crate::NAME`, comments left out (a name
+    /// re-exported by this file, `crate::OpenError`, is among them too).
+    fn crate_paths(src: &str) -> impl Iterator<Item = &str> {
+        src.lines()
+            .map(|line| line.split("//").next().unwrap_or(""))
+            .flat_map(|code| code.split("crate::").skip(1))
+            .filter_map(|path| {
+                path.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .next()
+            })
+    }
+
+    /// A module uses only modules listed before it in [`LAYERS`], so the
+    /// store and the dataset layer cannot import each other again.
+    #[test]
+    fn modules_depend_one_way() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        for (pos, m) in LAYERS.iter().enumerate() {
+            let src = std::fs::read_to_string(format!("{dir}/{m}.rs")).unwrap();
+            let later: Vec<&str> = crate_paths(&src)
+                .filter(|used| LAYERS[pos..].contains(used))
+                .collect();
+            assert!(
+                later.is_empty(),
+                "{m} uses {later:?}, at or after it in {LAYERS:?}: move the code, not both ways"
+            );
+        }
+    }
 }

@@ -46,6 +46,10 @@
 //! hash tag `{NAME/G}` puts 64 consecutive chunks in one slot, so a
 //! readahead run goes to one node in one round trip, while successive runs
 //! spread over the nodes.
+//! Beside the metadata, in its slot: the upload hash `upager:{NAME}:upload`
+//! while an upload or a delete holds the name (the `dataset` module's
+//! protocol) and the warm-start trace `upager:{NAME}:trace`. The key
+//! functions are here, with the layout; the dataset module uses them.
 //!
 //! Batching: `read_at` of several chunks, `read_batch` and `write_batch`
 //! group their chunks by the master that owns their slot and send each
@@ -54,6 +58,9 @@
 //!
 //! Connections: a pool of sync `ClusterConnection`s (the engine calls the
 //! store from several threads at once), one taken per operation.
+//!
+//! Uses: `reply`, `url`. The `dataset` module uses this one, never the
+//! other way: the store knows a dataset only by its key layout.
 
 use std::collections::HashMap;
 use std::io;
@@ -66,6 +73,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionLike, Value};
 use upager::{ReadReq, Src, Store, Write, Written};
 
+use crate::reply::{bad_reply, texts};
 use crate::url::{Password, StoreUrl};
 
 /// Chunks per hash tag: a run of this many consecutive chunks lives on one
@@ -406,6 +414,12 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 /// metadata: the same slot).
 pub(crate) fn trace_key(name: &str) -> String {
     format!("upager:{{{name}}}:trace")
+}
+
+/// The upload hash of dataset `name` (same hash tag as its metadata: the
+/// `RENAME` that publishes it stays in one slot).
+pub(crate) fn upload_key(name: &str) -> String {
+    format!("upager:{{{name}}}:upload")
 }
 
 pub(crate) fn meta_key(name: &str) -> String {
@@ -751,7 +765,7 @@ impl RedisStore {
             Err(e) => return Err(e),
             Ok(None) => {
                 let partial = st
-                    .command(redis::cmd("EXISTS").arg(crate::dataset::upload_key(&name)))
+                    .command(redis::cmd("EXISTS").arg(upload_key(&name)))
                     .map_err(|source| OpenError::Redis {
                         addrs: url.addresses(),
                         source,
@@ -772,24 +786,6 @@ impl RedisStore {
         st.chunk = chunk;
         st.high.store(len.div_ceil(chunk), Relaxed);
         Ok(Arc::new(st))
-    }
-
-    /// Creates the empty dataset (all zeros) of `len` bytes in chunks of
-    /// `chunk` bytes that the URL names; fails if it exists (or an upload
-    /// of it runs). Visible at once, complete: its metadata is published
-    /// as an upload's is (see the `dataset` module).
-    pub fn create(
-        url: &StoreUrl,
-        len: u64,
-        chunk: u64,
-        opts: &RedisOptions,
-    ) -> Result<Arc<RedisStore>, OpenError> {
-        let up = crate::dataset::Upload::begin(url, len, chunk, opts)?;
-        up.finish().map_err(|source| OpenError::Redis {
-            addrs: url.addresses(),
-            source,
-        })?;
-        Ok(Arc::clone(&up.store))
     }
 
     /// A writable store of the dataset `url` names (`len` bytes in chunks
@@ -907,17 +903,23 @@ impl RedisStore {
         }
     }
 
-    /// Removes the dataset: hidden first, then every chunk key, then its
-    /// metadata (see [`crate::delete`]); swap space: its keys.
-    pub fn delete(self: &Arc<Self>) -> Result<(), StoreError> {
-        if self.swap {
-            return self.delete_keys().map_err(|source| StoreError::Delete {
-                name: self.name.clone(),
-                source,
-            });
-        }
-        crate::dataset::delete(&self.url.with_name(&self.name), &self.opts, &mut |_, _| {})
-            .map(|_| ())
+    /// Whether this is anonymous swap space (no dataset: no metadata).
+    pub(crate) fn is_swap(&self) -> bool {
+        self.swap
+    }
+
+    /// The URL of this store's dataset (its cluster, and its name).
+    pub(crate) fn dataset_url(&self) -> StoreUrl {
+        self.url.with_name(&self.name)
+    }
+
+    /// Removes swap space's keys (what [`RedisStore::delete`] does for
+    /// swap space).
+    pub(crate) fn delete_swap(&self) -> Result<(), StoreError> {
+        self.delete_keys().map_err(|source| StoreError::Delete {
+            name: self.name.clone(),
+            source,
+        })
     }
 
     fn delete_keys(&self) -> io::Result<()> {
@@ -1677,20 +1679,20 @@ impl Store for RedisStore {
         let v = self
             .command(redis::cmd("HGET").arg(meta_key(&self.name)).arg("owner"))
             .ok()?;
-        let owner = crate::dataset::texts(&v).into_iter().next()?;
+        let owner = texts(&v).into_iter().next()?;
         Some(upager::trace_version_of(&owner))
     }
     fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {
         match self.command(redis::cmd("GET").arg(trace_key(&self.name)))? {
             Value::BulkString(b) => Ok(Some(b)),
             Value::Nil => Ok(None),
-            v => Err(crate::dataset::bad_reply("GET of the trace", &v)),
+            v => Err(bad_reply("GET of the trace", &v)),
         }
     }
     fn save_trace(&self, trace: &[u8]) -> io::Result<()> {
         match self.command(redis::cmd("SET").arg(trace_key(&self.name)).arg(trace))? {
             Value::Okay | Value::SimpleString(_) => Ok(()),
-            v => Err(crate::dataset::bad_reply("SET of the trace", &v)),
+            v => Err(bad_reply("SET of the trace", &v)),
         }
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
@@ -1832,5 +1834,14 @@ mod tests {
         assert!(firsts.len() > 4, "runs land on different slots: {firsts:?}");
         assert_eq!(chunk_key("d", 130), "upager:{d/2}:130");
         assert_eq!(meta_key("d"), "upager:{d}:meta");
+    }
+
+    #[test]
+    fn upload_hash_shares_the_metadata_slot() {
+        assert_eq!(
+            slot(upload_key("d").as_bytes()),
+            slot(meta_key("d").as_bytes())
+        );
+        assert_eq!(upload_key("d"), "upager:{d}:upload");
     }
 }
