@@ -973,8 +973,8 @@ fn s3_demo(
     let dir = std::env::var_os(upager::CACHE_DIR_ENV)
         .filter(|d| !d.is_empty())
         .map_or_else(upager::CacheConfig::default_dir, std::path::PathBuf::from);
-    let named = format!(" {url} ");
-    upager::cache_remove(&dir, |k| k.contains(&named))?;
+    let named = format!(" {url}");
+    upager::cache_remove(&dir, |k| k.ends_with(&named))?;
     Ok(())
 }
 

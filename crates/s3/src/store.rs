@@ -714,13 +714,20 @@ impl upager::Store for S3Store {
         Some(upager::trace_version_of(&self.etag))
     }
 
-    /// The object by endpoint, bucket, key, size and ETag: a rewritten
-    /// object (another ETag) gets an entry of its own in the disk tier.
+    /// The object by ETag, size, endpoint and URL (the ETag first: a page
+    /// pool compares the first 384 bytes of a key): a rewritten object
+    /// (another ETag) gets an entry of its own in the disk tier.
     fn cache_key(&self) -> Option<String> {
         Some(format!(
-            "s3 {} {} size {} etag {}",
-            self.endpoint, self.url, self.len, self.etag
+            "s3 etag {} size {} {} {}",
+            self.etag, self.len, self.endpoint, self.url
         ))
+    }
+
+    /// The same bytes as [`Store::cache_key`] names: processes mapping one
+    /// object share a page pool of it where pools are on (`UPAGER_POOL`).
+    fn pool_key(&self) -> Option<String> {
+        self.cache_key()
     }
 
     fn load_trace(&self) -> io::Result<Option<Vec<u8>>> {

@@ -993,3 +993,47 @@ fn a_second_run_reads_the_disk_tier_and_a_rewritten_object_the_server() {
         .iter()
         .all(|e| e.key.contains("tier/obj") && e.key.contains("etag")));
 }
+
+/// Page pools (UPAGER_POOL) for S3 objects: two regions of one object in
+/// pooled pagers share the pool (one copy, its key the ETag's), so the
+/// second reads no byte from the server; the region's counters say so.
+#[test]
+fn two_pooled_regions_of_an_object_share_one_copy() {
+    let Some(s) = shared("pooled") else { return };
+    let o = s.objects("pooled");
+    let len = 4 * MIB;
+    o.put("obj", pattern(len, 9)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let run = || {
+        let st =
+            S3Store::open_with(&s.url("pooled", "obj"), &S3Options::default(), &s.env()).unwrap();
+        let pager = Pager::builder()
+            .budget(16 * MIB)
+            .pool(true)
+            .cache_dir(tmp.path().join("cache"))
+            .cache_size(0)
+            .build()
+            .unwrap();
+        let r = pager
+            .map_store(Arc::clone(&st) as Arc<dyn Store>, &MapOptions::new())
+            .unwrap();
+        (st, pager, r)
+    };
+    let (st1, _p1, r1) = run();
+    let (st2, _p2, r2) = run();
+    let pool = r1.pool_info().expect("the object's region is in a pool");
+    assert!(pool.key.contains("etag"), "{}", pool.key);
+    for (i, w) in r1.words().iter().enumerate() {
+        assert_eq!(w.load(Relaxed), word(i as u64, 9), "word {i}");
+    }
+    assert!(st1.counters().bytes_received >= len);
+    for (i, w) in r2.words().iter().enumerate() {
+        assert_eq!(w.load(Relaxed), word(i as u64, 9), "word {i}");
+    }
+    assert_eq!(
+        st2.counters().bytes_received,
+        0,
+        "the second region read the server: {:?}",
+        st2.counters()
+    );
+}

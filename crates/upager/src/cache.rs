@@ -1230,6 +1230,9 @@ impl Store for CachedStore {
     fn cache_key(&self) -> Option<String> {
         None
     }
+    fn pool_key(&self) -> Option<String> {
+        self.inner.pool_key()
+    }
 }
 
 #[cfg(test)]
