@@ -567,8 +567,10 @@ fn fuse_refusing_o_direct_io_falls_back_to_buffered_and_says_so_once() {
                 .direct_io(true)
                 .build()
                 .expect("pager");
+            // The swap file's writes are the subject: without the
+            // compressed tier, which would keep this data in memory.
             let r = pager
-                .map_anonymous(FILE, &MapOptions::new().folio(FOLIO))
+                .map_anonymous(FILE, &MapOptions::new().folio(FOLIO).compressed_tier(false))
                 .unwrap();
             let words = r.words();
             for (i, w) in words.iter().enumerate() {
