@@ -20,6 +20,12 @@
 //!   opens; it is asked for a credential when made, so that none found
 //!   is one clear error ([`OpenError::NoCredentials`]).
 //! - A runtime is shut down without waiting for its workers ([`Rt`]).
+//! - Every PUT carries `x-amz-checksum-sha256`, the SHA-256 of its body
+//!   (S3's additional checksums): the server refuses a body that arrives
+//!   otherwise (BadDigest), so bytes damaged on the way are never stored
+//!   and acknowledged. The digest is the one SigV4 signs already
+//!   (`x-amz-content-sha256`, computed once), but SeaweedFS, for one, does
+//!   not check that one against the body; it does check this header.
 //!
 //! Lock: `CLIENTS`, held to look up, make or insert a client; never
 //! across a request.
@@ -28,7 +34,7 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::{AmazonS3, AmazonS3Builder, Checksum};
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, RetryConfig};
 
 use crate::config::Resolved;
@@ -241,6 +247,7 @@ fn build_client(url: &S3Url, res: &Resolved, opts: &S3Options) -> Result<AmazonS
         .with_bucket_name(&url.bucket)
         .with_region(&res.region)
         .with_virtual_hosted_style_request(false)
+        .with_checksum_algorithm(Checksum::SHA256)
         .with_client_options(copts)
         .with_retry(RetryConfig {
             backoff: BackoffConfig {

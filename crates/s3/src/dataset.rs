@@ -6,12 +6,19 @@
 //! tells it from an object). Its objects:
 //!
 //! ```text
-//! NAME/manifest     "upager-dataset 1\nlen N\ngroup G\n": written last, with
-//!                   If-None-Match: * (a dataset is visible only once complete,
-//!                   and a second creator fails with 412)
+//! NAME/manifest     "upager-dataset 2\nlen N\ngroup G\nupload ID\nxxh3 H\n":
+//!                   written last, with If-None-Match: * (a dataset is visible
+//!                   only once complete, and a second creator fails with
+//!                   412); ID names the upload (0: made by `create`), H is
+//!                   the xxh3-64 of the text before its line (a damaged
+//!                   manifest is refused). Format 1 (no upload, no xxh3
+//!                   line) is still read: its groups are not checked
 //! NAME/g/0000000007 group 7: bytes [7G, 8G) of the dataset (the last one
 //!                   shorter; G = 256 KiB unless chosen at creation); a group
-//!                   that was never written reads as zeros
+//!                   that was never written reads as zeros. Its user metadata
+//!                   x-amz-meta-upager-xxh3 = "B:" and the xxh3-64 of each
+//!                   B-byte block in 16 hex digits (B = max(64 KiB, G / 64)),
+//!                   written with every PUT of the group
 //! NAME/upload       the claim of a running (or interrupted) upload, made with
 //!                   If-None-Match: * before the first group, removed after the
 //!                   manifest: two uploads of one name cannot mix their groups
@@ -37,6 +44,19 @@
 //!             write-back fails with a message (SIGBUS / the folio stays dirty
 //!             and flush reports it)
 //! sync        nothing: an acknowledged PUT is durable
+//! checksums   every GET of a group of a format-2 dataset (and of swap space)
+//!             covers whole checksum blocks and is checked against the
+//!             metadata of the same answer; a mismatch (or no checksum, or
+//!             a body not of the length asked for) is asked again once,
+//!             then refused naming the object: the bytes are never served
+//!             (store_checksum_errors counts such answers)
+//! unsure PUT  a PUT whose outcome is unknown (reset, timeout, an error
+//!             after the client's retries) or that got 412 leaves the group
+//!             "unsure": the next request on it (or at once, after a 412)
+//!             reads the group's ETag and checksums and takes the group as
+//!             this store's when its checksums are those of the bytes the
+//!             PUT sent (it was stored), or when its ETag is the one before
+//!             (it was not); anything else is another writer's change
 //! ```
 //!
 //! Lock order: one stripe lock per group (of [`STRIPES`], by group index),
@@ -48,7 +68,8 @@
 //! `store_puts`, `store_bytes_received`, `store_bytes_sent`,
 //! `store_rmw_groups` (groups read back for a partial write),
 //! `store_conflicts` (412s: another writer's change refused),
-//! `store_get_errors`, `store_put_errors`.
+//! `store_get_errors`, `store_put_errors`, `store_checksum_errors`
+//! (GET answers whose bytes did not match their checksums).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -88,7 +109,105 @@ const STRIPES: usize = 64;
 
 const MANIFEST: &str = "manifest";
 const CLAIM: &str = "upload";
-const FORMAT: &str = "upager-dataset 1";
+/// The manifest's first line: format 2 (checksums), and format 1 (none).
+const FORMAT: &str = "upager-dataset 2";
+const FORMAT_1: &str = "upager-dataset 1";
+/// A group's checksums: its user metadata `x-amz-meta-upager-xxh3`.
+const SUMS_KEY: &str = "upager-xxh3";
+/// Most checksum blocks of a group (64 x 16 hex digits: 1 KiB of metadata,
+/// within S3's 2 KiB of user metadata).
+const MAX_BLOCKS: u64 = 64;
+
+/// The checksum block of a group of `group` bytes: 64 KiB (a read-only
+/// map's folio), or more for groups past 4 MiB.
+fn sum_block(group: u64) -> u64 {
+    (group / MAX_BLOCKS).max(crate::DEFAULT_FOLIO)
+}
+
+fn xxh3(b: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(b)
+}
+
+/// The checksums of a group's bytes `data`, in blocks of `block`, as its
+/// metadata holds them.
+fn sums_of(data: &[u8], block: u64) -> String {
+    use std::fmt::Write as _;
+    let mut s = format!("{block}:");
+    for c in data.chunks(block as usize) {
+        let _ = write!(s, "{:016x}", xxh3(c));
+    }
+    s
+}
+
+/// Checks `body`, the bytes from `at` (a multiple of `block`) of a group
+/// of `glen` bytes, against the group's checksums `sums` (its metadata);
+/// the error says which block differs.
+fn verify_sums(
+    sums: Option<&str>,
+    block: u64,
+    glen: u64,
+    at: u64,
+    body: &[u8],
+) -> Result<(), String> {
+    let Some(s) = sums else {
+        return Err(format!(
+            "it carries no checksum (x-amz-meta-{SUMS_KEY}): not written by this version of upager, or its metadata was lost"
+        ));
+    };
+    let hex = match s.split_once(':') {
+        Some((b, hex)) if b.parse::<u64>().ok() == Some(block) => hex,
+        _ => {
+            return Err(format!(
+                "its checksum metadata is not of {block}-byte blocks: '{}'",
+                s.chars().take(40).collect::<String>()
+            ))
+        }
+    };
+    if hex.len() as u64 != 16 * glen.div_ceil(block) || !at.is_multiple_of(block) {
+        return Err(format!(
+            "its checksum metadata holds {} digits, not 16 for each of its {} blocks",
+            hex.len(),
+            glen.div_ceil(block)
+        ));
+    }
+    for (i, c) in body.chunks(block as usize).enumerate() {
+        let k = (at / block) as usize + i;
+        let want = hex
+            .get(16 * k..16 * k + 16)
+            .and_then(|h| u64::from_str_radix(h, 16).ok());
+        let got = xxh3(c);
+        if want != Some(got) {
+            let from = k as u64 * block;
+            return Err(format!(
+                "checksum mismatch: bytes {from}-{} of the object have xxh3 {got:016x}, its metadata says {}",
+                from + c.len() as u64,
+                hex.get(16 * k..16 * k + 16).unwrap_or("?")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Put options with a group's checksums as its metadata.
+fn with_sums(mode: PutMode, sums: &str) -> PutOptions {
+    PutOptions {
+        mode,
+        attributes: [(
+            object_store::Attribute::Metadata(SUMS_KEY.into()),
+            object_store::AttributeValue::from(sums.to_string()),
+        )]
+        .into_iter()
+        .collect(),
+        ..PutOptions::default()
+    }
+}
+
+/// A GET answer's checksums (its metadata).
+fn sums_in(attrs: &object_store::Attributes) -> Option<String> {
+    attrs
+        .get(&object_store::Attribute::Metadata(SUMS_KEY.into()))
+        .map(|v| v.to_string())
+}
 
 /// Whether `url` names a dataset (its key ends in `/`).
 pub fn is_dataset(url: &S3Url) -> bool {
@@ -102,11 +221,33 @@ pub struct Manifest {
     pub len: u64,
     /// Bytes per group object.
     pub group: u64,
+    /// Whether its groups carry checksums every read checks (format 2;
+    /// false: a format-1 dataset, read unchecked).
+    pub checked: bool,
+    /// The upload that made it (0: `create`, or format 1).
+    pub upload: u64,
 }
 
 impl Manifest {
+    /// A new dataset's (format 2).
+    fn new(len: u64, group: u64, upload: u64) -> Manifest {
+        Manifest {
+            len,
+            group,
+            checked: true,
+            upload,
+        }
+    }
+
     fn encode(&self) -> String {
-        format!("{FORMAT}\nlen {}\ngroup {}\n", self.len, self.group)
+        if !self.checked {
+            return format!("{FORMAT_1}\nlen {}\ngroup {}\n", self.len, self.group);
+        }
+        let body = format!(
+            "{FORMAT}\nlen {}\ngroup {}\nupload {}\n",
+            self.len, self.group, self.upload
+        );
+        format!("{body}xxh3 {:016x}\n", xxh3(body.as_bytes()))
     }
 
     /// For the fuzz targets (fuzz/, docs/fuzzing.md) only: the manifest
@@ -124,21 +265,44 @@ impl Manifest {
     }
 
     fn parse(s: &str) -> Result<Manifest, String> {
-        let mut lines = s.lines();
-        if lines.next() != Some(FORMAT) {
-            return Err(format!("does not start with '{FORMAT}'"));
+        let checked = match s.lines().next() {
+            Some(FORMAT) => true,
+            Some(FORMAT_1) => false,
+            _ => return Err(format!("does not start with '{FORMAT}' (or '{FORMAT_1}')")),
+        };
+        let mut text = s;
+        if checked {
+            // The last line: the xxh3 of the text before it.
+            let at = s
+                .rfind("\nxxh3 ")
+                .ok_or("has no 'xxh3 H' line (its checksum)")?;
+            let want = s[at + 6..].trim_end_matches('\n');
+            let got = format!("{:016x}", xxh3(&s.as_bytes()[..at + 1]));
+            if want != got {
+                return Err(format!(
+                    "its checksum does not match its text (xxh3 {got}, its line says '{}'): damaged",
+                    want.chars().take(20).collect::<String>()
+                ));
+            }
+            text = &s[..at + 1];
         }
-        let (mut len, mut group) = (None, None);
-        for l in lines {
+        let (mut len, mut group, mut upload) = (None, None, 0);
+        for l in text.lines().skip(1) {
             match l.split_once(' ') {
                 Some(("len", v)) => len = v.trim().parse::<u64>().ok(),
                 Some(("group", v)) => group = v.trim().parse::<u64>().ok(),
+                Some(("upload", v)) if checked => upload = v.trim().parse::<u64>().unwrap_or(0),
                 _ => {}
             }
         }
         match (len, group) {
             (Some(len), Some(group)) if group.is_power_of_two() && GROUP_RANGE.contains(&group) => {
-                Ok(Manifest { len, group })
+                Ok(Manifest {
+                    len,
+                    group,
+                    checked,
+                    upload,
+                })
             }
             _ => Err("needs 'len N' and 'group G' (a power of two, 64 KiB-64 MiB)".into()),
         }
@@ -271,6 +435,10 @@ pub struct DatasetCounters {
     pub get_errors: u64,
     /// PUTs that failed.
     pub put_errors: u64,
+    /// GET answers whose bytes did not match their checksums (or carried
+    /// none, or were not the length asked for), each asked again once,
+    /// then refused.
+    pub checksum_errors: u64,
 }
 
 impl DatasetCounters {
@@ -285,6 +453,7 @@ impl DatasetCounters {
             ("store_conflicts", self.conflicts),
             ("store_get_errors", self.get_errors),
             ("store_put_errors", self.put_errors),
+            ("store_checksum_errors", self.checksum_errors),
         ]
         .into_iter()
     }
@@ -300,6 +469,7 @@ struct Counters {
     conflicts: AtomicU64,
     get_errors: AtomicU64,
     put_errors: AtomicU64,
+    checksum_errors: AtomicU64,
 }
 
 /// What the store knows of a group's version.
@@ -311,6 +481,42 @@ enum Version {
     Absent,
     /// Its ETag.
     Tag(String),
+    /// A PUT of it got no answer (or a 412): stored or not, the server
+    /// knows. `prev` is the version the PUT was conditional on, `sums` the
+    /// checksums of the bytes it sent.
+    Unsure {
+        /// The version before the PUT.
+        prev: Box<Version>,
+        /// The checksums of the bytes sent.
+        sums: String,
+    },
+}
+
+impl Version {
+    /// Whether an answer with ETag `tag` and checksums `sums` is a version
+    /// this store may take the group at: the one it knows, or for an
+    /// unsure group the one before the PUT or the PUT's own.
+    fn accepts(&self, tag: Option<&String>, sums: Option<&str>) -> bool {
+        match self {
+            Version::Unknown => true,
+            Version::Absent => false,
+            Version::Tag(want) => tag.is_none_or(|t| t == want),
+            Version::Unsure { prev, sums: sent } => {
+                sums == Some(sent.as_str())
+                    || matches!(&**prev, Version::Tag(p) if Some(p) == tag)
+                    || matches!(&**prev, Version::Unknown)
+            }
+        }
+    }
+
+    /// Whether a group at this version may be found missing (zeros).
+    fn may_be_absent(&self) -> bool {
+        match self {
+            Version::Unknown | Version::Absent => true,
+            Version::Tag(_) => false,
+            Version::Unsure { prev, .. } => prev.may_be_absent(),
+        }
+    }
 }
 
 /// A client, its runtime and a dataset's prefix: what every call needs.
@@ -383,6 +589,18 @@ impl Conn {
         }
     }
 
+    /// The text of the small object `key`, or None if there is none.
+    fn text(&self, key: &ObjPath) -> Result<Option<String>, DatasetError> {
+        let got = self.run("GET", async {
+            match self.client.get(key).await {
+                Ok(r) => r.bytes().await.map(Some),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })?;
+        Ok(got.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
     /// The manifest, or None if there is none.
     fn manifest(&self) -> Result<Option<(Manifest, String)>, DatasetError> {
         let key = self.key(MANIFEST);
@@ -449,6 +667,11 @@ pub struct S3Dataset {
     stripes: Vec<Mutex<()>>,
     counters: Counters,
     changed_logged: AtomicBool,
+    /// Whether every GET of a group is checked against its checksums (a
+    /// format-2 dataset, swap space; off only for measurement).
+    checked: AtomicBool,
+    /// The checksum block.
+    block: u64,
     /// Swap space of anonymous regions ([`S3Dataset::swap`]): one writer
     /// by construction (a unique name), so no versions and no manifest;
     /// its objects are removed when the store is dropped.
@@ -488,6 +711,9 @@ enum ReqError {
     Changed,
     Timeout,
     Client(object_store::Error),
+    /// The answer's bytes do not match the group's checksums (or are not
+    /// the length asked for).
+    Corrupt(String),
 }
 
 impl S3Dataset {
@@ -534,6 +760,8 @@ impl S3Dataset {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             counters: Counters::default(),
             changed_logged: AtomicBool::new(false),
+            checked: AtomicBool::new(manifest.checked || swap),
+            block: sum_block(manifest.group),
             swap,
         })
     }
@@ -576,10 +804,7 @@ impl S3Dataset {
         // The bucket must be there: one listing says (a missing one is a
         // clear error now, not a SIGBUS at the first eviction).
         conn.keys()?;
-        let manifest = Manifest {
-            len: u64::MAX,
-            group: folio,
-        };
+        let manifest = Manifest::new(u64::MAX, folio, 0);
         Ok(Self::with(conn, manifest, true, true, opts))
     }
 
@@ -605,7 +830,23 @@ impl S3Dataset {
             conflicts: c.conflicts.load(Relaxed),
             get_errors: c.get_errors.load(Relaxed),
             put_errors: c.put_errors.load(Relaxed),
+            checksum_errors: c.checksum_errors.load(Relaxed),
         }
+    }
+
+    /// Whether reads check the groups' checksums (a format-2 dataset and
+    /// swap space do; a format-1 dataset's groups carry none).
+    pub fn checksums_checked(&self) -> bool {
+        self.checked.load(Relaxed)
+    }
+
+    /// For measurement only (its cost: bench/results/2026-12-07-checksums):
+    /// turns the check of reads off, or back on where the groups carry
+    /// checksums. Writes carry checksums either way.
+    #[doc(hidden)]
+    pub fn set_checksums_checked_for_bench(&self, on: bool) {
+        self.checked
+            .store(on && (self.manifest.checked || self.swap), Relaxed);
     }
 
     fn group_len(&self, g: u64) -> u64 {
@@ -644,18 +885,53 @@ impl S3Dataset {
 
     /// GET of `range` inside group `g` at version `ver`: the bytes, and
     /// the group's version as read (Absent: it does not exist, zeros).
+    /// Checked against the group's checksums (when the store checks): an
+    /// answer that does not match is asked again once, then refused.
     async fn get(
         &self,
         g: u64,
         range: Range<u64>,
         ver: &Version,
     ) -> Result<(Option<bytes::Bytes>, Version), ReqError> {
+        match self.get_once(g, range.clone(), ver).await {
+            Err(ReqError::Corrupt(detail)) => {
+                self.counters.checksum_errors.fetch_add(1, Relaxed);
+                log::warn!(
+                    "{}: group {g} (object {}): {detail}: asked again",
+                    self.conn.url,
+                    self.conn.group_key(g)
+                );
+                let again = self.get_once(g, range, ver).await;
+                if let Err(ReqError::Corrupt(_)) = &again {
+                    self.counters.checksum_errors.fetch_add(1, Relaxed);
+                }
+                again
+            }
+            r => r,
+        }
+    }
+
+    async fn get_once(
+        &self,
+        g: u64,
+        range: Range<u64>,
+        ver: &Version,
+    ) -> Result<(Option<bytes::Bytes>, Version), ReqError> {
+        // A checked GET covers whole checksum blocks.
+        let checked = self.checked.load(Relaxed);
+        let glen = self.group_len(g);
+        let b = self.block;
+        let fetch = if checked {
+            range.start / b * b..(range.end.div_ceil(b) * b).min(glen)
+        } else {
+            range.clone()
+        };
         let opts = GetOptions {
             if_match: match ver {
                 Version::Tag(t) => Some(t.clone()),
                 _ => None,
             },
-            range: Some(GetRange::Bounded(range.clone())),
+            range: Some(GetRange::Bounded(fetch.clone())),
             ..GetOptions::default()
         };
         let c = &self.counters;
@@ -667,7 +943,7 @@ impl S3Dataset {
         {
             Ok(r) => r,
             // Never written: zeros, unless this store saw it (deleted since).
-            Err(object_store::Error::NotFound { .. }) if !matches!(ver, Version::Tag(_)) => {
+            Err(object_store::Error::NotFound { .. }) if ver.may_be_absent() => {
                 return Ok((None, Version::Absent));
             }
             Err(
@@ -682,17 +958,12 @@ impl S3Dataset {
             }
         };
         let tag = r.meta.e_tag.clone();
-        match (ver, &tag) {
-            (Version::Tag(want), Some(got)) if want != got => {
-                c.conflicts.fetch_add(1, Relaxed);
-                return Err(ReqError::Changed);
-            }
-            (Version::Absent, _) => {
-                // It exists now: another writer made it.
-                c.conflicts.fetch_add(1, Relaxed);
-                return Err(ReqError::Changed);
-            }
-            _ => {}
+        let sums = sums_in(&r.attributes);
+        if !ver.accepts(tag.as_ref(), sums.as_deref()) {
+            // Another writer's version (or a group made since it was seen
+            // absent).
+            c.conflicts.fetch_add(1, Relaxed);
+            return Err(ReqError::Changed);
         }
         let body = r.bytes().await.map_err(|e| {
             c.get_errors.fetch_add(1, Relaxed);
@@ -700,8 +971,57 @@ impl S3Dataset {
         })?;
         c.gets.fetch_add(1, Relaxed);
         c.received.fetch_add(body.len() as u64, Relaxed);
+        let body = if checked {
+            let want = fetch.end - fetch.start;
+            if body.len() as u64 != want {
+                return Err(ReqError::Corrupt(format!(
+                    "the GET of bytes {}-{} returned {} of its {want} bytes",
+                    fetch.start,
+                    fetch.end,
+                    body.len()
+                )));
+            }
+            verify_sums(sums.as_deref(), b, glen, fetch.start, &body).map_err(ReqError::Corrupt)?;
+            body.slice((range.start - fetch.start) as usize..(range.end - fetch.start) as usize)
+        } else {
+            body
+        };
         let seen = tag.map_or(Version::Unknown, Version::Tag);
         Ok((Some(body), seen))
+    }
+
+    /// What an unsure group's version is now (a HEAD: its ETag and
+    /// checksums), and whether it is the bytes of this store's PUT.
+    async fn probe(&self, g: u64, ver: &Version) -> Result<(Version, bool), ReqError> {
+        let opts = GetOptions {
+            head: true,
+            ..GetOptions::default()
+        };
+        match self
+            .conn
+            .client
+            .get_opts(&self.conn.group_key(g), opts)
+            .await
+        {
+            Ok(r) => {
+                let sums = sums_in(&r.attributes);
+                let tag = r.meta.e_tag.clone();
+                if !ver.accepts(tag.as_ref(), sums.as_deref()) {
+                    self.counters.conflicts.fetch_add(1, Relaxed);
+                    return Err(ReqError::Changed);
+                }
+                let ours = matches!(ver, Version::Unsure { sums: sent, .. } if sums.as_deref() == Some(sent.as_str()));
+                Ok((tag.map_or(Version::Unknown, Version::Tag), ours))
+            }
+            Err(object_store::Error::NotFound { .. }) if ver.may_be_absent() => {
+                Ok((Version::Absent, false))
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                self.counters.conflicts.fetch_add(1, Relaxed);
+                Err(ReqError::Changed)
+            }
+            Err(e) => Err(ReqError::Client(e)),
+        }
     }
 
     /// The error the engine gets (and logs) for a failed request on
@@ -735,6 +1055,16 @@ impl S3Dataset {
                 self.conn.endpoint,
                 store::error_chain(&e)
             )),
+            ReqError::Corrupt(detail) => {
+                let msg = format!(
+                    "{}: the {what} of group {g} ({span}) was refused after two tries: the object {} at {}: {detail}; its bytes were not served",
+                    self.conn.url,
+                    self.conn.group_key(g),
+                    self.conn.endpoint
+                );
+                log::error!("{msg}");
+                io::Error::new(io::ErrorKind::InvalidData, msg)
+            }
         }
     }
 
@@ -787,11 +1117,11 @@ impl S3Dataset {
                 }
                 None => dst.fill(0),
             }
-            if ver == Version::Unknown {
+            if matches!(ver, Version::Unknown | Version::Unsure { .. }) {
                 // The first piece read of a group sets its version; another
                 // piece of it read at another version is a change.
                 match self.version(g) {
-                    Version::Unknown => self.set_version(g, seen),
+                    Version::Unknown | Version::Unsure { .. } => self.set_version(g, seen),
                     cur if cur != seen => return Err(self.io_error(ReqError::Changed, g, "read")),
                     _ => {}
                 }
@@ -938,6 +1268,10 @@ impl upager::Store for S3Dataset {
             let glen = self.group_len(*g);
             if *whole {
                 // Swap space has one writer: no HEAD, an unconditional PUT.
+                if let Version::Unsure { .. } = ver {
+                    // Whether the last PUT was stored: the group's version now.
+                    return self.probe(*g, ver).await.map(|(v, _)| (None, v));
+                }
                 if self.swap || *ver != Version::Unknown {
                     return Ok((None, ver.clone()));
                 }
@@ -1010,23 +1344,35 @@ impl upager::Store for S3Dataset {
         // Step 3: every PUT in flight together, each conditional on the
         // version its base was.
         let sent: u64 = puts.iter().map(|(_, d, _)| d.len() as u64).sum();
-        let futs = puts.into_iter().map(|(g, data, seen)| async move {
+        // Each PUT's version before it and the checksums of its bytes: what
+        // an unsure group is resolved by.
+        let mut before: HashMap<u64, (Version, String)> = HashMap::new();
+        let puts: Vec<_> = puts
+            .into_iter()
+            .map(|(g, data, seen)| {
+                let sums = sums_of(&data, self.block);
+                before.insert(g, (seen.clone(), sums.clone()));
+                (g, data, seen, sums)
+            })
+            .collect();
+        let futs = puts.into_iter().map(|(g, data, seen, sums)| async move {
             let mode = match &seen {
                 Version::Tag(t) => PutMode::Update(UpdateVersion {
                     e_tag: Some(t.clone()),
                     version: None,
                 }),
                 Version::Absent => PutMode::Create,
-                Version::Unknown => PutMode::Overwrite,
-            };
-            let opts = PutOptions {
-                mode,
-                ..PutOptions::default()
+                // A base is never unsure (step 1 resolves it).
+                Version::Unknown | Version::Unsure { .. } => PutMode::Overwrite,
             };
             let r = self
                 .conn
                 .client
-                .put_opts(&self.conn.group_key(g), PutPayload::from(data), opts)
+                .put_opts(
+                    &self.conn.group_key(g),
+                    PutPayload::from(data),
+                    with_sums(mode, &sums),
+                )
                 .await;
             (g, r)
         });
@@ -1037,8 +1383,24 @@ impl upager::Store for S3Dataset {
                 .collect::<Vec<_>>()
                 .await
         };
+        // A PUT whose outcome is unknown leaves its group unsure.
+        let unsure = |g: u64| {
+            if let Some((prev, sums)) = before.get(&g) {
+                self.set_version(
+                    g,
+                    Version::Unsure {
+                        prev: Box::new(prev.clone()),
+                        sums: sums.clone(),
+                    },
+                );
+            }
+        };
+        let mut refused = Vec::new();
         match store::run(self.conn.rt(), self.conn.guard, all) {
             None => {
+                for g in before.keys() {
+                    unsure(*g);
+                }
                 for g in by_group.keys() {
                     group_err
                         .entry(*g)
@@ -1058,16 +1420,56 @@ impl upager::Store for S3Dataset {
                             object_store::Error::Precondition { .. }
                             | object_store::Error::AlreadyExists { .. },
                         ) => {
-                            c.conflicts.fetch_add(1, Relaxed);
-                            group_err.insert(g, self.io_error(ReqError::Changed, g, "write-back"));
+                            // Another writer's change, or this store's own
+                            // PUT stored by an earlier try: asked below.
+                            unsure(g);
+                            refused.push(g);
                         }
                         Err(e) => {
                             c.put_errors.fetch_add(1, Relaxed);
+                            unsure(g);
                             group_err
                                 .insert(g, self.io_error(ReqError::Client(e), g, "write-back"));
                         }
                     }
                 }
+            }
+        }
+        // A 412: the group as it is now (one HEAD each, in flight together);
+        // its checksums those of the bytes sent: this PUT was stored.
+        if !refused.is_empty() {
+            let vers: Vec<Version> = refused.iter().map(|g| self.version(*g)).collect();
+            let probes: Vec<_> = refused
+                .iter()
+                .zip(&vers)
+                .map(|(g, v)| self.probe(*g, v))
+                .collect();
+            let all = async {
+                stream::iter(probes)
+                    .buffered(self.in_flight)
+                    .collect::<Vec<_>>()
+                    .await
+            };
+            let found = match store::run(self.conn.rt(), self.conn.guard, all) {
+                Some(f) => f,
+                None => refused.iter().map(|_| Err(ReqError::Timeout)).collect(),
+            };
+            for (g, f) in refused.into_iter().zip(found) {
+                let e = match f {
+                    Ok((v, true)) => {
+                        self.counters.puts.fetch_add(1, Relaxed);
+                        self.set_version(g, v);
+                        continue;
+                    }
+                    // Not this store's bytes, yet the version before: the
+                    // next write-back asks again.
+                    Ok((_, false)) => {
+                        self.counters.conflicts.fetch_add(1, Relaxed);
+                        ReqError::Changed
+                    }
+                    Err(e) => e,
+                };
+                group_err.insert(g, self.io_error(e, g, "write-back"));
             }
         }
         // One result per write: its first group's error, if any.
@@ -1162,7 +1564,7 @@ pub fn create(
             url: url.to_string(),
         });
     }
-    put_manifest(&conn, Manifest { len, group })
+    put_manifest(&conn, Manifest::new(len, group, 0))
 }
 
 fn put_manifest(conn: &Conn, m: Manifest) -> Result<(), DatasetError> {
@@ -1219,14 +1621,31 @@ pub fn load(
         mode: PutMode::Create,
         ..PutOptions::default()
     };
-    let payload = PutPayload::from(
-        format!("upload of {len} bytes from pid {}\n", std::process::id()).into_bytes(),
+    // The upload's id, in its claim and its manifest: a claim or manifest
+    // whose PUT got no answer is known for this upload's by it.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let upload = (nanos ^ (u64::from(std::process::id()) << 40)) | 1;
+    let claim_text = format!(
+        "upload {upload} of {len} bytes from pid {}\n",
+        std::process::id()
     );
-    match store::run(
+    let payload = PutPayload::from(claim_text.clone().into_bytes());
+    let put = store::run(
         conn.rt(),
         conn.guard,
         conn.client.put_opts(&claim, payload, put),
-    ) {
+    );
+    // No answer, or 412 after a try the client repeated: the claim may be
+    // this upload's all the same.
+    let ours = match &put {
+        Some(Ok(_)) => true,
+        _ => conn.text(&claim).ok().flatten().as_deref() == Some(claim_text.as_str()),
+    };
+    match put {
+        _ if ours => {}
         Some(Ok(_)) => {}
         Some(Err(object_store::Error::AlreadyExists { .. })) => {
             return Err(if conn.manifest()?.is_some() {
@@ -1264,7 +1683,9 @@ pub fn load(
     // group left by an interrupted delete would show through.
     let stale: Vec<ObjPath> = conn.keys()?.into_iter().filter(|k| *k != claim).collect();
     conn.delete_keys(stale)?;
-    let m = Manifest { len, group };
+    let m = Manifest::new(len, group, upload);
+    let block = sum_block(group);
+    let mut manifest_sent = false;
     let res = (|| {
         use std::io::Read;
         let groups = len.div_ceil(group);
@@ -1286,14 +1707,23 @@ pub fn load(
                         source,
                     })?;
                 if buf.iter().any(|&b| b != 0) {
-                    batch.push((conn.group_key(k), buf));
+                    let sums = sums_of(&buf, block);
+                    batch.push((conn.group_key(k), buf, sums));
                 }
             }
             conn.run("PUT of a group", async {
                 stream::iter(batch)
-                    .map(|(k, b)| {
+                    .map(|(k, b, sums)| {
                         let c = &conn.client;
-                        async move { c.put(&k, PutPayload::from(b)).await.map(drop) }
+                        async move {
+                            c.put_opts(
+                                &k,
+                                PutPayload::from(b),
+                                with_sums(PutMode::Overwrite, &sums),
+                            )
+                            .await
+                            .map(drop)
+                        }
                     })
                     .buffer_unordered(opts.in_flight.max(1))
                     .try_collect::<Vec<()>>()
@@ -1303,6 +1733,7 @@ pub fn load(
             g = (g + step).min(groups);
             progress((g * group).min(len), len);
         }
+        manifest_sent = true;
         put_manifest(&conn, m)
     })();
     match res {
@@ -1311,10 +1742,33 @@ pub fn load(
             Ok(m)
         }
         Err(e) => {
+            // The manifest's PUT may have been stored though it failed (its
+            // answer lost): every group is there then, so the upload is
+            // complete. If it may be there but cannot be told, it is
+            // removed first, and the groups only once it is gone: a reader
+            // never opens a dataset whose groups were removed.
+            let mut remove_groups = true;
+            if manifest_sent && !matches!(e, DatasetError::Exists { .. }) {
+                match conn.manifest() {
+                    Ok(Some((stored, _))) if stored == m => {
+                        log::warn!("{url}: the manifest's PUT failed ({e}), but it was stored: the upload is complete");
+                        let _ = conn.delete_keys(vec![claim]);
+                        return Ok(m);
+                    }
+                    Ok(None) => {}
+                    // Another's (cannot be, with the claim held): untouched.
+                    Ok(Some(_)) => remove_groups = false,
+                    Err(_) => {
+                        remove_groups = conn.delete_keys(vec![conn.key(MANIFEST)]).is_ok();
+                    }
+                }
+            }
             // Remove the groups, then the claim.
-            if let Ok(mut keys) = conn.keys() {
-                keys.retain(|k| *k != claim && *k != conn.key(MANIFEST));
-                let _ = conn.delete_keys(keys);
+            if remove_groups {
+                if let Ok(mut keys) = conn.keys() {
+                    keys.retain(|k| *k != claim && *k != conn.key(MANIFEST));
+                    let _ = conn.delete_keys(keys);
+                }
             }
             let _ = conn.delete_keys(vec![claim]);
             Err(e)
@@ -1397,14 +1851,85 @@ mod tests {
 
     #[test]
     fn a_manifest_reads_back_and_a_foreign_one_is_refused() {
-        let m = Manifest {
-            len: 12345,
-            group: 1 << 20,
-        };
+        let m = Manifest::new(12345, 1 << 20, 77);
         assert_eq!(Manifest::parse(&m.encode()), Ok(m));
         assert!(Manifest::parse("{\"len\": 3}").is_err());
-        assert!(Manifest::parse(&format!("{FORMAT}\nlen 3\ngroup 1000\n")).is_err());
-        assert!(Manifest::parse(&format!("{FORMAT}\nlen 3\n")).is_err());
+        let sealed = |body: String| format!("{body}xxh3 {:016x}\n", xxh3(body.as_bytes()));
+        assert!(Manifest::parse(&sealed(format!("{FORMAT}\nlen 3\ngroup 1000\n"))).is_err());
+        assert!(Manifest::parse(&sealed(format!("{FORMAT}\nlen 3\n"))).is_err());
+        assert!(Manifest::parse(&sealed(format!("{FORMAT}\nlen 3\ngroup 65536\n"))).is_ok());
+    }
+
+    #[test]
+    fn a_damaged_manifest_is_refused_and_a_format_1_one_is_read_unchecked() {
+        let text = Manifest::new(1 << 30, 1 << 18, 5).encode();
+        // One bit flipped anywhere: refused (the length is not misread).
+        for i in 0..text.len() {
+            let mut b = text.clone().into_bytes();
+            b[i] ^= 1;
+            let Ok(t) = String::from_utf8(b) else {
+                continue;
+            };
+            assert!(Manifest::parse(&t).is_err(), "byte {i}: {t:?}");
+        }
+        // No checksum line: refused.
+        let cut = &text[..text.rfind("xxh3").unwrap()];
+        assert!(Manifest::parse(cut).unwrap_err().contains("xxh3"));
+        // Format 1 (before checksums): read, its groups not checked.
+        let old = Manifest::parse(&format!("{FORMAT_1}\nlen 3\ngroup 65536\n")).unwrap();
+        assert!(!old.checked);
+        assert_eq!(Manifest::parse(&old.encode()), Ok(old));
+    }
+
+    #[test]
+    fn group_checksums_find_a_flipped_bit_and_name_its_block() {
+        let glen = 200_000u64; // 3 blocks of 64 KiB and a short one
+        let block = sum_block(256 << 10);
+        assert_eq!(block, 64 << 10);
+        let data: Vec<u8> = (0..glen).map(|i| (i * 7 % 251) as u8).collect();
+        let sums = sums_of(&data, block);
+        assert_eq!(sums.len(), "65536:".len() + 16 * 4);
+        assert_eq!(verify_sums(Some(&sums), block, glen, 0, &data), Ok(()));
+        // A block-aligned range, the last block short.
+        let tail = &data[(2 * block) as usize..];
+        assert_eq!(
+            verify_sums(Some(&sums), block, glen, 2 * block, tail),
+            Ok(())
+        );
+        let mut bad = data.clone();
+        bad[150_000] ^= 0x10;
+        let e = verify_sums(Some(&sums), block, glen, 0, &bad).unwrap_err();
+        assert!(e.contains("bytes 131072-196608"), "{e}");
+        assert!(verify_sums(None, block, glen, 0, &data)
+            .unwrap_err()
+            .contains("no checksum"));
+        assert!(verify_sums(Some("4096:00"), block, glen, 0, &data).is_err());
+        // The largest group: 64 blocks of 1 MiB, 1 KiB of metadata.
+        assert_eq!(sum_block(64 << 20), 1 << 20);
+        assert!(sums_of(&vec![0u8; 64 << 20], 1 << 20).len() < 1100);
+    }
+
+    #[test]
+    fn an_unsure_group_is_taken_at_its_old_version_or_at_the_bytes_sent() {
+        let t = |s: &str| Some(s.to_string());
+        let u = Version::Unsure {
+            prev: Box::new(Version::Tag("old".into())),
+            sums: "65536:ab".into(),
+        };
+        assert!(u.accepts(t("old").as_ref(), None), "not stored");
+        assert!(u.accepts(t("new").as_ref(), Some("65536:ab")), "stored");
+        assert!(
+            !u.accepts(t("new").as_ref(), Some("65536:cd")),
+            "another writer's"
+        );
+        assert!(!u.accepts(t("new").as_ref(), None));
+        assert!(!u.may_be_absent());
+        let created = Version::Unsure {
+            prev: Box::new(Version::Absent),
+            sums: "x".into(),
+        };
+        assert!(created.may_be_absent());
+        assert!(!created.accepts(t("e").as_ref(), Some("y")));
     }
 
     #[test]

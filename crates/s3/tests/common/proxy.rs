@@ -2,8 +2,10 @@
 //! (SeaweedFS here) that passes requests through, or per request does
 //! what a bad network or a bad middlebox does ([`Fault`]): resets the
 //! connection mid-body, cuts the body short, lies in Content-Length,
-//! stalls, drips, answers with another version of the object, or stops
-//! listening (connection refused). One request per connection (every
+//! stalls, drips, answers with another version of the object, flips a
+//! bit of a body (as a bad NIC, a bad disk or a buggy middlebox would,
+//! under the right ETag and length), or stops listening (connection
+//! refused). One request per connection (every
 //! answer gains `Connection: close`), so each request is its own
 //! connection and its own fault. Requests keep their bytes (SigV4 signs
 //! the Host header the client used, which the server checks as received).
@@ -68,6 +70,13 @@ pub enum Fault {
         /// The other version's ETag (quoted as a server sends it).
         etag: String,
     },
+    /// Forwards it; a 200/206 answer's body has one bit flipped: bit
+    /// `bit % 8` of the byte at `bit / 8` (modulo the body's length),
+    /// everything else (ETag, length, metadata) as the server sent it.
+    FlipBit(u64),
+    /// Forwards it with one bit of its body flipped (as [`Fault::FlipBit`],
+    /// on the way to the server: a PUT's bytes damaged in transit).
+    FlipRequestBit(u64),
 }
 
 impl Fault {
@@ -86,6 +95,8 @@ impl Fault {
             Fault::StallBody(..) => "stall mid-body",
             Fault::Drip { .. } => "drip",
             Fault::OtherVersion { .. } => "other version",
+            Fault::FlipBit(_) => "bit flip",
+            Fault::FlipRequestBit(_) => "request bit flip",
         }
     }
 }
@@ -452,6 +463,13 @@ fn serve(conn: TcpStream, up: &str, rule: &Rule, stats: &Stats) -> io::Result<()
     }
     let mut server = TcpStream::connect(up)?;
     server.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut body = body;
+    if let Fault::FlipRequestBit(bit) = fault {
+        if !body.is_empty() {
+            let at = (bit / 8) as usize % body.len();
+            body[at] ^= 1 << (bit % 8);
+        }
+    }
     let mut req = closing(&head);
     req.extend_from_slice(&body);
     server.write_all(&req)?;
@@ -530,6 +548,12 @@ fn serve(conn: TcpStream, up: &str, rule: &Rule, stats: &Stats) -> io::Result<()
                 *b = data.get(start + i).copied().unwrap_or(0);
             }
             client.write_all(&closing(&with_header(&rhead, "ETag", &etag)))?;
+            client.write_all(&rbody)
+        }
+        Fault::FlipBit(bit) if ok && !rbody.is_empty() => {
+            let at = (bit / 8) as usize % rbody.len();
+            rbody[at] ^= 1 << (bit % 8);
+            client.write_all(&closing(&rhead))?;
             client.write_all(&rbody)
         }
         _ => {
