@@ -280,6 +280,9 @@ struct Log {
     scratch: Option<Mapping>,
 }
 
+/// The buffers loads copy compressed bytes into ([`LOAD_BUFS`] of them).
+type LoadBufs = Box<[Mutex<Box<[u8]>>]>;
+
 /// An anonymous region's store with the compressed tier in front of its
 /// swap file (see the module doc).
 pub(crate) struct ZStore {
@@ -295,7 +298,7 @@ pub(crate) struct ZStore {
     charge: Arc<Charge>,
     log: Mutex<Log>,
     /// Made by the first store (a region never evicted has no entries).
-    load_bufs: std::sync::OnceLock<Box<[Mutex<Box<[u8]>>]>>,
+    load_bufs: std::sync::OnceLock<LoadBufs>,
     c: ZCounters,
 }
 
@@ -942,7 +945,7 @@ mod tests {
         let mut out = vec![0u8; folio];
         for (i, w) in out.chunks_mut(8).enumerate() {
             let i = i as u64;
-            let x = if (i / 64) % 2 == 0 {
+            let x = if (i / 64).is_multiple_of(2) {
                 n * 1_000_000 + i + v
             } else {
                 (n ^ v)

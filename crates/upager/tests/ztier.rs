@@ -57,11 +57,11 @@ fn compressible_values_round_trip_through_the_tier_in_both_modes() {
         let r = anon(&p, 64 * MIB, true);
         let w = r.words();
         for pass in 0..2u64 {
-            for i in 0..w.len() {
-                w[i].store(i as u64 * 3 + pass, Relaxed);
+            for (i, x) in w.iter().enumerate() {
+                x.store(i as u64 * 3 + pass, Relaxed);
             }
-            for i in 0..w.len() {
-                assert_eq!(w[i].load(Relaxed), i as u64 * 3 + pass, "{mode:?} word {i}");
+            for (i, x) in w.iter().enumerate() {
+                assert_eq!(x.load(Relaxed), i as u64 * 3 + pass, "{mode:?} word {i}");
             }
         }
         let s = p.stats();
@@ -91,11 +91,11 @@ fn incompressible_data_bypasses_the_tier() {
     let p = pager(8 * MIB, FaultMode::InThread);
     let r = anon(&p, 48 * MIB, true);
     let w = r.words();
-    for i in 0..w.len() {
-        w[i].store(noise(i as u64 + 1), Relaxed);
+    for (i, x) in w.iter().enumerate() {
+        x.store(noise(i as u64 + 1), Relaxed);
     }
-    for i in 0..w.len() {
-        assert_eq!(w[i].load(Relaxed), noise(i as u64 + 1), "word {i}");
+    for (i, x) in w.iter().enumerate() {
+        assert_eq!(x.load(Relaxed), noise(i as u64 + 1), "word {i}");
     }
     let s = p.stats();
     assert!(s.evictions > 500, "{s:?}");
@@ -135,17 +135,17 @@ fn a_full_pool_writes_its_oldest_entries_to_the_swap_file() {
         let r = anon(&p, 96 * MIB, true);
         let w = r.words();
         let val = |i: usize| {
-            if (i / 512) % 2 == 0 {
+            if (i / 512).is_multiple_of(2) {
                 noise(i as u64 + 7)
             } else {
                 0
             }
         };
-        for i in 0..w.len() {
-            w[i].store(val(i), Relaxed);
+        for (i, x) in w.iter().enumerate() {
+            x.store(val(i), Relaxed);
         }
-        for i in 0..w.len() {
-            assert_eq!(w[i].load(Relaxed), val(i), "{mode:?} word {i}");
+        for (i, x) in w.iter().enumerate() {
+            assert_eq!(x.load(Relaxed), val(i), "{mode:?} word {i}");
         }
         let s = p.stats();
         eprintln!(
@@ -167,8 +167,8 @@ fn no_stale_copy_is_served_after_discard_or_rewrite() {
     let r = anon(&p, 32 * MIB, true);
     let w = r.words();
     let folio_words = (r.folio_size() / 8) as usize;
-    for i in 0..w.len() {
-        w[i].store(i as u64 + 1, Relaxed);
+    for (i, x) in w.iter().enumerate() {
+        x.store(i as u64 + 1, Relaxed);
     }
     // Discard every other folio's worth of the first half.
     for f in (0..w.len() / folio_words / 2).step_by(2) {
@@ -176,19 +176,19 @@ fn no_stale_copy_is_served_after_discard_or_rewrite() {
             .unwrap();
     }
     // Rewrite the second half with incompressible data (goes to swap).
-    for i in w.len() / 2..w.len() {
-        w[i].store(noise(i as u64 + 99), Relaxed);
+    for (i, x) in w.iter().enumerate().skip(w.len() / 2) {
+        x.store(noise(i as u64 + 99), Relaxed);
     }
-    for i in 0..w.len() {
+    for (i, x) in w.iter().enumerate() {
         let f = i / folio_words;
         let want = if i >= w.len() / 2 {
             noise(i as u64 + 99)
-        } else if f % 2 == 0 {
+        } else if f.is_multiple_of(2) {
             0
         } else {
             i as u64 + 1
         };
-        assert_eq!(w[i].load(Relaxed), want, "word {i}");
+        assert_eq!(x.load(Relaxed), want, "word {i}");
     }
     budget_held(&p.stats());
 }
