@@ -95,11 +95,12 @@ class Mount:
     """`bucket` mounted read-only with s3fs-fuse at a fresh directory (so
     the kernel's page cache of it starts cold), unmounted on exit. With a
     `cgroup`, the s3fs daemon runs in it (its buffers count with the
-    reader's memory)."""
+    reader's memory); `extra`: more s3fs arguments (``-o use_cache=DIR``)."""
 
     def __init__(self, endpoint: str, bucket: str, key: str,
-                 cgroup: Optional["Cgroup"] = None) -> None:
+                 cgroup: Optional["Cgroup"] = None, extra: Optional[List[str]] = None) -> None:
         self.endpoint, self.bucket, self.key, self.cgroup = endpoint, bucket, key, cgroup
+        self.extra = list(extra or [])
         self.dir = pathlib.Path(f"/dev/shm/upager-s3fs-mnt-{os.getpid()}")
         self.passwd = pathlib.Path(f"/dev/shm/upager-s3fs-passwd-{os.getpid()}")
 
@@ -110,7 +111,7 @@ class Mount:
         self.passwd.chmod(0o600)
         subprocess.run(["s3fs", self.bucket, str(self.dir), "-o", f"url={self.endpoint}",
                         "-o", "use_path_request_style", "-o", f"passwd_file={self.passwd}",
-                        "-o", "ro", "-o", "endpoint=us-east-1"],
+                        "-o", "ro", "-o", "endpoint=us-east-1", *self.extra],
                        check=True, timeout=60, capture_output=True,
                        preexec_fn=self.cgroup.join if self.cgroup else None)
         deadline = time.monotonic() + 30
