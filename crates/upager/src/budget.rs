@@ -219,8 +219,15 @@ impl Budget {
             p.add_counters(s);
         }
     }
-    /// Asks the pools to shrink; true if any freed bytes.
+    /// Asks the pools to shrink, if they hold an eighth of the budget or
+    /// more (below that, what they could give back is not what keeps the
+    /// budget full: a reclaim that found nothing had every folio busy);
+    /// true if any freed bytes. (An eighth: a guess, the background
+    /// reclaimer's watermark gap at most.)
     pub fn shrink_pools(&self) -> bool {
+        if self.charge.pool_bytes() < self.limit / 8 {
+            return false;
+        }
         let mut freed = 0;
         for p in self.pools() {
             freed += p.shrink();

@@ -1065,6 +1065,53 @@ mod tests {
         assert_eq!(budget.charge_handle().pool_bytes(), 0);
     }
 
+    /// Under pressure (the budget's reclaim found nothing to evict) a pool
+    /// holding an eighth of the budget or more writes its oldest entries
+    /// out and shrinks; every folio still reads back.
+    #[test]
+    fn the_budget_shrinks_a_pool_under_pressure() {
+        let folio = PAGE;
+        let budget = Budget::new(1 << 20, None);
+        let inner = Arc::new(MemStore::default());
+        let z = Arc::new(
+            ZStore::new(inner.clone(), folio as u64, 4096, budget.charge_handle())
+                .unwrap()
+                .expect("room for a pool"),
+        );
+        let pool: Arc<dyn PoolTier> = z.clone();
+        budget.register_pool(Arc::downgrade(&pool));
+        let view = Mapping::anonymous(folio * 64, PAGE, true).unwrap();
+        let n = 512u64;
+        for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+            let mut writes = Vec::new();
+            for (k, &f) in chunk.iter().enumerate() {
+                view.write_at(k * folio, &folio_bytes(f, 0, folio));
+                writes.push(Write {
+                    src: Src {
+                        map: &view,
+                        off: k * folio,
+                        len: folio,
+                    },
+                    offset: f * folio as u64,
+                });
+            }
+            assert!(z.write_batch(&writes).results.iter().all(Result::is_ok));
+        }
+        let before = budget.charge_handle().pool_bytes();
+        assert!(before >= (1 << 20) / 8, "the pool holds {before} bytes");
+        assert!(budget.shrink_pools());
+        let after = budget.charge_handle().pool_bytes();
+        assert!(after < before, "{before} -> {after}");
+        let mut s = Stats::default();
+        budget.add_pool_counters(&mut s);
+        assert!(s.ztier_writebacks > 0, "{s:?}");
+        let mut buf = vec![0u8; folio];
+        for f in 0..n {
+            z.read_at(&mut buf, f * folio as u64).unwrap();
+            assert!(buf == folio_bytes(f, 0, folio), "folio {f}");
+        }
+    }
+
     #[test]
     fn the_env_switch_reads_on_and_off() {
         assert!(enabled(Some(true)));
