@@ -247,6 +247,16 @@ PINNED_STAT_NAMES = [
     "replay_reads",
     "replay_hits",
     "replay_wasted",
+    "ztier_stores",
+    "ztier_loads",
+    "ztier_rejects",
+    "ztier_writebacks",
+    "ztier_folios",
+    "ztier_bytes",
+    "ztier_pool_bytes",
+    "ztier_saved_bytes",
+    "ztier_compress_ns",
+    "ztier_decompress_ns",
 ]
 
 
