@@ -94,13 +94,13 @@ pub mod worker;
 pub mod workloads;
 
 pub use engine::{BenchError, Engine, KernelEngine};
-pub use meter::median as median_of;
 pub use env::{
     BenchEnv, Cgroup, CgroupVersion, EnvConfig, MemoryHierarchy, SetupError, SwapDevice, SwapKind,
     ThpKnobs, ZramExt4,
 };
 pub use latency::{Histogram, LatencySummary};
 pub use measurement::{Measurement, Metric};
+pub use meter::median as median_of;
 pub use numpy_engine::NumpyEngine;
 pub use pattern::{create_pattern_file, evict_file};
 pub use remote::Remote;
