@@ -4,10 +4,14 @@
 //! time mark (ms since the map) every [`MARK_EVERY`] entries, and a header
 //! tying it to the data — the region's folio, offset and length, and the
 //! file's size, mtime and inode as they are when it is written
-//! ([`Identity`]). Written to a temporary file and renamed (a reader never
-//! sees half a trace). [`decode`] refuses damage (a count the bytes cannot
-//! hold, an index past the region, trailing bytes) before it reserves
-//! anything. [`trace_info`] says what a trace holds (`upager trace FILE`).
+//! ([`Identity`]), and last the xxh3-64 of every byte before it (format 2,
+//! `UPGTRC02`: a trace damaged on disk, or in a store, is refused, never
+//! replayed in a wrong order). Written to a temporary file and renamed (a
+//! reader never sees half a trace). [`decode`] refuses damage (a checksum
+//! that does not match, a count the bytes cannot hold, an index past the
+//! region, trailing bytes) before it reserves anything; a format-1 trace
+//! (`UPGTRC01`, no checksum) is refused as not a trace, and recorded anew.
+//! [`trace_info`] says what a trace holds (`upager trace FILE`).
 //!
 //! Lock order: none (no state).
 //!
@@ -23,8 +27,12 @@ use crate::store::Store;
 pub(crate) const MAX_ENTRIES: usize = 1 << 24;
 /// A time mark every this many entries.
 pub(crate) const MARK_EVERY: usize = 256;
-/// The trace file's first bytes (format version 1).
-const MAGIC: &[u8; 8] = b"UPGTRC01";
+/// The trace file's first bytes (format version 2: a checksum at its end).
+const MAGIC: &[u8; 8] = b"UPGTRC02";
+/// Format 1's (no checksum): refused.
+const MAGIC_1: &[u8; 8] = b"UPGTRC01";
+/// The checksum's bytes, at the end.
+const SUM_LEN: usize = 8;
 /// Appended to the data file's name for its trace.
 pub const TRACE_SUFFIX: &str = ".upager-trace";
 
@@ -172,6 +180,8 @@ pub(crate) fn encode(id: &Identity, t: &Trace) -> Vec<u8> {
         put_varint(&mut out, m.saturating_sub(prev));
         prev = m.max(prev);
     }
+    let sum = xxhash_rust::xxh3::xxh3_64(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
     out
 }
 
@@ -180,6 +190,11 @@ pub(crate) fn encode(id: &Identity, t: &Trace) -> Vec<u8> {
 pub(crate) fn decode(buf: &[u8]) -> Option<(Identity, Trace)> {
     let head = buf.get(..8 + 48)?;
     if &head[..8] != MAGIC {
+        return None;
+    }
+    // The checksum first: nothing of a damaged trace is read.
+    let (buf, sum) = buf.split_at(buf.len().checked_sub(SUM_LEN)?);
+    if buf.len() < 56 || xxhash_rust::xxh3::xxh3_64(buf).to_le_bytes() != sum {
         return None;
     }
     let w = |k: usize| u64::from_le_bytes(head[8 + 8 * k..16 + 8 * k].try_into().unwrap());
@@ -284,9 +299,16 @@ pub fn trace_info(file: &Path) -> io::Result<Option<TraceInfo>> {
         return Ok(None);
     };
     let (id, t) = decode(&bytes).ok_or_else(|| {
+        let why = if bytes.starts_with(MAGIC_1) {
+            "a trace of format 1 (before checksums), which this version does not read: the next map records a new one"
+        } else if bytes.starts_with(MAGIC) {
+            "damaged: its checksum does not match, or its entries do not decode"
+        } else {
+            "not a trace (damaged?)"
+        };
         io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} is not a trace (damaged?)", trace_path(file).display()),
+            format!("{} is {why}", trace_path(file).display()),
         )
     })?;
     let now = Identity::of(&home, id.folio, id.offset, id.len)?;
@@ -355,13 +377,23 @@ mod tests {
         let bytes = encode(&id(), &t);
         assert_eq!(decode(&bytes), Some((id(), t.clone())));
         // Deltas are small: 7 entries in a few bytes each.
-        assert!(bytes.len() < 56 + 2 + 7 * 3 + 2, "{} bytes", bytes.len());
+        assert!(
+            bytes.len() < 56 + 2 + 7 * 3 + 2 + SUM_LEN,
+            "{} bytes",
+            bytes.len()
+        );
         for cut in [0, 8, 55, 57, bytes.len() - 1] {
             assert_eq!(decode(&bytes[..cut]), None, "cut at {cut}");
         }
-        let mut longer = bytes.clone();
+        // Cut or lengthened under a checksum that matches: the entries
+        // themselves are checked too.
+        let body = &bytes[..bytes.len() - SUM_LEN];
+        for cut in [56, 57, body.len() - 1] {
+            assert_eq!(decode(&sealed(body[..cut].to_vec())), None, "cut at {cut}");
+        }
+        let mut longer = body.to_vec();
         longer.push(0);
-        assert_eq!(decode(&longer), None, "trailing bytes");
+        assert_eq!(decode(&sealed(longer)), None, "trailing bytes");
         let mut wrong = bytes.clone();
         wrong[0] = b'X';
         assert_eq!(decode(&wrong), None, "magic");
@@ -377,6 +409,37 @@ mod tests {
     }
 
     #[test]
+    fn a_flipped_bit_anywhere_is_refused_and_a_format_1_trace_is_not_misread() {
+        let t = Trace {
+            order: (0..1000).rev().collect(),
+            marks_ms: vec![0, 3, 9, 12],
+        };
+        let bytes = encode(&id(), &t);
+        for bit in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(decode(&b), None, "bit {bit}");
+        }
+        // Format 1: the same bytes without the checksum, under UPGTRC01.
+        let mut old = bytes[..bytes.len() - SUM_LEN].to_vec();
+        old[..8].copy_from_slice(MAGIC_1);
+        assert_eq!(decode(&old), None);
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("d.bin");
+        std::fs::write(&data, b"x").unwrap();
+        std::fs::write(trace_path(&data), &old).unwrap();
+        let e = trace_info(&data).unwrap_err();
+        assert!(e.to_string().contains("format 1"), "{e}");
+    }
+
+    /// A trace's bytes with a correct checksum (for damage past it).
+    fn sealed(mut b: Vec<u8>) -> Vec<u8> {
+        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        b
+    }
+
+    #[test]
     fn a_count_of_entries_the_bytes_cannot_hold_is_refused_unreserved() {
         // The header and a count of MAX_ENTRIES, and nothing after: the
         // decoder refused it only after reserving the count's table.
@@ -389,7 +452,7 @@ mod tests {
         );
         bytes.truncate(56);
         put_varint(&mut bytes, MAX_ENTRIES as u64);
-        assert_eq!(decode(&bytes), None);
+        assert_eq!(decode(&sealed(bytes)), None);
         // One byte per entry is the least: exactly that many decode.
         let t = Trace {
             order: (0..300).collect(),
