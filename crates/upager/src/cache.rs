@@ -49,7 +49,9 @@
 //! touched at every open), then chunks of its own entry from a hand that
 //! goes round it. Processes that insert at once each count only their own
 //! inserts between scans, so the directory may pass its size by up to one
-//! eighth of it per such process until the next scan.
+//! eighth of it per such process until the next scan. An entry removed
+//! while another process reads it stays on disk, uncounted, until that
+//! process closes it (its inserts go to the removed files).
 //!
 //! Lock order: `Entry::queued_chunks` (with its condition variable
 //! `room`), released before `CachedStore::writer` (the queue's sender) is
