@@ -42,6 +42,17 @@ fn setting(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// CPU seconds (user + system) this process has used so far: what the
+/// check costs the client, steadier than the wall clock on a shared host.
+fn cpu_s() -> f64 {
+    // SAFETY: rusage is plain integers, for which zeros are valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct it is given, which lives here.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -108,6 +119,8 @@ fn checksum_cost_of_a_dataset_pass() {
 
     let mut times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut store_times: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut cpus: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut store_cpus: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         // Interleaved, the side that goes first alternating.
         let order = if round % 2 == 0 {
@@ -124,19 +137,23 @@ fn checksum_cost_of_a_dataset_pass() {
                 .map_store(Arc::clone(&st) as Arc<dyn Store>, &MapOptions::new())
                 .unwrap();
             let t = Instant::now();
+            let cpu0 = cpu_s();
             let mut sum = 0u64;
             for w in r.words() {
                 sum = sum.wrapping_add(w.load(Relaxed));
             }
             let el = t.elapsed().as_secs_f64();
+            let cpu = cpu_s() - cpu0;
+            cpus[usize::from(checked)].push(cpu);
             assert_eq!(sum, want, "the pass read every word right");
             let c = st.counters();
             assert_eq!(c.checksum_errors, 0);
             eprintln!(
-                "CKSUM run | round {round} | check {} | {:.3} s | {:.1} MiB/s | gets {} | received {} MiB",
+                "CKSUM run | round {round} | check {} | {:.3} s | {:.1} MiB/s | cpu {:.3} s | gets {} | received {} MiB",
                 if checked { "on " } else { "off" },
                 el,
                 mib as f64 / el,
+                cpu,
                 c.gets,
                 c.bytes_received >> 20
             );
@@ -147,6 +164,7 @@ fn checksum_cost_of_a_dataset_pass() {
             st.set_checksums_checked_for_bench(checked);
             let mut buf = vec![0u8; 8 << 20];
             let t = Instant::now();
+            let cpu0 = cpu_s();
             let mut sum = 0u64;
             let mut at = 0;
             while at < mib * MIB {
@@ -157,23 +175,28 @@ fn checksum_cost_of_a_dataset_pass() {
                 at += n as u64;
             }
             let el = t.elapsed().as_secs_f64();
+            let cpu = cpu_s() - cpu0;
+            store_cpus[usize::from(checked)].push(cpu);
             assert_eq!(sum, want);
             eprintln!(
-                "CKSUM store run | round {round} | check {} | {:.3} s | {:.1} MiB/s",
+                "CKSUM store run | round {round} | check {} | {:.3} s | {:.1} MiB/s | cpu {:.3} s",
                 if checked { "on " } else { "off" },
                 el,
-                mib as f64 / el
+                mib as f64 / el,
+                cpu
             );
             store_times[usize::from(checked)].push(el);
         }
     }
     let off = median(&mut times[0]);
     let on = median(&mut times[1]);
-    for (name, t) in [("off", off), ("on ", on)] {
+    let (coff, con) = (median(&mut cpus[0]), median(&mut cpus[1]));
+    for (name, t, c) in [("off", off, coff), ("on ", on, con)] {
         eprintln!(
-            "CKSUM median | check {name} | {:.3} s | {:.1} MiB/s",
+            "CKSUM median | check {name} | {:.3} s | {:.1} MiB/s | cpu {:.3} s",
             t,
-            mib as f64 / t
+            mib as f64 / t,
+            c
         );
     }
     eprintln!(
@@ -182,11 +205,13 @@ fn checksum_cost_of_a_dataset_pass() {
     );
     let soff = median(&mut store_times[0]);
     let son = median(&mut store_times[1]);
-    for (name, t) in [("off", soff), ("on ", son)] {
+    let (scoff, scon) = (median(&mut store_cpus[0]), median(&mut store_cpus[1]));
+    for (name, t, c) in [("off", soff, scoff), ("on ", son, scon)] {
         eprintln!(
-            "CKSUM store median | check {name} | {:.3} s | {:.1} MiB/s",
+            "CKSUM store median | check {name} | {:.3} s | {:.1} MiB/s | cpu {:.3} s",
             t,
-            mib as f64 / t
+            mib as f64 / t,
+            c
         );
     }
     eprintln!(
