@@ -120,15 +120,23 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
-    /// The default directory: `$XDG_CACHE_HOME/upager/tier`,
-    /// else `$HOME/.cache/upager/tier`, else `/tmp/upager-cache-UID`.
+    /// The default directory: `$XDG_CACHE_HOME/upager/tier`, else
+    /// `$HOME/.cache/upager/tier`, else `/tmp/upager-cache-UID`. A
+    /// variable naming a directory that does not exist is passed over
+    /// (a home the tier would otherwise create, as root would for
+    /// `HOME=/nonexistent`).
     pub fn default_dir() -> PathBuf {
-        let nonempty = |v: &str| std::env::var_os(v).filter(|s| !s.is_empty());
-        if let Some(x) = nonempty("XDG_CACHE_HOME") {
-            return PathBuf::from(x).join("upager").join("tier");
+        let existing = |v: &str| {
+            std::env::var_os(v)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+                .filter(|p| p.is_dir())
+        };
+        if let Some(x) = existing("XDG_CACHE_HOME") {
+            return x.join("upager").join("tier");
         }
-        if let Some(h) = nonempty("HOME") {
-            return PathBuf::from(h).join(".cache").join("upager").join("tier");
+        if let Some(h) = existing("HOME") {
+            return h.join(".cache").join("upager").join("tier");
         }
         let uid = crate::private_dir::my_uid().unwrap_or(0);
         std::env::temp_dir().join(format!("upager-cache-{uid}"))
