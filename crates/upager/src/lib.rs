@@ -131,7 +131,7 @@ pub use store::{ReadReq, Src, Store, Write, Written};
 pub use swap::SwapFile;
 pub use upager_sys::mem::FixedRange;
 #[doc(hidden)]
-pub use warm_format::{decode_trace_for_fuzz, encode_trace_for_fuzz};
+pub use warm_format::{decode_trace_for_fuzz, encode_trace_for_fuzz, seal_trace_for_fuzz};
 pub use warm_format::{trace_info, trace_path, trace_version_of, TraceInfo, TRACE_SUFFIX};
 pub use ztier::ZTIER_ENV;
 

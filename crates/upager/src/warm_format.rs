@@ -247,6 +247,16 @@ pub fn decode_trace_for_fuzz(buf: &[u8]) -> Option<([u64; 6], Vec<usize>, Vec<u6
     decode(buf).map(|(id, t)| (id.words(), t.order, t.marks_ms))
 }
 
+/// For the fuzz targets only: `body` followed by its checksum, as
+/// [`encode`] ends a trace, so that a fuzzer's bytes reach the decoder
+/// past the checksum.
+#[doc(hidden)]
+pub fn seal_trace_for_fuzz(body: &[u8]) -> Vec<u8> {
+    let mut v = body.to_vec();
+    v.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(body).to_le_bytes());
+    v
+}
+
 /// For the fuzz targets only: [`encode`] of what
 /// [`decode_trace_for_fuzz`] returns.
 #[doc(hidden)]
