@@ -47,6 +47,7 @@
 //! | `pattern` | data files: made, synced, dropped from the page cache, checked | host, raw |
 //! | `meter` | [`WorkerResult`], `Meter`, `median` | latency, raw |
 //! | `tlb_reach` | random reads over a resident region, huge-page share | meter |
+//! | `anon_fill` | the compressed tier's workload: an anonymous region several times the budget, written and read back, by the kernel and by upager | meter |
 //! | `cgroup` | memory cgroups, v2 and v1 | host, undo |
 //! | `blockdev` | zram, loop devices, ext4; mounts and swaps | host, pattern, undo |
 //! | `swap` | the kernel's swap device | blockdev, host, undo |
@@ -54,8 +55,8 @@
 //! | `tracing` | TLB shootdowns: tracepoint, /proc/interrupts | host, undo |
 //! | `env` | [`BenchEnv`], stale clean-up; re-exports the environment | blockdev, cgroup, host, pattern, swap, thp, tracing, undo |
 //! | `kernel_workloads` | the kernel's workloads | host, latency, meter, raw, thp, tlb_reach |
-//! | `upager_workloads` | upager's workloads, in the worker | host, latency, meter, raw, tlb_reach |
-//! | `workloads` | [`Workload`], `run_workload` | kernel_workloads, meter, pattern, upager_workloads |
+//! | `upager_workloads` | upager's workloads, in the worker | anon_fill, host, latency, meter, raw, tlb_reach |
+//! | `workloads` | [`Workload`], `run_workload` | anon_fill, kernel_workloads, meter, pattern, upager_workloads |
 //! | `worker` | the worker process: protocol, [`run_worker`] | cgroup, host, tracing, undo, workloads |
 //! | `measurement` | [`Measurement`], [`Metric`] | latency, worker |
 //! | `scenario` | [`Scenario`], its spec and parameters | host, measurement, pattern, thp |
