@@ -10,8 +10,9 @@ use upager::{format_size, CacheConfig};
 /// What to do with the cache.
 #[derive(Args, Debug)]
 pub struct CacheArgs {
+    /// What to do (default: stat).
     #[command(subcommand)]
-    what: What,
+    what: Option<What>,
     /// The cache directory. Default: UPAGER_CACHE_DIR, else
     /// $XDG_CACHE_HOME/upager/tier, else ~/.cache/upager/tier.
     #[arg(long, global = true)]
@@ -44,7 +45,7 @@ fn dir_of(a: &CacheArgs) -> PathBuf {
 /// Runs `upager cache`.
 pub fn run(a: &CacheArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dir = dir_of(a);
-    match a.what {
+    match a.what.as_ref().unwrap_or(&What::Stat) {
         What::Stat => {
             let size = match std::env::var(upager::CACHE_SIZE_ENV) {
                 Ok(v) if !v.trim().is_empty() => Some(upager::parse_size(&v)?),
