@@ -32,14 +32,7 @@ enum What {
 }
 
 fn dir_of(a: &CacheArgs) -> PathBuf {
-    a.dir
-        .clone()
-        .or_else(|| {
-            std::env::var_os(upager::CACHE_DIR_ENV)
-                .filter(|d| !d.is_empty())
-                .map(PathBuf::from)
-        })
-        .unwrap_or_else(CacheConfig::default_dir)
+    a.dir.clone().unwrap_or_else(CacheConfig::env_dir)
 }
 
 /// Runs `upager cache`.

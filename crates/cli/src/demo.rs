@@ -970,9 +970,7 @@ fn s3_demo(
     }
     drop(st);
     // The object is deleted at the end: its bytes in the disk tier go too.
-    let dir = std::env::var_os(upager::CACHE_DIR_ENV)
-        .filter(|d| !d.is_empty())
-        .map_or_else(upager::CacheConfig::default_dir, std::path::PathBuf::from);
+    let dir = upager::CacheConfig::env_dir();
     let named = format!(" {url}");
     upager::cache_remove(&dir, |k| k.ends_with(&named))?;
     Ok(())

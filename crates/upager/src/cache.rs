@@ -142,6 +142,14 @@ impl CacheConfig {
         std::env::temp_dir().join(format!("upager-cache-{uid}"))
     }
 
+    /// The directory a pager built with no `cache_dir` uses:
+    /// `UPAGER_CACHE_DIR`, else [`CacheConfig::default_dir`].
+    pub fn env_dir() -> PathBuf {
+        std::env::var_os(crate::config::CACHE_DIR_ENV)
+            .filter(|d| !d.is_empty())
+            .map_or_else(CacheConfig::default_dir, PathBuf::from)
+    }
+
     /// The tier in `dir` (None: [`CacheConfig::default_dir`]) of `size`
     /// bytes (None: [`default_size`]; 0: off).
     pub fn new(dir: Option<PathBuf>, size: Option<u64>) -> CacheConfig {

@@ -334,3 +334,41 @@ fn batches_and_unaligned_reads_match_the_store() {
     store.read_at(&mut w, 9 * 65536).unwrap();
     assert!(b == w);
 }
+
+/// A store read that fails through the tier is the read's error (the
+/// access then ends in SIGBUS, never waits), and nothing of it is cached:
+/// the next read asks the store again.
+#[test]
+fn a_failed_fetch_is_the_reads_error_and_caches_nothing() {
+    #[derive(Debug)]
+    struct Failing;
+    impl Store for Failing {
+        fn len(&self) -> u64 {
+            MIB
+        }
+        fn writable(&self) -> bool {
+            false
+        }
+        fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<usize> {
+            Err(io::Error::other("the server is gone"))
+        }
+        fn write_from(&self, _src: Src<'_>, _offset: u64) -> io::Result<()> {
+            Err(io::ErrorKind::PermissionDenied.into())
+        }
+        fn sync(&self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = upager::CacheConfig::new(Some(tmp.path().join("cache")), Some(64 * MIB));
+    let cached = upager::CachedStore::open(Arc::new(Failing), "gone", &cfg).unwrap();
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..2 {
+        let e = cached.read_at(&mut buf, 0).unwrap_err();
+        assert!(e.to_string().contains("the server is gone"), "{e}");
+        cached.settle();
+    }
+    let c = cached.store_counters();
+    assert_eq!(counter(&c, "cache_inserts"), 0, "{c:?}");
+    assert_eq!(counter(&c, "cache_hits"), 0, "{c:?}");
+}
